@@ -1,0 +1,202 @@
+"""Markov chains over the vocabulary [d] = {0, ..., d-1}: the data of every flow.
+
+A chain is a row-stochastic transition matrix P with its stationary distribution π
+(π^T P = π^T) and a law for the first token (π, or uniform). The paper family is
+
+    P = λ I + (1 - λ) 1 π^T      (stay with probability λ, else draw from π),
+
+whose stationary distribution is π. Any other P is accepted too, with π computed.
+Chains are validated on construction: a chain whose stationary distribution is not
+unique and strictly positive (reducible or periodic P) is rejected, since the
+mean-field loss needs log π.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import numpy as np
+
+STOCHASTIC_TOL = 1e-9
+
+StartLaw = Literal["stationary", "uniform"]
+
+
+def _as_finite_array(name: str, value, ndim: int) -> np.ndarray:
+    try:
+        array = np.asarray(value, dtype=float)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{name} must be numeric, got {value!r}") from error
+    if array.ndim != ndim:
+        shape = "a vector" if ndim == 1 else "a square matrix"
+        raise ValueError(f"{name} must be {shape}, got an array of shape {array.shape}")
+    if not np.all(np.isfinite(array)):
+        bad = np.argwhere(~np.isfinite(array))[0]
+        raise ValueError(f"{name} has a non-finite entry {array[tuple(bad)]} at index {tuple(int(i) for i in bad)}")
+    return array
+
+
+def _check_probabilities(name: str, array: np.ndarray) -> None:
+    """Rows of `array` (or the vector itself) must be non-negative and sum to 1."""
+    if np.any(array < 0):
+        bad = np.argwhere(array < 0)[0]
+        raise ValueError(
+            f"{name} has a negative entry {array[tuple(bad)]:.6g} at index {tuple(int(i) for i in bad)}; "
+            "probabilities must be >= 0"
+        )
+    sums = array.sum(axis=-1)
+    off = np.abs(sums - 1.0) > STOCHASTIC_TOL
+    if np.any(off):
+        if array.ndim == 1:
+            raise ValueError(f"{name} sums to {float(sums):.12g}, expected 1 (tolerance {STOCHASTIC_TOL:g})")
+        row = int(np.argmax(off))
+        raise ValueError(
+            f"{name} row {row} sums to {sums[row]:.12g}, expected 1 (tolerance {STOCHASTIC_TOL:g})"
+        )
+
+
+def _communicating_check(P: np.ndarray) -> None:
+    """Reject reducible or periodic P: the stationary law must be unique and positive."""
+    d = P.shape[0]
+    adjacency = P > 0
+    reach = adjacency | np.eye(d, dtype=bool)
+    for _ in range(int(np.ceil(np.log2(d))) + 1):  # transitive closure by repeated squaring
+        reach = reach | ((reach.astype(np.int64) @ reach.astype(np.int64)) > 0)
+    if not np.all(reach):
+        i, j = (int(x) for x in np.argwhere(~reach)[0])
+        raise ValueError(
+            f"P is reducible: state {j} cannot be reached from state {i}, so the stationary "
+            "distribution is not unique or not strictly positive; expected an irreducible chain"
+        )
+    # Irreducible: P is primitive (aperiodic) iff P^n > 0 for n = (d-1)^2 + 1 (Wielandt).
+    power = adjacency.astype(np.int64)
+    walk = np.eye(d, dtype=np.int64)
+    for _ in range((d - 1) ** 2 + 1):
+        walk = (walk @ power > 0).astype(np.int64)
+    if not np.all(walk):
+        lengths = [n for n in range(1, 2 * d + 1) if np.linalg.matrix_power(power, n)[0, 0] > 0]
+        period = int(np.gcd.reduce(lengths)) if lengths else 0
+        raise ValueError(
+            f"P is periodic (period {period}); expected an aperiodic chain so that the context "
+            "frequencies converge to a unique stationary distribution"
+        )
+
+
+def stationary_distribution(P: np.ndarray) -> np.ndarray:
+    """The left eigenvector of P for eigenvalue 1, normalised to sum 1 (P irreducible)."""
+    d = P.shape[0]
+    system = np.vstack([P.T - np.eye(d), np.ones((1, d))])
+    rhs = np.zeros(d + 1)
+    rhs[-1] = 1.0
+    pi, *_ = np.linalg.lstsq(system, rhs, rcond=None)
+    pi = np.clip(pi, 0.0, None)
+    return pi / pi.sum()
+
+
+class MarkovChain:
+    """A validated Markov chain (π, P) over d tokens, with the law of the first token.
+
+    Build it from the paper family, ``MarkovChain(pi=..., lam=...)``, or from any
+    transition matrix, ``MarkovChain(P=...)`` (π computed; π may be given as well,
+    and is then checked to be stationary). ``start`` is the law of x_1: "stationary"
+    (x_1 ~ π, the default) or "uniform". Arrays are read-only.
+    """
+
+    def __init__(
+        self,
+        *,
+        pi: Sequence[float] | np.ndarray | None = None,
+        lam: float | None = None,
+        P: Sequence[Sequence[float]] | np.ndarray | None = None,
+        start: StartLaw = "stationary",
+    ) -> None:
+        if start not in ("stationary", "uniform"):
+            raise ValueError(f"start must be 'stationary' or 'uniform', got {start!r}")
+        if P is None and (pi is None or lam is None):
+            raise ValueError("a chain needs either pi and lam (the paper family) or a transition matrix P")
+        if P is not None and lam is not None:
+            raise ValueError(f"give either lam (paper family) or P, not both (got lam={lam!r} and a P)")
+
+        if P is None:
+            pi_arr = _as_finite_array("pi", pi, 1)
+            self._check_size(pi_arr.shape[0])
+            _check_probabilities("pi", pi_arr)
+            lam = float(_as_finite_array("lam", [lam], 1)[0])
+            if not lam < 1.0:
+                raise ValueError(f"lam = {lam} makes P the identity (reducible); expected lam < 1")
+            d = pi_arr.shape[0]
+            P_arr = lam * np.eye(d) + (1.0 - lam) * np.outer(np.ones(d), pi_arr)
+            _check_probabilities("P (from pi and lam)", P_arr)
+            _communicating_check(P_arr)
+        else:
+            P_arr = _as_finite_array("P", P, 2)
+            if P_arr.shape[0] != P_arr.shape[1]:
+                raise ValueError(f"P must be square, got shape {P_arr.shape}")
+            self._check_size(P_arr.shape[0])
+            _check_probabilities("P", P_arr)
+            _communicating_check(P_arr)
+            if pi is None:
+                pi_arr = stationary_distribution(P_arr)
+            else:
+                pi_arr = _as_finite_array("pi", pi, 1)
+                if pi_arr.shape[0] != P_arr.shape[0]:
+                    raise ValueError(f"pi has {pi_arr.shape[0]} entries but P is {P_arr.shape[0]}x{P_arr.shape[0]}")
+                _check_probabilities("pi", pi_arr)
+                residual = np.max(np.abs(pi_arr @ P_arr - pi_arr))
+                if residual > STOCHASTIC_TOL:
+                    raise ValueError(
+                        f"pi is not stationary for P: max |pi^T P - pi^T| = {residual:.3g} "
+                        f"(tolerance {STOCHASTIC_TOL:g})"
+                    )
+        if np.any(pi_arr <= 0):
+            raise ValueError(f"pi has a zero entry {pi_arr.tolist()}; every token needs positive frequency")
+
+        pi_arr.flags.writeable = False
+        P_arr.flags.writeable = False
+        self.pi: np.ndarray = pi_arr
+        self.P: np.ndarray = P_arr
+        self.lam: float | None = lam
+        self.start: StartLaw = start
+
+    def __repr__(self) -> str:
+        return f"MarkovChain({self.describe()}, start={self.start!r})"
+
+    @staticmethod
+    def _check_size(d: int) -> None:
+        if d < 2:
+            raise ValueError(f"the vocabulary needs d >= 2 tokens, got d = {d}")
+
+    @property
+    def d(self) -> int:
+        """Vocabulary size."""
+        return self.P.shape[0]
+
+    @property
+    def start_distribution(self) -> np.ndarray:
+        """The law of the first token x_1."""
+        return self.pi if self.start == "stationary" else np.full(self.d, 1.0 / self.d)
+
+    def sample(self, n_sequences: int, length: int, seed: int) -> np.ndarray:
+        """Sample ``n_sequences`` paths x_1..x_length (int array, shape (n, length))."""
+        if n_sequences < 1 or length < 1:
+            raise ValueError(f"need n_sequences >= 1 and length >= 1, got {n_sequences} and {length}")
+        rng = np.random.default_rng(seed)
+        cumulative_P = np.cumsum(self.P, axis=1)
+        cumulative_P[:, -1] = 1.0  # guard against round-off leaving a gap at the top
+        paths = np.empty((n_sequences, length), dtype=np.int64)
+        start_cdf = np.cumsum(self.start_distribution)
+        start_cdf[-1] = 1.0
+        paths[:, 0] = np.searchsorted(start_cdf, rng.random(n_sequences), side="right")
+        for position in range(1, length):
+            u = rng.random(n_sequences)[:, None]
+            paths[:, position] = (u >= cumulative_P[paths[:, position - 1]]).sum(axis=1)
+        return paths
+
+    def cache_key(self) -> bytes:
+        """Bytes that identify (P, π, start): used to cache exact context laws."""
+        return self.P.tobytes() + self.pi.tobytes() + self.start.encode()
+
+    def describe(self) -> str:
+        if self.lam is not None:
+            return f"paper chain pi={np.round(self.pi, 6).tolist()} lam={self.lam}"
+        return f"chain with P (d={self.d}), pi={np.round(self.pi, 6).tolist()}"

@@ -1,0 +1,74 @@
+"""The ``flowsim`` command line."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+                  help="flowsim: exact gradient flows of small Transformers on Markov chains.")
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"flowsim: error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def run(
+    config: Optional[Path] = typer.Argument(None, help="TOML config; the paper default when omitted."),
+    set_: List[str] = typer.Option([], "--set", help="Override a key: section.key=TOML-literal (repeatable)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default: runs/NAME-TIMESTAMP)."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+) -> None:
+    """Integrate a gradient flow and write a run directory with a summary figure."""
+    from flowsim.config import ConfigError, load_config
+    from flowsim.experiment import execute_run, prepare
+    from flowsim.rundir import new_run_dir
+
+    try:
+        resolved = load_config(config, set_)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            prepare(resolved)  # validate everything before a folder is made
+        for warning in caught:
+            typer.echo(f"flowsim: warning: {warning.message}", err=True)
+    except ConfigError as error:
+        _fail(str(error))
+    if out is None:
+        run_dir = new_run_dir(Path("runs"), config.stem if config else "default")
+    else:
+        if out.exists() and any(out.iterdir()):
+            _fail(f"--out {str(out)!r} exists and is not empty; choose a new folder")
+        run_dir = out
+    result = execute_run(resolved, run_dir, progress=not quiet)
+    stats = result.stats
+    typer.echo(
+        f"{result.status_name}: {result.message}\n"
+        f"  method {result.method}, {stats.n_steps} steps, nfev {stats.nfev}, njev {stats.njev}, "
+        f"{stats.wall_time_s:.1f} s; final loss {result.trajectory.loss[-1]:.6f} at t = {result.trajectory.t[-1]:g}\n"
+        f"  run directory: {run_dir}"
+    )
+    if not result.success:
+        raise typer.Exit(code=1)
+
+
+@app.command()
+def version() -> None:
+    """Print the versions of flowsim and its numerical libraries."""
+    from flowsim.rundir import library_versions
+
+    for name, value in library_versions().items():
+        typer.echo(f"{name} {value}")
+
+
+def main() -> None:
+    app(prog_name="flowsim")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""One run end to end: config -> chain, model, loss, flow -> solver -> run directory."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from flowsim.config import ConfigError, RunConfig
+from flowsim.flow import GradientFlow
+from flowsim.losses import make_loss_function
+from flowsim.models import OneLayerTransformer, Params
+from flowsim.plots import plot_run_summary
+from flowsim.rundir import SUMMARY_FIGURE, TRAJECTORY_FILE, library_versions, write_config, write_meta
+from flowsim.solvers import FlowResult, solve_flow
+
+
+def initial_params(config: RunConfig, model: OneLayerTransformer) -> Params:
+    """Seeded N(0, ε²) entries, or the arrays of ``init.file``."""
+    if config.init.file is None:
+        return model.init(config.init.eps, config.init.seed)
+    path = Path(config.init.file)
+    if not path.is_file():
+        raise ConfigError(f"init.file {str(path)!r} does not exist")
+    with np.load(path) as data:
+        params = {name: np.asarray(data[name], dtype=float) for name in data.files if name in model.shapes}
+    try:
+        model.check_params(params)
+    except ValueError as error:
+        raise ConfigError(f"init.file {str(path)!r}: {error}") from None
+    return params
+
+
+def prepare(config: RunConfig) -> tuple[OneLayerTransformer, GradientFlow, Params, np.ndarray]:
+    """Build the model, the flow, the initial point and the save times, or raise ConfigError."""
+    chain = config.build_chain()
+    model = config.build_model(chain.d)
+    params0 = initial_params(config, model)
+    try:
+        loss = make_loss_function(model, chain, config.loss.kind, config.loss.s, config.loss.mc_samples, config.loss.mc_seed)
+        flow = GradientFlow(loss, params0, config.build_rates())
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    if config.init.file is None and config.solver.atol > 1e-2 * config.init.eps**2:
+        warnings.warn(
+            f"solver.atol = {config.solver.atol:g} is not well below init.eps^2 = {config.init.eps**2:g}: "
+            "the early, small-scale dynamics will be resolved poorly",
+            stacklevel=2,
+        )
+    return model, flow, params0, config.save_times()
+
+
+def execute_run(config: RunConfig, run_dir: Path, *, progress: bool = True) -> FlowResult:
+    """Integrate the configured flow and write the run directory (config, trajectory, meta, figure)."""
+    model, flow, params0, times = prepare(config)
+    chain = config.build_chain()
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_config(run_dir, config.to_toml())
+    meta = {
+        "status_name": "running",
+        "started": _dt.datetime.now().isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "seed": config.init.seed,
+        "chain": chain.describe(),
+        "versions": library_versions(),
+    }
+    write_meta(run_dir, meta)
+
+    def save(result: FlowResult) -> None:
+        result.trajectory.save(run_dir / TRAJECTORY_FILE)
+        write_meta(run_dir, {**meta, **result.summary(), "n_saved": len(result.trajectory)})
+
+    def checkpoint(partial: FlowResult) -> None:
+        save(partial)
+        write_meta(run_dir, {**meta, **partial.summary(), "status_name": "running", "n_saved": len(partial.trajectory)})
+
+    started = time.perf_counter()
+    result = solve_flow(
+        flow, params0, times, method=config.solver.method, rtol=config.solver.rtol, atol=config.solver.atol,
+        max_steps=config.solver.max_steps, lr=config.solver.lr, progress=progress, on_checkpoint=checkpoint,
+    )
+    meta["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
+    meta["total_wall_time_s"] = time.perf_counter() - started
+    save(result)
+    if len(result.trajectory) > 1:
+        title = f"{chain.describe()}, {config.solver.method}, {result.status_name}"
+        plot_run_summary(result.trajectory, model, chain.pi, run_dir / SUMMARY_FIGURE, title=title)
+    return result

@@ -1,0 +1,166 @@
+"""The gradient-flow ODE on the flat parameter vector.
+
+    dθ_g/dt = - r_g(t) ∂L/∂θ_g          for each parameter group g (W0, W_Q, ...)
+
+with per-group rates r_g(t) = c_g · w_g(t): a constant multiplier c_g (fast-slow
+flows) times an optional schedule. The one schedule here is the Q/K slow window:
+w(t) = ρ for t < t0, a linear ramp from ρ to 1 on [t0, t0 + tr], then 1. Time t is
+learning rate × steps of gradient descent.
+
+The Jacobian of the vector field is exact: -diag(r(t)) · Hessian(L), by autodiff.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from flowsim.models import Params
+
+
+@dataclass(frozen=True)
+class SlowWindow:
+    """Rate multiplier ρ until t0, linear ramp back to 1 by t0 + tr, for ``groups``."""
+
+    rho: float
+    t0: float
+    tr: float
+    groups: tuple[str, ...] = ("W_Q", "W_K")
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.rho) and self.rho > 0):
+            raise ValueError(f"flow.qk_rho must be a positive finite number, got {self.rho!r}")
+        if not (np.isfinite(self.t0) and self.t0 >= 0):
+            raise ValueError(f"flow.qk_t0 must be >= 0, got {self.t0!r}")
+        if not (np.isfinite(self.tr) and self.tr >= 0):
+            raise ValueError(f"flow.qk_tr must be >= 0, got {self.tr!r}")
+
+    def multiplier(self, t):
+        """w(t), traceable by JAX (t may be a tracer)."""
+        ramp = jnp.clip((t - self.t0) / max(self.tr, 1e-300), 0.0, 1.0)
+        ramp = jnp.where(t < self.t0, 0.0, ramp)
+        return self.rho + (1.0 - self.rho) * ramp
+
+    @property
+    def kinks(self) -> tuple[float, ...]:
+        """Times where w(t) is not smooth (solvers step exactly onto them)."""
+        return (self.t0,) if self.tr == 0 else (self.t0, self.t0 + self.tr)
+
+
+@dataclass(frozen=True)
+class RateSchedule:
+    """Per-group rates r_g(t) = constant[g] · (window multiplier if g is in the window)."""
+
+    constant: Mapping[str, float] = field(default_factory=dict)
+    window: SlowWindow | None = None
+
+    def __post_init__(self) -> None:
+        for group, rate in self.constant.items():
+            if not (np.isfinite(rate) and rate >= 0):
+                raise ValueError(f"flow rate for {group} must be a finite number >= 0, got {rate!r}")
+
+    def check_groups(self, groups: Sequence[str]) -> None:
+        """Every named group must be a parameter of the model."""
+        named = set(self.constant) | (set(self.window.groups) if self.window else set())
+        unknown = named - set(groups)
+        if unknown:
+            raise ValueError(f"flow rates name unknown parameter groups {sorted(unknown)}; the model has {list(groups)}")
+
+    def rates(self, t, groups: Sequence[str]):
+        """Rates of ``groups`` at time t as a JAX vector (traceable in t)."""
+        values = []
+        for group in groups:
+            rate = jnp.asarray(self.constant.get(group, 1.0), dtype=jnp.float64)
+            if self.window is not None and group in self.window.groups:
+                rate = rate * self.window.multiplier(t)
+            values.append(rate)
+        return jnp.stack(values)
+
+    @property
+    def kinks(self) -> tuple[float, ...]:
+        return self.window.kinks if self.window is not None else ()
+
+
+class GradientFlow:
+    """dθ/dt = -r(t) ⊙ ∇L(θ) on the flat vector θ, with its exact Jacobian.
+
+    ``loss`` maps a parameter dict to a scalar (a ``jax.tree_util.Partial`` from
+    ``make_loss_function``, or any traceable function); ``params_like`` fixes the
+    names, shapes and flattening order. Compiled functions are built once and reused.
+    """
+
+    def __init__(self, loss: Callable[[Params], jax.Array], params_like: Params, rates: RateSchedule | None = None):
+        self.rates = RateSchedule() if rates is None else rates
+        self.groups: tuple[str, ...] = tuple(params_like)
+        self.rates.check_groups(self.groups)
+        flat, self.unravel = ravel_pytree({name: jnp.asarray(value) for name, value in params_like.items()})
+        self.size = flat.size
+        # ravel_pytree lays dict entries out in sorted-key order: tag each flat entry with its group.
+        sorted_names = sorted(self.groups)
+        self._group_of_entry = np.repeat(
+            [self.groups.index(name) for name in sorted_names], [int(np.size(params_like[n])) for n in sorted_names]
+        )
+        self.loss = loss
+
+        def flat_loss(theta, loss):
+            return loss(self.unravel(theta))
+
+        def vector_field(t, theta, loss):
+            return -self._rate_vector(t) * jax.grad(flat_loss)(theta, loss)
+
+        def jacobian(t, theta, loss):
+            return -self._rate_vector(t)[:, None] * jax.hessian(flat_loss)(theta, loss)
+
+        self._flat_loss = flat_loss
+        self._vector_field = vector_field
+        self._loss_jit = jax.jit(flat_loss)
+        self._loss_batch_jit = jax.jit(jax.vmap(flat_loss, in_axes=(0, None)))
+        self._vector_field_jit = jax.jit(vector_field)
+        self._jacobian_jit = jax.jit(jacobian)
+
+        def descend(theta, first, last, lr, loss):
+            step = lambda n, theta: theta + lr * vector_field(n * lr, theta, loss)  # noqa: E731
+            return jax.lax.fori_loop(first, last, step, theta)
+
+        self._descend_jit = jax.jit(descend)
+
+    def _rate_vector(self, t):
+        return self.rates.rates(t, self.groups)[self._group_of_entry]
+
+    def flatten(self, params: Params) -> np.ndarray:
+        flat, _ = ravel_pytree({name: jnp.asarray(params[name]) for name in self.groups})
+        return np.asarray(flat)
+
+    def vector_field_traceable(self, t, theta):
+        """The vector field for use inside other JAX code (e.g. diffrax)."""
+        return self._vector_field(t, theta, self.loss)
+
+    def vector_field(self, t: float, theta: np.ndarray) -> np.ndarray:
+        return np.asarray(self._vector_field_jit(t, theta, self.loss))
+
+    def jacobian(self, t: float, theta: np.ndarray) -> np.ndarray:
+        return np.asarray(self._jacobian_jit(t, theta, self.loss))
+
+    def gradient_descent(self, theta: jax.Array, first: int, last: int, lr: float) -> jax.Array:
+        """Steps n = first, ..., last-1 of θ_{n+1} = θ_n + η f(nη, θ_n) (compiled once)."""
+        return self._descend_jit(theta, first, last, lr, self.loss)
+
+    def loss_value(self, theta: np.ndarray) -> float:
+        return float(self._loss_jit(theta, self.loss))
+
+    def loss_along(self, thetas: np.ndarray) -> np.ndarray:
+        """Loss at each row of ``thetas`` (shape (T, size))."""
+        if len(thetas) == 0:
+            return np.zeros(0)
+        return np.asarray(self._loss_batch_jit(jnp.asarray(thetas), self.loss))
+
+    def unflatten_batch(self, thetas: np.ndarray) -> dict[str, np.ndarray]:
+        """Split rows of flat vectors into a dict of arrays with a leading time axis."""
+        unravel_batch = jax.vmap(self.unravel)
+        batch = unravel_batch(jnp.asarray(thetas).reshape(-1, self.size))
+        return {name: np.asarray(batch[name]) for name in self.groups}

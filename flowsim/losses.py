@@ -1,0 +1,311 @@
+"""Exact population losses of the one-layer model on a Markov chain.
+
+All losses are the expected next-token cross-entropy
+
+    L(θ) = E[ -log softmax(f(x_{1:s}))_{x_{s+1}} ],   x_1 ~ start law, x_{t+1} ~ P[x_t, :].
+
+* ``population_loss_mean_field``: s → ∞. The context's type frequencies converge to
+  π, so A[i, :] = softmax(Φ[i, :] + log π), Z = A M and
+  L = Σ_i π_i Σ_y P[i, y] (-log softmax(Z[i, :])_y).
+* ``population_loss_finite``: exact for finite s. The model is permutation-invariant
+  over positions, so f depends on the context only through (count vector c, query
+  x_s); attention over types is softmax(Φ[x_s, j] + log c_j) over types with c_j > 0.
+  ``context_count_law`` computes the exact law of (c, x_s) by a dynamic programme
+  over positions (C(s+d-1, d-1)·d states at the end).
+* ``population_loss_enumerated``: brute force over all d^s contexts (small s; tests).
+* ``loss_monte_carlo``: a sampled estimate with its standard error (the only sampled
+  loss here).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.tree_util import Partial
+
+from flowsim.chains import MarkovChain
+from flowsim.models import OneLayerTransformer, Params, model_for_params
+
+LossKind = Literal["mean_field", "finite", "monte_carlo"]
+LOSS_KINDS: tuple[str, ...] = ("mean_field", "finite", "monte_carlo")
+
+ENUMERATION_LIMIT = 2_000_000
+
+
+def expected_cross_entropy(logits: jax.Array, target_probabilities: jax.Array, weights: jax.Array) -> jax.Array:
+    """Σ_n w_n Σ_y q_n(y) (-log softmax(logits_n)_y) = Σ_n w_n (logsumexp(logits_n) - q_n · logits_n)."""
+    per_row = jax.nn.logsumexp(logits, axis=-1) - jnp.sum(target_probabilities * logits, axis=-1)
+    return jnp.sum(weights * per_row)
+
+
+def mean_field_attention(phi: jax.Array, pi: jax.Array) -> jax.Array:
+    """A[i, :] = softmax(Φ[i, :] + log π): attention of query type i over key types as s → ∞."""
+    return jax.nn.softmax(phi + jnp.log(pi)[None, :], axis=-1)
+
+
+def _mean_field_core(model: OneLayerTransformer, params: Params, pi: jax.Array, P: jax.Array) -> jax.Array:
+    attention = mean_field_attention(model.attention_logits(params), pi)
+    logits = model.logits_from_attention(params, attention, jnp.arange(pi.shape[0]))
+    return expected_cross_entropy(logits, P, pi)
+
+
+def population_loss_mean_field(params: Params, chain: MarkovChain, model: OneLayerTransformer) -> jax.Array:
+    """The s → ∞ population loss (exact)."""
+    return _mean_field_core(model, params, jnp.asarray(chain.pi), jnp.asarray(chain.P))
+
+
+# ---------------------------------------------------------------------------------
+# Exact law of (count vector, query token) for a context of length s
+
+
+@dataclass(frozen=True)
+class ContextCountLaw:
+    """The exact joint law of (c, x_s) for contexts of length s: one row per support point.
+
+    ``counts`` (S, d) are the type counts of x_1..x_s, ``query`` (S,) is x_s and
+    ``probability`` (S,) sums to 1.
+    """
+
+    s: int
+    counts: np.ndarray
+    query: np.ndarray
+    probability: np.ndarray
+
+
+def _compositions(total: int, n_parts: int, cache: dict) -> np.ndarray:
+    """All non-negative integer vectors of length n_parts summing to ``total``, in lexicographic order."""
+    if (total, n_parts) not in cache:
+        if n_parts == 1:
+            block = np.array([[total]], dtype=np.int64)
+        else:
+            block = np.concatenate(
+                [
+                    np.column_stack([np.full(len(tail), first, dtype=np.int64), tail])
+                    for first in range(total + 1)
+                    for tail in [_compositions(total - first, n_parts - 1, cache)]
+                ]
+            )
+        cache[total, n_parts] = block
+    return cache[total, n_parts]
+
+
+def _graded_rank(vectors: np.ndarray) -> np.ndarray:
+    """Position of each row in the order of ``_graded_vectors`` (by sum, then lexicographic).
+
+    Vectors of length p with sum < g number C(g-1+p, p); inside sum g, those whose
+    first entry is below a number C(g+p-1, p-1) - C(g-a+p-1, p-1) (hockey stick), and
+    the rank continues on the tail.
+    """
+    n_parts = vectors.shape[1]
+    remaining = vectors.sum(axis=1)
+    rank = _binomial(remaining - 1 + n_parts, n_parts)
+    for i in range(n_parts - 1):
+        parts_left = n_parts - i
+        rank += _binomial(remaining + parts_left - 1, parts_left - 1) - _binomial(
+            remaining - vectors[:, i] + parts_left - 1, parts_left - 1
+        )
+        remaining = remaining - vectors[:, i]
+    return rank
+
+
+def _binomial(n: np.ndarray, k: int) -> np.ndarray:
+    """C(n, k) elementwise for integer arrays n (0 where n < k), exact in int64 for our sizes."""
+    value = np.ones_like(n)
+    for i in range(k):
+        value = value * (n - i) // (i + 1)  # each partial product is itself a binomial: exact
+    return np.where(n >= k, value, 0)
+
+
+def _graded_vectors(n_parts: int, total_max: int) -> np.ndarray:
+    """All non-negative integer vectors of length n_parts with sum <= total_max, ordered
+    by sum (then lexicographically), so that those with sum <= t form a prefix."""
+    cache: dict = {}
+    return np.concatenate([_compositions(total, n_parts, cache) for total in range(total_max + 1)])
+
+
+def context_count_law(chain: MarkovChain, s: int) -> ContextCountLaw:
+    """Exact law of (c, x_s) by a dynamic programme over positions t = 1..s.
+
+    The state after t positions is (c, x_t) with c a composition of t into d parts. It
+    is stored by its first d-1 counts (the last is t minus their sum) in an order where
+    the states reachable at step t are a prefix, so each step is one (d, d) @ (d, n)
+    product (mix by P[x_t, :]) and d-1 gathers (add the new token to its count).
+    Results are cached per chain and s.
+    """
+    if not isinstance(s, (int, np.integer)) or s < 1:
+        raise ValueError(f"the context length s must be a positive integer, got {s!r}")
+    key = (chain.cache_key(), int(s))
+    if key not in _COUNT_LAW_CACHE:
+        if len(_COUNT_LAW_CACHE) >= 8:
+            _COUNT_LAW_CACHE.pop(next(iter(_COUNT_LAW_CACHE)))
+        _COUNT_LAW_CACHE[key] = _compute_count_law(chain.P, chain.start_distribution, int(s))
+    return _COUNT_LAW_CACHE[key]
+
+
+_COUNT_LAW_CACHE: dict[tuple[bytes, int], ContextCountLaw] = {}
+
+
+def _compute_count_law(P: np.ndarray, start: np.ndarray, s: int) -> ContextCountLaw:
+    d = P.shape[0]
+    free = _graded_vectors(d - 1, s)  # first d-1 counts; the count of token d-1 is implied
+    grade = free.sum(axis=1)
+    prefix_size = np.searchsorted(grade, np.arange(s + 1), side="right")  # states with sum <= t
+
+    # Arrays below are stored token-major with a zero column 0 in front, so that "row r"
+    # lives at index r + 1 and index 0 stands for an impossible predecessor.
+    # source[j][r]: where (c - e_j) lives, for the state c of row r (0 when c_j = 0).
+    source = []
+    for j in range(d - 1):
+        has_j = free[:, j] > 0
+        index = np.zeros(len(free), dtype=np.int64)
+        index[has_j] = _graded_rank(free[has_j] - np.eye(d - 1, dtype=np.int64)[j]) + 1
+        source.append(index)
+
+    # Two buffers reused across steps (fresh allocations would page-fault every step).
+    state = np.zeros((d, len(free)))
+    mixed = np.zeros((d, len(free) + 1))
+    for token in range(d):  # t = 1: c = e_{x_1}, query = x_1
+        coords = np.zeros((1, d - 1), dtype=np.int64)
+        if token < d - 1:
+            coords[0, token] = 1
+        state[token, _graded_rank(coords)[0]] = start[token]
+
+    transposed_P = np.ascontiguousarray(P.T)
+    for t in range(2, s + 1):
+        n_prev, n_new = prefix_size[t - 1], prefix_size[t]
+        np.matmul(transposed_P, state[:, :n_prev], out=mixed[:, 1 : n_prev + 1])  # Σ_i P[i, j] state[i, r]
+        for j in range(d - 1):
+            np.take(mixed[j], source[j][:n_new], out=state[j, :n_new])
+        state[d - 1, :n_prev] = mixed[d - 1, 1 : n_prev + 1]  # token d-1: the free counts stay put
+        state[d - 1, n_prev:n_new] = 0.0
+
+    query, rows = np.nonzero(state > 0)
+    counts = np.empty((len(rows), d), dtype=np.int64)
+    counts[:, : d - 1] = free[rows]
+    counts[:, d - 1] = s - grade[rows]
+    return ContextCountLaw(s=s, counts=counts, query=query, probability=state[query, rows])
+
+
+def _count_law_core(
+    model: OneLayerTransformer,
+    params: Params,
+    P: jax.Array,
+    log_counts: jax.Array,
+    query: jax.Array,
+    probability: jax.Array,
+) -> jax.Array:
+    """Σ_(c, q) Prob(c, q) · E_{y ~ P[q]} [-log softmax(f(c, q))_y], attention ∝ c_j exp Φ[q, j]."""
+    attention = jax.nn.softmax(model.attention_logits(params)[query] + log_counts, axis=-1)
+    logits = model.logits_from_attention(params, attention, query)
+    return expected_cross_entropy(logits, P[query], probability)
+
+
+_count_law_core_jit = jax.jit(_count_law_core, static_argnums=0)
+
+
+def _count_law_arrays(chain: MarkovChain, law: ContextCountLaw) -> tuple[jax.Array, ...]:
+    """(P, log c with -inf for absent types, query, probability) as JAX arrays."""
+    counts = law.counts.astype(np.float64)
+    with np.errstate(divide="ignore"):
+        log_counts = np.log(counts)  # log 0 = -inf: an absent type gets no attention
+    return tuple(jnp.asarray(a) for a in (chain.P, log_counts, law.query, law.probability))
+
+
+def population_loss_finite(params: Params, chain: MarkovChain, s: int, model: OneLayerTransformer) -> jax.Array:
+    """The exact population loss for contexts of length s (x_1 from the chain's start law)."""
+    return _count_law_core_jit(model, params, *_count_law_arrays(chain, context_count_law(chain, s)))
+
+
+def population_loss_enumerated(params: Params, chain: MarkovChain, s: int, model: OneLayerTransformer) -> jax.Array:
+    """The finite-s loss by brute force over all d^s contexts and the positional forward pass."""
+    if chain.d**s > ENUMERATION_LIMIT:
+        raise ValueError(f"enumeration of d^s = {chain.d}^{s} contexts exceeds the limit {ENUMERATION_LIMIT}")
+    contexts = np.array(list(itertools.product(range(chain.d), repeat=s)), dtype=np.int64)
+    probability = chain.start_distribution[contexts[:, 0]].copy()
+    for t in range(1, s):
+        probability *= chain.P[contexts[:, t - 1], contexts[:, t]]
+    logits = model.forward(params, contexts)
+    return expected_cross_entropy(logits, jnp.asarray(chain.P)[contexts[:, -1]], jnp.asarray(probability))
+
+
+@dataclass(frozen=True)
+class MonteCarloEstimate:
+    """A sampled loss: mean over ``n`` sequences and its standard error."""
+
+    mean: float
+    stderr: float
+    n: int
+
+
+def _sampled_cross_entropy(
+    model: OneLayerTransformer, params: Params, contexts: jax.Array, targets: jax.Array
+) -> jax.Array:
+    logits = model.forward(params, contexts)
+    return jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
+
+
+def _sampled_loss_core(model: OneLayerTransformer, params: Params, contexts: jax.Array, targets: jax.Array) -> jax.Array:
+    return jnp.mean(_sampled_cross_entropy(model, params, contexts, targets))
+
+
+def loss_monte_carlo(
+    params: Params, chain: MarkovChain, s: int, n_samples: int, seed: int, model: OneLayerTransformer
+) -> MonteCarloEstimate:
+    """Monte Carlo estimate of the finite-s loss from ``n_samples`` sampled sequences."""
+    sequences = chain.sample(n_samples, s + 1, seed)
+    losses = np.asarray(_sampled_cross_entropy(model, params, jnp.asarray(sequences[:, :-1]), jnp.asarray(sequences[:, -1])))
+    return MonteCarloEstimate(mean=float(losses.mean()), stderr=float(losses.std(ddof=1) / np.sqrt(n_samples)), n=n_samples)
+
+
+def make_loss_function(
+    model: OneLayerTransformer,
+    chain: MarkovChain,
+    kind: LossKind = "mean_field",
+    s: int | None = None,
+    mc_samples: int = 4096,
+    mc_seed: int = 0,
+) -> Partial:
+    """The loss as a function of the parameters alone, ``loss(params) -> scalar``.
+
+    It is a ``jax.tree_util.Partial`` whose leaves are the chain's data, so a jitted
+    function that takes it as an argument traces the data instead of baking large
+    constants into the compiled code. ``monte_carlo`` is the empirical loss on one
+    fixed set of ``mc_samples`` sampled sequences (seeded): its flow is deterministic.
+    """
+    if model.d != chain.d:
+        raise ValueError(f"the model has d = {model.d} tokens but the chain has d = {chain.d}")
+    if kind not in LOSS_KINDS:
+        raise ValueError(f"loss.kind must be one of {LOSS_KINDS}, got {kind!r}")
+    if kind == "mean_field":
+        return Partial(functools.partial(_mean_field_core, model), pi=jnp.asarray(chain.pi), P=jnp.asarray(chain.P))
+    if s is None or not isinstance(s, (int, np.integer)) or s < 1:
+        raise ValueError(f"loss.kind = {kind!r} needs a positive integer context length loss.s, got {s!r}")
+    if kind == "finite":
+        P, log_counts, query, probability = _count_law_arrays(chain, context_count_law(chain, s))
+        core = functools.partial(_count_law_core, model)
+        return Partial(core, P=P, log_counts=log_counts, query=query, probability=probability)
+    if not isinstance(mc_samples, (int, np.integer)) or mc_samples < 2:
+        raise ValueError(f"loss.mc_samples must be an integer >= 2, got {mc_samples!r}")
+    sequences = chain.sample(mc_samples, s + 1, mc_seed)
+    core = functools.partial(_sampled_loss_core, model)
+    return Partial(core, contexts=jnp.asarray(sequences[:, :-1]), targets=jnp.asarray(sequences[:, -1]))
+
+
+def population_loss(
+    params: Params, chain: MarkovChain, s: int | None = None, *, model: OneLayerTransformer | None = None
+) -> jax.Array:
+    """The exact population loss: mean-field for ``s=None``, else exact for context length s.
+
+    ``model`` defaults to the paper model with the shapes of ``params``.
+    """
+    model = model_for_params(params) if model is None else model
+    model.check_params(params)
+    if s is None:
+        return population_loss_mean_field(params, chain, model)
+    return population_loss_finite(params, chain, s, model)

@@ -1,0 +1,123 @@
+"""The one-layer Transformer of the paper, as pure functions of a parameter mapping.
+
+Parameters (a dict, a JAX pytree):
+
+    W0  (d x m)  embedding          W_Q (m x k)  query
+    W_K (m x k)  key                W1  (m x d)  output projection
+    W_V (m x m)  value              (only with ``value_matrix=True``)
+
+With one-hot tokens the model reduces to two d x d maps,
+
+    Φ = W0 W_Q W_K^T W0^T   (token-to-token attention logits, times 1/sqrt(k) if asked)
+    M = W0 W1               (token-to-logit map; W0 W_V W1 with a value matrix)
+
+and for a context x_1..x_s (the query is x_s, whose own position is attended to)
+
+    a_j = softmax_j Φ[x_s, x_j],     f(x_{1:s}) = Σ_j a_j M[x_j, :]  (+ W0 W1 [x_s, :] with a residual path).
+
+The default is exactly the paper model: no value matrix, no residual, logit scale 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Params = dict[str, jax.Array]
+
+LogitScale = Literal["one", "inv_sqrt_k"]
+
+
+@dataclass(frozen=True)
+class OneLayerTransformer:
+    """Shapes and options of the one-layer model (static: the parameters live in a dict)."""
+
+    d: int
+    m: int = 8
+    k: int = 8
+    value_matrix: bool = False
+    residual: bool = False
+    logit_scale: LogitScale = "one"
+
+    def __post_init__(self) -> None:
+        for name in ("d", "m", "k"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
+        if self.d < 2:
+            raise ValueError(f"model.d must be >= 2, got {self.d}")
+        if self.logit_scale not in ("one", "inv_sqrt_k"):
+            raise ValueError(f"model.logit_scale must be 'one' or 'inv_sqrt_k', got {self.logit_scale!r}")
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, int]]:
+        """Parameter names and shapes, in the canonical order."""
+        shapes = {"W0": (self.d, self.m), "W_Q": (self.m, self.k), "W_K": (self.m, self.k), "W1": (self.m, self.d)}
+        if self.value_matrix:
+            shapes["W_V"] = (self.m, self.m)
+        return shapes
+
+    def init(self, eps: float, seed: int) -> Params:
+        """I.i.d. N(0, eps^2) entries, drawn in the order of ``shapes`` from numpy's PCG64(seed)."""
+        if not (np.isfinite(eps) and eps > 0):
+            raise ValueError(f"init.eps must be a positive finite number, got {eps!r}")
+        rng = np.random.default_rng(seed)
+        return {name: jnp.asarray(eps * rng.standard_normal(shape)) for name, shape in self.shapes.items()}
+
+    def check_params(self, params: Params) -> None:
+        """Raise a clear error when ``params`` do not have this model's names and shapes."""
+        if set(params) != set(self.shapes):
+            raise ValueError(f"parameters {sorted(params)} do not match the model's {sorted(self.shapes)}")
+        for name, shape in self.shapes.items():
+            if tuple(np.shape(params[name])) != shape:
+                raise ValueError(f"parameter {name} has shape {tuple(np.shape(params[name]))}, expected {shape}")
+
+    def attention_logits(self, params: Params) -> jax.Array:
+        """Φ = W0 W_Q W_K^T W0^T (d x d), scaled by 1/sqrt(k) when asked."""
+        query = params["W0"] @ params["W_Q"]
+        key = params["W0"] @ params["W_K"]
+        scale = 1.0 if self.logit_scale == "one" else 1.0 / np.sqrt(self.k)
+        return scale * query @ key.T
+
+    def value_map(self, params: Params) -> jax.Array:
+        """The token-to-logit map carried by attention: W0 W1, or W0 W_V W1."""
+        if self.value_matrix:
+            return params["W0"] @ params["W_V"] @ params["W1"]
+        return params["W0"] @ params["W1"]
+
+    def residual_map(self, params: Params) -> jax.Array | None:
+        """The token-to-logit map of the residual path W0 W1 (None without residual)."""
+        return params["W0"] @ params["W1"] if self.residual else None
+
+    def logits_from_attention(self, params: Params, attention: jax.Array, query: jax.Array) -> jax.Array:
+        """Logits f = attention @ M (+ W0 W1[query]), for attention weights over token types.
+
+        ``attention`` has shape (..., d) (weights over types, summing to 1) and ``query``
+        the matching shape (...) of query tokens.
+        """
+        logits = attention @ self.value_map(params)
+        residual = self.residual_map(params)
+        if residual is not None:
+            logits = logits + residual[query]
+        return logits
+
+    def forward(self, params: Params, tokens: jax.Array) -> jax.Array:
+        """Logits over the vocabulary for a batch of contexts ``tokens`` (shape (batch, s))."""
+        tokens = jnp.asarray(tokens)
+        query = tokens[:, -1]
+        phi = self.attention_logits(params)
+        scores = phi[query[:, None], tokens]  # (batch, s): Φ[x_s, x_j]
+        weights = jax.nn.softmax(scores, axis=-1)
+        attention_over_types = jnp.einsum("bs,bsd->bd", weights, jax.nn.one_hot(tokens, self.d, dtype=weights.dtype))
+        return self.logits_from_attention(params, attention_over_types, query)
+
+
+def model_for_params(params: Params, **options) -> OneLayerTransformer:
+    """The model whose shapes match ``params`` (value matrix if W_V is present)."""
+    d, m = np.shape(params["W0"])
+    k = np.shape(params["W_Q"])[1]
+    return OneLayerTransformer(d=int(d), m=int(m), k=int(k), value_matrix="W_V" in params, **options)

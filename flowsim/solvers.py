@@ -1,0 +1,283 @@
+"""One entry point, ``solve_flow``, for every way of integrating a gradient flow.
+
+Methods:
+
+* ``LSODA``, ``BDF``, ``Radau``: scipy's stiff integrators, driven step by step with the
+  exact Jacobian -diag(r) Hessian(L) from JAX, dense output on the save times.
+* ``Kvaerno5`` (implicit), ``Tsit5``, ``Dopri8`` (explicit): diffrax, with a PID step
+  controller that steps exactly onto the kinks of the rate schedule.
+* ``gradient_descent``: θ_{n+1} = θ_n - η r(nη) ∇L(θ_n), step n at time t = nη, saved at
+  the steps nearest the save times.
+
+Every method returns a ``FlowResult`` with a status: a run that hits its step limit,
+meets a non-finite state, or fails inside the solver keeps every point computed
+before that and says so; nothing is silently truncated.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.integrate
+from tqdm.auto import tqdm
+
+from flowsim.flow import GradientFlow
+from flowsim.models import Params
+from flowsim.trajectory import Trajectory
+
+SCIPY_METHODS = {"LSODA": scipy.integrate.LSODA, "BDF": scipy.integrate.BDF, "Radau": scipy.integrate.Radau}
+DIFFRAX_METHODS = {"Kvaerno5": diffrax.Kvaerno5, "Tsit5": diffrax.Tsit5, "Dopri8": diffrax.Dopri8}
+METHODS: tuple[str, ...] = (*SCIPY_METHODS, *DIFFRAX_METHODS, "gradient_descent")
+DEFAULT_METHOD = "LSODA"
+
+FINISHED, STEP_LIMIT, NON_FINITE, SOLVER_FAILED = 0, 1, 2, -1
+STATUS_NAMES = {FINISHED: "finished", STEP_LIMIT: "step_limit", NON_FINITE: "non_finite", SOLVER_FAILED: "solver_failed"}
+
+CHECKPOINT_EVERY_S = 20.0
+
+
+@dataclass(frozen=True)
+class SolverStats:
+    """Work done: steps taken (accepted; rejected where the method reports them),
+    vector-field and Jacobian evaluations (None where the library does not count
+    them), LU decompositions, and wall time."""
+
+    n_steps: int
+    n_rejected: int | None
+    nfev: int | None
+    njev: int | None
+    nlu: int | None
+    wall_time_s: float
+
+
+@dataclass(frozen=True)
+class FlowResult:
+    """What ``solve_flow`` returns: status, message, statistics and the trajectory.
+
+    ``status`` is 0 (finished: every save time reached), 1 (step limit), 2 (non-finite
+    state) or -1 (the solver failed). On a failure ``trajectory`` holds the save times
+    reached before it, and ``t_reached`` is the last time the integrator reached.
+    """
+
+    status: int
+    message: str
+    method: str
+    t_reached: float
+    stats: SolverStats
+    trajectory: Trajectory
+
+    @property
+    def success(self) -> bool:
+        return self.status == FINISHED
+
+    @property
+    def status_name(self) -> str:
+        return STATUS_NAMES[self.status]
+
+    def summary(self) -> dict:
+        return {
+            "status": self.status,
+            "status_name": self.status_name,
+            "message": self.message,
+            "method": self.method,
+            "t_reached": self.t_reached,
+            **asdict(self.stats),
+        }
+
+
+def check_save_times(t_eval) -> np.ndarray:
+    """Save times must be finite, strictly ascending, and start at 0 (the initial point)."""
+    times = np.asarray(t_eval, dtype=float)
+    if times.ndim != 1 or len(times) < 2:
+        raise ValueError(f"save times must be a 1-d array with at least 2 entries, got shape {times.shape}")
+    if not np.all(np.isfinite(times)):
+        raise ValueError("save times must be finite")
+    if times[0] != 0.0:
+        raise ValueError(f"save times must start at t = 0 (the initial point), got t[0] = {times[0]}")
+    if np.any(np.diff(times) <= 0):
+        raise ValueError("save times must be strictly ascending")
+    return times
+
+
+def solve_flow(
+    flow: GradientFlow,
+    params0: Params,
+    t_eval,
+    *,
+    method: str = DEFAULT_METHOD,
+    rtol: float = 1e-8,
+    atol: float = 1e-12,
+    max_steps: int = 200_000,
+    lr: float | None = None,
+    progress: bool = False,
+    on_checkpoint: Callable[[FlowResult], None] | None = None,
+) -> FlowResult:
+    """Integrate ``flow`` from ``params0`` and save at ``t_eval`` (ascending, t_eval[0] = 0).
+
+    ``rtol``/``atol`` are the error tolerances of the adaptive methods (with a small
+    initialisation of scale ε, atol must sit well below ε²); ``lr`` is the step η of
+    ``gradient_descent``. ``max_steps`` bounds the steps taken. ``on_checkpoint``, if
+    given, receives the partial result every ~20 s (scipy methods and gradient descent),
+    so a long run can be saved as it goes.
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown solver method {method!r}; expected one of {METHODS}")
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if not (np.isfinite(value) and value > 0):
+            raise ValueError(f"solver.{name} must be a positive number, got {value!r}")
+    if not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
+        raise ValueError(f"solver.max_steps must be a positive integer, got {max_steps!r}")
+    times = check_save_times(t_eval)
+    theta0 = flow.flatten(params0)
+    if not np.all(np.isfinite(theta0)):
+        raise ValueError("the initial parameters contain non-finite values")
+
+    if method in SCIPY_METHODS:
+        integrate = _solve_scipy
+    elif method in DIFFRAX_METHODS:
+        integrate = _solve_diffrax
+    else:
+        if lr is None or not (np.isfinite(lr) and lr > 0):
+            raise ValueError(f"gradient_descent needs a positive learning rate solver.lr, got {lr!r}")
+        integrate = _solve_gradient_descent
+    started = time.perf_counter()
+    status, message, t_reached, saved_t, saved_theta, counts = integrate(
+        flow, theta0, times, method=method, rtol=rtol, atol=atol, max_steps=int(max_steps), lr=lr,
+        progress=progress, on_checkpoint=on_checkpoint, started=started,
+    )
+    stats = SolverStats(**counts, wall_time_s=time.perf_counter() - started)
+    return _result(flow, method, status, message, t_reached, saved_t, saved_theta, stats)
+
+
+def _result(flow, method, status, message, t_reached, saved_t, saved_theta, stats) -> FlowResult:
+    thetas = np.asarray(saved_theta).reshape(-1, flow.size)
+    trajectory = Trajectory(
+        t=np.asarray(saved_t, dtype=float), loss=flow.loss_along(thetas), params=flow.unflatten_batch(thetas)
+    )
+    return FlowResult(status, message, method, float(t_reached), stats, trajectory)
+
+
+class _Progress:
+    """A tqdm bar over model time, refreshed as the integrator advances."""
+
+    def __init__(self, enabled: bool, t_end: float, method: str):
+        self.bar = tqdm(total=float(t_end), disable=not enabled, desc=f"flow ({method})", unit="t",
+                        bar_format="{desc}: {percentage:3.0f}%|{bar}| t={n:.4g}/{total:.4g} [{elapsed}<{remaining}]")
+
+    def update(self, t: float) -> None:
+        self.bar.update(max(0.0, t - self.bar.n))
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _solve_scipy(flow, theta0, times, *, method, rtol, atol, max_steps, progress, on_checkpoint, started, **_):
+    solver = SCIPY_METHODS[method](
+        flow.vector_field, 0.0, theta0, times[-1], rtol=rtol, atol=atol, jac=flow.jacobian
+    )
+    saved_t, saved_theta = [0.0], [theta0]
+    status, message, steps = FINISHED, "reached the last save time", 0
+    bar = _Progress(progress, times[-1], method)
+    last_checkpoint = time.perf_counter()
+    try:
+        while len(saved_t) < len(times):
+            if steps >= max_steps:
+                status, message = STEP_LIMIT, f"step limit max_steps = {max_steps} reached at t = {solver.t:.6g}"
+                break
+            error = solver.step()
+            steps += 1
+            if solver.status == "failed":
+                status, message = SOLVER_FAILED, f"{method} failed at t = {solver.t:.6g}: {error}"
+                break
+            if not np.all(np.isfinite(solver.y)):
+                status, message = NON_FINITE, f"the state became non-finite at t = {solver.t:.6g}"
+                break
+            interpolant = solver.dense_output()
+            while len(saved_t) < len(times) and times[len(saved_t)] <= solver.t:
+                saved_t.append(times[len(saved_t)])
+                saved_theta.append(interpolant(saved_t[-1]))
+            bar.update(solver.t)
+            if on_checkpoint is not None and time.perf_counter() - last_checkpoint > CHECKPOINT_EVERY_S:
+                counts = _scipy_counts(solver, steps)
+                stats = SolverStats(**counts, wall_time_s=time.perf_counter() - started)
+                on_checkpoint(_result(flow, method, STEP_LIMIT, "running", solver.t, saved_t, saved_theta, stats))
+                last_checkpoint = time.perf_counter()
+    finally:
+        bar.close()
+    return status, message, solver.t, saved_t, saved_theta, _scipy_counts(solver, steps)
+
+
+def _scipy_counts(solver, steps: int) -> dict:
+    return {"n_steps": steps, "n_rejected": None, "nfev": int(solver.nfev), "njev": int(solver.njev),
+            "nlu": int(getattr(solver, "nlu", 0))}
+
+
+def _solve_diffrax(flow, theta0, times, *, method, rtol, atol, max_steps, progress, **_):
+    term = diffrax.ODETerm(lambda t, y, args: flow.vector_field_traceable(t, y))
+    # PI coefficients of diffrax's advice for stiff problems: far fewer rejected implicit steps.
+    gains = {"pcoeff": 0.3, "icoeff": 0.4} if method == "Kvaerno5" else {}
+    controller = diffrax.PIDController(rtol=rtol, atol=atol, **gains)
+    kinks = [t for t in flow.rates.kinks if 0 < t < times[-1]]
+    if kinks:
+        controller = diffrax.ClipStepSizeController(controller, step_ts=jnp.asarray(kinks, dtype=float))
+    meter = diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter()
+    solution = diffrax.diffeqsolve(
+        term, DIFFRAX_METHODS[method](), t0=0.0, t1=float(times[-1]), dt0=None, y0=jnp.asarray(theta0),
+        saveat=diffrax.SaveAt(ts=jnp.asarray(times)), stepsize_controller=controller, max_steps=max_steps,
+        throw=False, progress_meter=meter,
+    )
+    ys = np.asarray(solution.ys)
+    reached = np.all(np.isfinite(ys), axis=1)
+    n_saved = len(times) if reached.all() else int(np.argmin(reached))
+    counts = {"n_steps": int(solution.stats["num_accepted_steps"]), "n_rejected": int(solution.stats["num_rejected_steps"]),
+              "nfev": None, "njev": None, "nlu": None}
+    result = solution.result
+    if result == diffrax.RESULTS.successful:
+        status, message = FINISHED, "reached the last save time"
+    elif result == diffrax.RESULTS.max_steps_reached:
+        status, message = STEP_LIMIT, f"step limit max_steps = {max_steps} reached"
+    else:
+        status, message = SOLVER_FAILED, f"{method} failed: {diffrax.RESULTS[result]}"
+    if status == FINISHED and n_saved < len(times):
+        status, message = NON_FINITE, f"the state became non-finite after t = {times[n_saved - 1]:.6g}"
+    t_reached = float(times[n_saved - 1]) if status != FINISHED else float(times[-1])
+    return status, message, t_reached, times[:n_saved], ys[:n_saved], counts
+
+
+def _solve_gradient_descent(flow, theta0, times, *, method, lr, max_steps, progress, on_checkpoint, started, **_):
+    # Save at the step nearest each save time; steps are distinct, so times stay ascending.
+    save_steps = np.unique(np.rint(times / lr).astype(np.int64))
+    theta = jnp.asarray(theta0)
+    saved_steps, saved_theta = [0], [np.asarray(theta)]
+    status, message = FINISHED, "reached the last save time"
+    bar = _Progress(progress, save_steps[-1] * lr, method)
+    last_checkpoint = time.perf_counter()
+    try:
+        for target in save_steps[1:]:
+            if target > max_steps:
+                status, message = STEP_LIMIT, f"step limit max_steps = {max_steps} reached at t = {saved_steps[-1] * lr:.6g}"
+                break
+            theta = flow.gradient_descent(theta, saved_steps[-1], target, lr)
+            if not bool(jnp.all(jnp.isfinite(theta))):
+                status = NON_FINITE
+                message = f"the state became non-finite between t = {saved_steps[-1] * lr:.6g} and t = {target * lr:.6g}"
+                break
+            saved_steps.append(int(target))
+            saved_theta.append(np.asarray(theta))
+            bar.update(target * lr)
+            if on_checkpoint is not None and time.perf_counter() - last_checkpoint > CHECKPOINT_EVERY_S:
+                stats = SolverStats(saved_steps[-1], None, saved_steps[-1], 0, 0, time.perf_counter() - started)
+                t_now = saved_steps[-1] * lr
+                on_checkpoint(_result(flow, method, STEP_LIMIT, "running", t_now, np.array(saved_steps) * lr, saved_theta, stats))
+                last_checkpoint = time.perf_counter()
+    finally:
+        bar.close()
+    n = saved_steps[-1]
+    counts = {"n_steps": n, "n_rejected": None, "nfev": n, "njev": 0, "nlu": 0}
+    return status, message, n * lr, np.array(saved_steps) * lr, saved_theta, counts

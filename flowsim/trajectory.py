@@ -1,0 +1,69 @@
+"""A trajectory: parameters and loss saved at ascending times, t[0] = 0 the initial point."""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """``t`` (T,), ``loss`` (T,), and ``params[name]`` with leading axis T (time)."""
+
+    t: np.ndarray
+    loss: np.ndarray
+    params: dict[str, np.ndarray]
+
+    def __post_init__(self) -> None:
+        n = len(self.t)
+        if len(self.loss) != n or any(len(value) != n for value in self.params.values()):
+            raise ValueError("trajectory arrays must share the leading (time) axis")
+        if n > 1 and np.any(np.diff(self.t) <= 0):
+            raise ValueError("trajectory times must be strictly ascending")
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    def at(self, index: int) -> dict[str, np.ndarray]:
+        """The parameter dict at one saved time."""
+        return {name: value[index] for name, value in self.params.items()}
+
+    def save(self, path: Path) -> None:
+        """Write ``trajectory.npz`` atomically (arrays t, loss, and one per parameter)."""
+        write_atomic_npz(Path(path), {"t": self.t, "loss": self.loss, **self.params})
+
+    @classmethod
+    def load(cls, path: Path) -> "Trajectory":
+        with np.load(Path(path)) as data:
+            arrays = {name: data[name] for name in data.files}
+        missing = {"t", "loss"} - set(arrays)
+        if missing:
+            raise ValueError(f"{path} is not a trajectory: missing arrays {sorted(missing)}")
+        t, loss = arrays.pop("t"), arrays.pop("loss")
+        return cls(t=t, loss=loss, params=arrays)
+
+
+def write_atomic_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_atomic_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    write_atomic_bytes(path, buffer.getvalue())
