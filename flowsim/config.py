@@ -8,13 +8,17 @@ Every error is a ``ConfigError`` whose message is one line naming the bad key an
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import tomli_w
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 from flowsim.chains import MarkovChain
 from flowsim.flow import RateSchedule, SlowWindow

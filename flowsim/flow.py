@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
+from jax.tree_util import Partial
 
 from flowsim.models import Params
 
@@ -105,7 +106,8 @@ class GradientFlow:
         self._group_of_entry = np.repeat(
             [self.groups.index(name) for name in sorted_names], [int(np.size(params_like[n])) for n in sorted_names]
         )
-        self.loss = loss
+        # A Partial is a pytree: its data leaves are traced, not baked into compiled code.
+        self.loss = loss if isinstance(loss, Partial) else Partial(loss)
 
         def flat_loss(theta, loss):
             return loss(self.unravel(theta))

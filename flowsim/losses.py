@@ -230,8 +230,14 @@ def population_loss_enumerated(params: Params, chain: MarkovChain, s: int, model
     probability = chain.start_distribution[contexts[:, 0]].copy()
     for t in range(1, s):
         probability *= chain.P[contexts[:, t - 1], contexts[:, t]]
-    logits = model.forward(params, contexts)
-    return expected_cross_entropy(logits, jnp.asarray(chain.P)[contexts[:, -1]], jnp.asarray(probability))
+    return _enumerated_core_jit(model, params, contexts, jnp.asarray(chain.P)[contexts[:, -1]], probability)
+
+
+def _enumerated_core(model: OneLayerTransformer, params: Params, contexts, target_probabilities, probability):
+    return expected_cross_entropy(model.forward(params, contexts), target_probabilities, probability)
+
+
+_enumerated_core_jit = jax.jit(_enumerated_core, static_argnums=0)
 
 
 @dataclass(frozen=True)
@@ -250,6 +256,9 @@ def _sampled_cross_entropy(
     return jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
 
 
+_sampled_cross_entropy_jit = jax.jit(_sampled_cross_entropy, static_argnums=0)
+
+
 def _sampled_loss_core(model: OneLayerTransformer, params: Params, contexts: jax.Array, targets: jax.Array) -> jax.Array:
     return jnp.mean(_sampled_cross_entropy(model, params, contexts, targets))
 
@@ -259,7 +268,7 @@ def loss_monte_carlo(
 ) -> MonteCarloEstimate:
     """Monte Carlo estimate of the finite-s loss from ``n_samples`` sampled sequences."""
     sequences = chain.sample(n_samples, s + 1, seed)
-    losses = np.asarray(_sampled_cross_entropy(model, params, jnp.asarray(sequences[:, :-1]), jnp.asarray(sequences[:, -1])))
+    losses = np.asarray(_sampled_cross_entropy_jit(model, params, sequences[:, :-1], sequences[:, -1]))
     return MonteCarloEstimate(mean=float(losses.mean()), stderr=float(losses.std(ddof=1) / np.sqrt(n_samples)), n=n_samples)
 
 

@@ -15,9 +15,13 @@ import datetime as _dt
 import importlib.metadata
 import json
 import platform
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 from flowsim.trajectory import Trajectory, write_atomic_bytes
 

@@ -1,0 +1,35 @@
+"""Shared fixtures: the paper chain and model, and one compiled default flow per session."""
+
+import numpy as np
+import pytest
+
+import flowsim
+from flowsim.flow import GradientFlow
+
+PAPER_PI = [0.75, 0.19, 0.05, 0.01]
+
+
+@pytest.fixture(scope="session")
+def paper_chain():
+    return flowsim.MarkovChain(pi=PAPER_PI, lam=0.5)
+
+
+@pytest.fixture(scope="session")
+def paper_model():
+    return flowsim.OneLayerTransformer(d=4, m=8, k=8)
+
+
+@pytest.fixture(scope="session")
+def default_flow(paper_chain, paper_model):
+    """The default flow (ε = 1e-3, seed 0) and its initial point."""
+    params0 = paper_model.init(1e-3, 0)
+    return GradientFlow(flowsim.make_loss_function(paper_model, paper_chain), params0), params0
+
+
+def random_params(model, scale, seed):
+    return {name: scale * value for name, value in model.init(1.0, seed).items()}
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(12345)

@@ -1,0 +1,144 @@
+import itertools
+
+import jax
+import numpy as np
+import pytest
+
+import flowsim
+from flowsim import MarkovChain, OneLayerTransformer
+from flowsim.losses import context_count_law, loss_monte_carlo, population_loss_enumerated, population_loss_finite
+
+from conftest import random_params
+
+NON_PAPER_P = [[0.2, 0.5, 0.3], [0.6, 0.1, 0.3], [0.3, 0.3, 0.4]]
+
+
+def test_mean_field_gradient_matches_central_differences(paper_chain):
+    model = OneLayerTransformer(d=4, m=3, k=2)
+    params = random_params(model, 0.7, seed=1)
+    loss = jax.jit(flowsim.make_loss_function(model, paper_chain))
+    gradient = jax.jit(jax.grad(loss))(params)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        direction = {name: rng.standard_normal(np.shape(value)) for name, value in params.items()}
+        h = 1e-5
+        plus = loss({n: params[n] + h * direction[n] for n in params})
+        minus = loss({n: params[n] - h * direction[n] for n in params})
+        finite_difference = (plus - minus) / (2 * h)
+        analytic = sum(np.sum(gradient[n] * direction[n]) for n in params)
+        assert abs(finite_difference - analytic) < 1e-8 * max(1.0, abs(analytic))
+
+
+def test_gradient_at_origin_is_rank_one_on_M_and_zero_on_Phi(paper_chain):
+    """DESIGN.md: at θ = 0, ∂L/∂M = π (u - π)^T and ∂L/∂Φ = 0.
+
+    With m = k = d, W0 = I gives M = W1 and Φ = W_Q W_K^T, so ∂L/∂W1 = ∂L/∂M, and with
+    W_Q = I, ∂L/∂W_K = (∂L/∂Φ)^T; the other factors are zero (θ at the origin of M, Φ).
+    """
+    d = paper_chain.d
+    model = OneLayerTransformer(d=d, m=d, k=d)
+    params = {"W0": np.eye(d), "W_Q": np.eye(d), "W_K": np.zeros((d, d)), "W1": np.zeros((d, d))}
+    gradient = jax.grad(flowsim.make_loss_function(model, paper_chain))(params)
+    pi = paper_chain.pi
+    np.testing.assert_allclose(gradient["W1"], np.outer(pi, np.full(d, 1 / d) - pi), atol=1e-15)
+    np.testing.assert_allclose(gradient["W_K"], 0.0, atol=1e-15)
+    # And at θ = 0 itself every parameter gradient vanishes (products of zeros).
+    zero = {name: np.zeros(shape) for name, shape in OneLayerTransformer(d=d).shapes.items()}
+    gradient_zero = jax.grad(flowsim.make_loss_function(OneLayerTransformer(d=d), paper_chain))(zero)
+    assert max(np.abs(g).max() for g in gradient_zero.values()) == 0.0
+
+
+MODELS = [
+    OneLayerTransformer(d=3, m=4, k=3),
+    OneLayerTransformer(d=3, m=4, k=3, value_matrix=True, residual=True, logit_scale="inv_sqrt_k"),
+]
+CHAINS = [
+    MarkovChain(pi=[0.6, 0.3, 0.1], lam=0.4),
+    MarkovChain(P=NON_PAPER_P, start="uniform"),
+]
+
+
+@pytest.mark.parametrize("model", MODELS, ids=["paper", "options"])
+@pytest.mark.parametrize("chain", CHAINS, ids=["paper-chain", "general-P"])
+def test_count_programme_equals_enumeration(model, chain):
+    params = random_params(model, 1.0, seed=7)
+    for s in range(1, 9):
+        exact = float(population_loss_finite(params, chain, s, model))
+        brute = float(population_loss_enumerated(params, chain, s, model))
+        assert abs(exact - brute) < 1e-12, (s, exact, brute)
+
+
+def test_count_law_is_a_distribution_with_the_right_marginals():
+    chain = MarkovChain(P=NON_PAPER_P)
+    s = 20
+    law = context_count_law(chain, s)
+    assert abs(law.probability.sum() - 1) < 1e-13
+    assert np.all(law.counts.sum(axis=1) == s)
+    assert np.all(law.counts[np.arange(len(law.query)), law.query] >= 1)
+    # Stationary start: E[c_j] = s π_j and x_s ~ π.
+    np.testing.assert_allclose(law.probability @ law.counts, s * chain.pi, atol=1e-11)
+    np.testing.assert_allclose(np.bincount(law.query, weights=law.probability), chain.pi, atol=1e-13)
+    # Support size: every composition c of s with c[query] >= 1, times the query.
+    expected_support = sum(1 for c in itertools.product(range(s + 1), repeat=3) if sum(c) == s for q in range(3) if c[q])
+    assert len(law.probability) == expected_support
+
+
+def test_finite_loss_agrees_with_monte_carlo():
+    model = OneLayerTransformer(d=3, m=4, k=4)
+    chain = MarkovChain(P=NON_PAPER_P)
+    params = random_params(model, 1.0, seed=3)
+    s = 12
+    exact = float(flowsim.population_loss(params, chain, s, model=model))
+    estimate = loss_monte_carlo(params, chain, s, n_samples=40_000, seed=11, model=model)
+    assert estimate.stderr > 0
+    assert abs(estimate.mean - exact) < 4 * estimate.stderr
+
+
+def test_finite_loss_converges_to_mean_field_at_rate_one_over_s():
+    model = OneLayerTransformer(d=3, m=4, k=4)
+    chain = MarkovChain(pi=[0.6, 0.3, 0.1], lam=0.5)
+    params = random_params(model, 0.8, seed=5)
+    mean_field = float(flowsim.population_loss(params, chain))
+    sizes = [8, 16, 32, 64, 128, 256]
+    scaled = [s * abs(float(flowsim.population_loss(params, chain, s)) - mean_field) for s in sizes]
+    assert max(scaled) < 10.0
+    assert scaled[-1] > 0
+    assert 0.8 < scaled[-1] / scaled[-2] < 1.25  # s·|L_s - L_∞| has settled to a constant
+
+
+def test_population_loss_dispatch_and_monte_carlo_kind(paper_chain, paper_model):
+    params = random_params(paper_model, 0.5, seed=2)
+    assert float(flowsim.population_loss(params, paper_chain)) == pytest.approx(
+        float(flowsim.population_loss_mean_field(params, paper_chain, paper_model)), abs=1e-15
+    )
+    sampled = flowsim.make_loss_function(paper_model, paper_chain, "monte_carlo", s=16, mc_samples=20_000, mc_seed=4)
+    exact = float(flowsim.population_loss(params, paper_chain, 16))
+    assert abs(float(sampled(params)) - exact) < 0.03
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [(dict(kind="finite", s=0), "positive integer context length"), (dict(kind="exact"), "loss.kind must be one of")],
+)
+def test_bad_loss_arguments(paper_chain, paper_model, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        flowsim.make_loss_function(paper_model, paper_chain, **kwargs)
+
+
+def test_model_chain_size_mismatch(paper_chain):
+    with pytest.raises(ValueError, match="d = 3 tokens but the chain has d = 4"):
+        flowsim.make_loss_function(OneLayerTransformer(d=3), paper_chain)
+
+
+def test_forward_pass_matches_a_direct_per_sequence_computation():
+    model = OneLayerTransformer(d=3, m=4, k=2)
+    params = random_params(model, 1.0, seed=9)
+    tokens = np.array([[0, 2, 1, 1], [2, 2, 0, 1]])
+    W0, WQ, WK, W1 = (np.asarray(params[n]) for n in ("W0", "W_Q", "W_K", "W1"))
+    logits = np.asarray(model.forward(params, tokens))
+    for row, sequence in enumerate(tokens):
+        embeddings = W0[sequence]
+        scores = (embeddings[-1] @ WQ) @ (embeddings @ WK).T
+        weights = np.exp(scores - scores.max())
+        weights /= weights.sum()
+        np.testing.assert_allclose(logits[row], weights @ embeddings @ W1, atol=1e-13)
