@@ -77,7 +77,7 @@ def execute_run(config: RunConfig, run_dir: Path, *, progress: bool = True) -> F
 
     def checkpoint(partial: FlowResult) -> None:
         save(partial)
-        write_meta(run_dir, {**meta, **partial.summary(), "status_name": "running", "n_saved": len(partial.trajectory)})
+        write_meta(run_dir, {**meta, **partial.summary(), "status": None, "status_name": "running", "message": "running", "n_saved": len(partial.trajectory)})
 
     started = time.perf_counter()
     result = solve_flow(

@@ -117,14 +117,15 @@ def solve_flow(
     lr: float | None = None,
     progress: bool = False,
     on_checkpoint: Callable[[FlowResult], None] | None = None,
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S,
 ) -> FlowResult:
     """Integrate ``flow`` from ``params0`` and save at ``t_eval`` (ascending, t_eval[0] = 0).
 
     ``rtol``/``atol`` are the error tolerances of the adaptive methods (with a small
     initialisation of scale ε, atol must sit well below ε²); ``lr`` is the step η of
     ``gradient_descent``. ``max_steps`` bounds the steps taken. ``on_checkpoint``, if
-    given, receives the partial result every ~20 s (scipy methods and gradient descent),
-    so a long run can be saved as it goes.
+    given, receives the partial result every ``checkpoint_every_s`` seconds (scipy
+    methods and gradient descent), so a long run can be saved as it goes.
     """
     if method not in METHODS:
         raise ValueError(f"unknown solver method {method!r}; expected one of {METHODS}")
@@ -149,7 +150,7 @@ def solve_flow(
     started = time.perf_counter()
     status, message, t_reached, saved_t, saved_theta, counts = integrate(
         flow, theta0, times, method=method, rtol=rtol, atol=atol, max_steps=int(max_steps), lr=lr,
-        progress=progress, on_checkpoint=on_checkpoint, started=started,
+        progress=progress, on_checkpoint=on_checkpoint, checkpoint_every_s=checkpoint_every_s, started=started,
     )
     stats = SolverStats(**counts, wall_time_s=time.perf_counter() - started)
     return _result(flow, method, status, message, t_reached, saved_t, saved_theta, stats)
@@ -177,7 +178,7 @@ class _Progress:
         self.bar.close()
 
 
-def _solve_scipy(flow, theta0, times, *, method, rtol, atol, max_steps, progress, on_checkpoint, started, **_):
+def _solve_scipy(flow, theta0, times, *, method, rtol, atol, max_steps, progress, on_checkpoint, checkpoint_every_s, started, **_):
     solver = SCIPY_METHODS[method](
         flow.vector_field, 0.0, theta0, times[-1], rtol=rtol, atol=atol, jac=flow.jacobian
     )
@@ -203,7 +204,7 @@ def _solve_scipy(flow, theta0, times, *, method, rtol, atol, max_steps, progress
                 saved_t.append(times[len(saved_t)])
                 saved_theta.append(interpolant(saved_t[-1]))
             bar.update(solver.t)
-            if on_checkpoint is not None and time.perf_counter() - last_checkpoint > CHECKPOINT_EVERY_S:
+            if on_checkpoint is not None and time.perf_counter() - last_checkpoint >= checkpoint_every_s:
                 counts = _scipy_counts(solver, steps)
                 stats = SolverStats(**counts, wall_time_s=time.perf_counter() - started)
                 on_checkpoint(_result(flow, method, STEP_LIMIT, "running", solver.t, saved_t, saved_theta, stats))
@@ -250,7 +251,9 @@ def _solve_diffrax(flow, theta0, times, *, method, rtol, atol, max_steps, progre
     return status, message, t_reached, times[:n_saved], ys[:n_saved], counts
 
 
-def _solve_gradient_descent(flow, theta0, times, *, method, lr, max_steps, progress, on_checkpoint, started, **_):
+def _solve_gradient_descent(
+    flow, theta0, times, *, method, lr, max_steps, progress, on_checkpoint, checkpoint_every_s, started, **_
+):
     # Save at the step nearest each save time; steps are distinct, so times stay ascending.
     save_steps = np.unique(np.rint(times / lr).astype(np.int64))
     theta = jnp.asarray(theta0)
@@ -271,7 +274,7 @@ def _solve_gradient_descent(flow, theta0, times, *, method, lr, max_steps, progr
             saved_steps.append(int(target))
             saved_theta.append(np.asarray(theta))
             bar.update(target * lr)
-            if on_checkpoint is not None and time.perf_counter() - last_checkpoint > CHECKPOINT_EVERY_S:
+            if on_checkpoint is not None and time.perf_counter() - last_checkpoint >= checkpoint_every_s:
                 stats = SolverStats(saved_steps[-1], None, saved_steps[-1], 0, 0, time.perf_counter() - started)
                 t_now = saved_steps[-1] * lr
                 on_checkpoint(_result(flow, method, STEP_LIMIT, "running", t_now, np.array(saved_steps) * lr, saved_theta, stats))

@@ -166,3 +166,16 @@ def test_bad_save_times(default_flow, times, message):
     flow, params0 = default_flow
     with pytest.raises(ValueError, match=message):
         solve_flow(flow, params0, times)
+
+
+@pytest.mark.parametrize("method", ["LSODA", "gradient_descent"])
+def test_checkpoints_are_prefixes_of_the_final_trajectory(default_flow, method):
+    flow, params0 = default_flow
+    times = np.linspace(0.0, 20.0, 41)
+    partials = []
+    result = solve_flow(flow, params0, times, method=method, lr=0.5, on_checkpoint=partials.append, checkpoint_every_s=0.0)
+    assert result.success and len(partials) >= 3
+    for partial in partials:
+        n = len(partial.trajectory)
+        np.testing.assert_array_equal(partial.trajectory.t, result.trajectory.t[:n])
+        np.testing.assert_array_equal(partial.trajectory.params["W0"], result.trajectory.params["W0"][:n])
