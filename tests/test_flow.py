@@ -171,7 +171,7 @@ def test_bad_save_times(default_flow, times, message):
 @pytest.mark.parametrize("method", ["LSODA", "gradient_descent"])
 def test_checkpoints_are_prefixes_of_the_final_trajectory(default_flow, method):
     flow, params0 = default_flow
-    times = np.linspace(0.0, 20.0, 41)
+    times = np.linspace(0.0, 20.0, 11)  # few distinct prefix lengths: few recompiles of the loss
     partials = []
     result = solve_flow(flow, params0, times, method=method, lr=0.5, on_checkpoint=partials.append, checkpoint_every_s=0.0)
     assert result.success and len(partials) >= 3
