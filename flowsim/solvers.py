@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 import diffrax
-import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.integrate
