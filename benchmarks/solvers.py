@@ -29,7 +29,8 @@ def main() -> None:
     args = parser.parse_args()
 
     config = load_config(None, [f"time.t_end={args.t_end}"])
-    _, flow, params0, times = prepare(config)
+    prepared = prepare(config)
+    flow, params0, times = prepared.flow, prepared.params0, prepared.times
     rows, reference = [], None
     for method in args.methods.split(","):
         solve_flow(flow, params0, [0.0, 1.0], method=method, rtol=args.rtol, atol=args.atol, lr=0.1)  # compile

@@ -34,7 +34,7 @@ def run(
         resolved = load_config(config, set_)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            prepare(resolved)  # validate everything before a folder is made
+            prepared = prepare(resolved)  # validate everything before a folder is made
         for warning in caught:
             typer.echo(f"flowsim: warning: {warning.message}", err=True)
     except ConfigError as error:
@@ -45,7 +45,7 @@ def run(
         if out.exists() and any(out.iterdir()):
             _fail(f"--out {str(out)!r} exists and is not empty; choose a new folder")
         run_dir = out
-    result = execute_run(resolved, run_dir, progress=not quiet)
+    result = execute_run(resolved, run_dir, progress=not quiet, prepared=prepared)
     stats = result.stats
     typer.echo(
         f"{result.status_name}: {result.message}\n"

@@ -6,10 +6,12 @@ import datetime as _dt
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError, RunConfig
 from flowsim.flow import GradientFlow
 from flowsim.losses import make_loss_function
@@ -35,8 +37,19 @@ def initial_params(config: RunConfig, model: OneLayerTransformer) -> Params:
     return params
 
 
-def prepare(config: RunConfig) -> tuple[OneLayerTransformer, GradientFlow, Params, np.ndarray]:
-    """Build the model, the flow, the initial point and the save times, or raise ConfigError."""
+@dataclass(frozen=True)
+class PreparedRun:
+    """Everything a configured run needs, built and validated."""
+
+    chain: MarkovChain
+    model: OneLayerTransformer
+    flow: GradientFlow
+    params0: Params
+    times: np.ndarray
+
+
+def prepare(config: RunConfig) -> PreparedRun:
+    """Build the chain, model, flow, initial point and save times, or raise ConfigError."""
     chain = config.build_chain()
     model = config.build_model(chain.d)
     params0 = initial_params(config, model)
@@ -51,13 +64,18 @@ def prepare(config: RunConfig) -> tuple[OneLayerTransformer, GradientFlow, Param
             "the early, small-scale dynamics will be resolved poorly",
             stacklevel=2,
         )
-    return model, flow, params0, config.save_times()
+    return PreparedRun(chain, model, flow, params0, config.save_times())
 
 
-def execute_run(config: RunConfig, run_dir: Path, *, progress: bool = True) -> FlowResult:
-    """Integrate the configured flow and write the run directory (config, trajectory, meta, figure)."""
-    model, flow, params0, times = prepare(config)
-    chain = config.build_chain()
+def execute_run(
+    config: RunConfig, run_dir: Path, *, progress: bool = True, prepared: PreparedRun | None = None
+) -> FlowResult:
+    """Integrate the configured flow and write the run directory (config, trajectory, meta, figure).
+
+    ``prepared`` is ``prepare(config)`` when the caller has already built it.
+    """
+    prepared = prepare(config) if prepared is None else prepared
+    chain, model = prepared.chain, prepared.model
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_config(run_dir, config.to_toml())
@@ -75,14 +93,10 @@ def execute_run(config: RunConfig, run_dir: Path, *, progress: bool = True) -> F
         result.trajectory.save(run_dir / TRAJECTORY_FILE)
         write_meta(run_dir, {**meta, **result.summary(), "n_saved": len(result.trajectory)})
 
-    def checkpoint(partial: FlowResult) -> None:
-        save(partial)
-        write_meta(run_dir, {**meta, **partial.summary(), "status": None, "status_name": "running", "message": "running", "n_saved": len(partial.trajectory)})
-
     started = time.perf_counter()
     result = solve_flow(
-        flow, params0, times, method=config.solver.method, rtol=config.solver.rtol, atol=config.solver.atol,
-        max_steps=config.solver.max_steps, lr=config.solver.lr, progress=progress, on_checkpoint=checkpoint,
+        prepared.flow, prepared.params0, prepared.times, method=config.solver.method, rtol=config.solver.rtol, atol=config.solver.atol,
+        max_steps=config.solver.max_steps, lr=config.solver.lr, progress=progress, on_checkpoint=save,
     )
     meta["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
     meta["total_wall_time_s"] = time.perf_counter() - started

@@ -118,7 +118,6 @@ class GradientFlow:
         def jacobian(t, theta, loss):
             return -self._rate_vector(t)[:, None] * jax.hessian(flat_loss)(theta, loss)
 
-        self._flat_loss = flat_loss
         self._vector_field = vector_field
         self._loss_jit = jax.jit(flat_loss)
         self._loss_batch_jit = jax.jit(jax.vmap(flat_loss, in_axes=(0, None)))
@@ -151,9 +150,6 @@ class GradientFlow:
     def gradient_descent(self, theta: jax.Array, first: int, last: int, lr: float) -> jax.Array:
         """Steps n = first, ..., last-1 of θ_{n+1} = θ_n + η f(nη, θ_n) (compiled once)."""
         return self._descend_jit(theta, first, last, lr, self.loss)
-
-    def loss_value(self, theta: np.ndarray) -> float:
-        return float(self._loss_jit(theta, self.loss))
 
     def loss_along(self, thetas: np.ndarray) -> np.ndarray:
         """Loss at each row of ``thetas`` (shape (T, size))."""

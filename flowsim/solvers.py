@@ -35,8 +35,11 @@ DIFFRAX_METHODS = {"Kvaerno5": diffrax.Kvaerno5, "Tsit5": diffrax.Tsit5, "Dopri8
 METHODS: tuple[str, ...] = (*SCIPY_METHODS, *DIFFRAX_METHODS, "gradient_descent")
 DEFAULT_METHOD = "LSODA"
 
-FINISHED, STEP_LIMIT, NON_FINITE, SOLVER_FAILED = 0, 1, 2, -1
-STATUS_NAMES = {FINISHED: "finished", STEP_LIMIT: "step_limit", NON_FINITE: "non_finite", SOLVER_FAILED: "solver_failed"}
+FINISHED, STEP_LIMIT, NON_FINITE, SOLVER_FAILED, RUNNING = 0, 1, 2, -1, 3
+STATUS_NAMES = {
+    FINISHED: "finished", STEP_LIMIT: "step_limit", NON_FINITE: "non_finite", SOLVER_FAILED: "solver_failed",
+    RUNNING: "running",
+}
 
 CHECKPOINT_EVERY_S = 20.0
 
@@ -60,7 +63,7 @@ class FlowResult:
     """What ``solve_flow`` returns: status, message, statistics and the trajectory.
 
     ``status`` is 0 (finished: every save time reached), 1 (step limit), 2 (non-finite
-    state) or -1 (the solver failed). On a failure ``trajectory`` holds the save times
+    state), -1 (the solver failed) or 3 (running: a checkpoint of a run in progress). On a failure ``trajectory`` holds the save times
     reached before it, and ``t_reached`` is the last time the integrator reached.
     """
 
@@ -206,7 +209,7 @@ def _solve_scipy(flow, theta0, times, *, method, rtol, atol, max_steps, progress
             if on_checkpoint is not None and time.perf_counter() - last_checkpoint >= checkpoint_every_s:
                 counts = _scipy_counts(solver, steps)
                 stats = SolverStats(**counts, wall_time_s=time.perf_counter() - started)
-                on_checkpoint(_result(flow, method, STEP_LIMIT, "running", solver.t, saved_t, saved_theta, stats))
+                on_checkpoint(_result(flow, method, RUNNING, "running", solver.t, saved_t, saved_theta, stats))
                 last_checkpoint = time.perf_counter()
     finally:
         bar.close()
@@ -276,7 +279,7 @@ def _solve_gradient_descent(
             if on_checkpoint is not None and time.perf_counter() - last_checkpoint >= checkpoint_every_s:
                 stats = SolverStats(saved_steps[-1], None, saved_steps[-1], 0, 0, time.perf_counter() - started)
                 t_now = saved_steps[-1] * lr
-                on_checkpoint(_result(flow, method, STEP_LIMIT, "running", t_now, np.array(saved_steps) * lr, saved_theta, stats))
+                on_checkpoint(_result(flow, method, RUNNING, "running", t_now, np.array(saved_steps) * lr, saved_theta, stats))
                 last_checkpoint = time.perf_counter()
     finally:
         bar.close()
