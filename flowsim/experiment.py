@@ -16,6 +16,7 @@ from flowsim.config import ConfigError, RunConfig
 from flowsim.flow import GradientFlow
 from flowsim.losses import make_loss_function
 from flowsim.models import OneLayerTransformer, Params
+from flowsim.observables import compute_observables
 from flowsim.plots import plot_run_summary
 from flowsim.rundir import SUMMARY_FIGURE, TRAJECTORY_FILE, library_versions, write_config, write_meta
 from flowsim.solvers import FlowResult, solve_flow
@@ -101,7 +102,9 @@ def execute_run(
     meta["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
     meta["total_wall_time_s"] = time.perf_counter() - started
     save(result)
+    observables = compute_observables(result.trajectory, model, chain.pi, prepared.flow)
+    observables.save(run_dir)
     if len(result.trajectory) > 1:
         title = f"{chain.describe()}, {config.solver.method}, {result.status_name}"
-        plot_run_summary(result.trajectory, model, chain.pi, run_dir / SUMMARY_FIGURE, title=title)
+        plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=title)
     return result

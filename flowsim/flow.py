@@ -119,7 +119,7 @@ class GradientFlow:
             return -self._rate_vector(t)[:, None] * jax.hessian(flat_loss)(theta, loss)
 
         self._vector_field = vector_field
-        self._loss_jit = jax.jit(flat_loss)
+        self._gradient_batch_jit = jax.jit(jax.vmap(jax.grad(flat_loss), in_axes=(0, None)))
         self._loss_batch_jit = jax.jit(jax.vmap(flat_loss, in_axes=(0, None)))
         self._vector_field_jit = jax.jit(vector_field)
         self._jacobian_jit = jax.jit(jacobian)
@@ -156,6 +156,10 @@ class GradientFlow:
         if len(thetas) == 0:
             return np.zeros(0)
         return np.asarray(self._loss_batch_jit(jnp.asarray(thetas), self.loss))
+
+    def gradient_along(self, thetas: np.ndarray) -> np.ndarray:
+        """∇L at each row of ``thetas`` (shape (T, size)), without the rates."""
+        return np.asarray(self._gradient_batch_jit(jnp.asarray(thetas), self.loss))
 
     def unflatten_batch(self, thetas: np.ndarray) -> dict[str, np.ndarray]:
         """Split rows of flat vectors into a dict of arrays with a leading time axis."""

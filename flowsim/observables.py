@@ -1,14 +1,88 @@
-"""Observables computed along a trajectory (more arrive with the stage detectors)."""
+"""Observables along a trajectory: one container of named columns over time.
+
+Per saved time t (leading axis of every column):
+
+    loss                          the trajectory's loss
+    sv_X, stable_rank_X           singular values (descending) and stable rank ‖X‖_F² / σ1²
+                                  of X in W0, W1, W_Q, W_K, M (token-to-logit map), Phi (logits)
+    attention                     mean-field attention A = softmax(Φ + log π), (d, d), rows = queries
+    attention_entropy             -Σ_j A[i, j] log A[i, j] per query i (nats)
+    attention_mass_top            A[i, j*] per query, j* the most frequent token (largest π)
+    embedding_norm                ‖W0[i, :]‖ per token
+    embedding_pc                  projections of W0(t) - mean_t W0 on the principal directions
+                                  of the embedding trajectory (the directions are a constant)
+    grad_norm_G                   ‖∂L/∂G‖ per parameter group G (when a flow is given)
+
+Saved as ``observables.npz`` (every column and constant) and ``observables.csv`` (every
+column flattened to scalar columns: ``attention_entropy[0]``, ``attention[1,2]``, ...).
+"""
 
 from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flowsim.flow import GradientFlow
 from flowsim.losses import mean_field_attention
 from flowsim.models import OneLayerTransformer
-from flowsim.trajectory import Trajectory
+from flowsim.trajectory import Trajectory, write_atomic_bytes, write_atomic_npz
+
+OBSERVABLES_NPZ, OBSERVABLES_CSV = "observables.npz", "observables.csv"
+N_PRINCIPAL_DIRECTIONS = 3
+
+
+@dataclass(frozen=True)
+class Observables:
+    """``columns[name]`` has leading axis len(t); ``constants`` are not indexed by time."""
+
+    t: np.ndarray
+    columns: dict[str, np.ndarray]
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, column in self.columns.items():
+            if len(column) != len(self.t):
+                raise ValueError(f"observable {name} has {len(column)} rows, expected {len(self.t)} (one per time)")
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.columns[name]
+
+    def scalar_columns(self) -> dict[str, np.ndarray]:
+        """Every column split into 1-d series named ``name`` or ``name[i]`` / ``name[i,j]``."""
+        table = {"t": self.t}
+        for name, column in self.columns.items():
+            if column.ndim == 1:
+                table[name] = column
+                continue
+            for index in np.ndindex(column.shape[1:]):
+                table[f"{name}[{','.join(str(i) for i in index)}]"] = column[(slice(None), *index)]
+        return table
+
+    def save(self, run_dir: Path) -> None:
+        """Write observables.npz and observables.csv atomically."""
+        run_dir = Path(run_dir)
+        constants = {f"constant:{name}": value for name, value in self.constants.items()}
+        write_atomic_npz(run_dir / OBSERVABLES_NPZ, {"t": self.t, **self.columns, **constants})
+        table = self.scalar_columns()
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(table)
+        writer.writerows(zip(*(np.char.mod("%.17g", column) for column in table.values())))
+        write_atomic_bytes(run_dir / OBSERVABLES_CSV, text.getvalue().encode())
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "Observables":
+        with np.load(Path(run_dir) / OBSERVABLES_NPZ) as data:
+            arrays = {name: data[name] for name in data.files}
+        t = arrays.pop("t")
+        constants = {name.split(":", 1)[1]: arrays.pop(name) for name in list(arrays) if name.startswith("constant:")}
+        return cls(t=t, columns=arrays, constants=constants)
 
 
 def singular_values(matrices: np.ndarray) -> np.ndarray:
@@ -16,13 +90,67 @@ def singular_values(matrices: np.ndarray) -> np.ndarray:
     return np.linalg.svd(np.asarray(matrices), compute_uv=False)
 
 
-def attention_along(trajectory: Trajectory, model: OneLayerTransformer, pi: np.ndarray) -> np.ndarray:
-    """The mean-field attention matrix A(t) = softmax(Φ(t) + log π), shape (T, d, d)."""
-    phi = jax.vmap(model.attention_logits)({name: jnp.asarray(v) for name, v in trajectory.params.items()})
-    return np.asarray(jax.vmap(mean_field_attention, in_axes=(0, None))(phi, jnp.asarray(pi)))
+def stable_rank(sigma: np.ndarray) -> np.ndarray:
+    """‖X‖_F² / ‖X‖_2² from singular values (T, r); NaN where X = 0."""
+    top = sigma[:, 0] ** 2
+    return np.divide(np.sum(sigma**2, axis=1), top, out=np.full(len(sigma), np.nan), where=top > 0)
 
 
 def attention_entropy(attention: np.ndarray) -> np.ndarray:
     """Entropy (nats) of each query's attention row: -Σ_j A[i, j] log A[i, j], shape (..., d)."""
     safe = np.where(attention > 0, attention, 1.0)
     return -np.sum(attention * np.log(safe), axis=-1)
+
+
+def principal_directions(embeddings: np.ndarray, n_directions: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """PCA of the embedding trajectory: flattened W0(t) (T, d·m), centred over time.
+
+    Returns (directions (n, d·m), explained variance fractions (n,), projections (T, n)).
+    """
+    flat = embeddings.reshape(len(embeddings), -1)
+    centred = flat - flat.mean(axis=0)
+    _, sigma, directions = np.linalg.svd(centred, full_matrices=False)
+    n = min(n_directions, len(sigma))
+    total = np.sum(sigma**2)
+    explained = sigma[:n] ** 2 / total if total > 0 else np.zeros(n)
+    return directions[:n], explained, centred @ directions[:n].T
+
+
+def compute_observables(
+    trajectory: Trajectory, model: OneLayerTransformer, pi: np.ndarray, flow: GradientFlow | None = None
+) -> Observables:
+    """All observables of a trajectory of the one-layer model on a chain with frequencies ``pi``."""
+    params = {name: jnp.asarray(value) for name, value in trajectory.params.items()}
+    phi = jax.vmap(model.attention_logits)(params)
+    matrices = {
+        "W0": trajectory.params["W0"],
+        "W1": trajectory.params["W1"],
+        "W_Q": trajectory.params["W_Q"],
+        "W_K": trajectory.params["W_K"],
+        "M": np.asarray(jax.vmap(model.value_map)(params)),
+        "Phi": np.asarray(phi),
+    }
+    columns: dict[str, np.ndarray] = {"loss": np.asarray(trajectory.loss)}
+    for name, stack in matrices.items():
+        sigma = singular_values(stack)
+        columns[f"sv_{name}"] = sigma
+        columns[f"stable_rank_{name}"] = stable_rank(sigma)
+    attention = np.asarray(jax.vmap(mean_field_attention, in_axes=(0, None))(phi, jnp.asarray(pi)))
+    columns["attention"] = attention
+    columns["attention_entropy"] = attention_entropy(attention)
+    columns["attention_mass_top"] = attention[:, :, int(np.argmax(pi))]
+    columns["embedding_norm"] = np.linalg.norm(trajectory.params["W0"], axis=2)
+    directions, explained, projections = principal_directions(trajectory.params["W0"], N_PRINCIPAL_DIRECTIONS)
+    columns["embedding_pc"] = projections
+    if flow is not None:
+        for name, norms in gradient_norms(trajectory, flow).items():
+            columns[f"grad_norm_{name}"] = norms
+    constants = {"embedding_pc_directions": directions, "embedding_pc_explained": explained, "pi": np.asarray(pi)}
+    return Observables(t=np.asarray(trajectory.t), columns=columns, constants=constants)
+
+
+def gradient_norms(trajectory: Trajectory, flow: GradientFlow) -> dict[str, np.ndarray]:
+    """‖∂L/∂G‖ (Frobenius) per parameter group G at each saved time (rates not applied)."""
+    thetas = np.stack([flow.flatten(trajectory.at(i)) for i in range(len(trajectory))])
+    gradients = flow.unflatten_batch(flow.gradient_along(thetas))
+    return {name: np.linalg.norm(value.reshape(len(thetas), -1), axis=1) for name, value in gradients.items()}

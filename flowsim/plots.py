@@ -10,20 +10,19 @@ matplotlib.use("Agg")  # files only: runs happen on machines without a screen
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from flowsim.models import OneLayerTransformer  # noqa: E402
-from flowsim.observables import attention_along, attention_entropy, singular_values  # noqa: E402
-from flowsim.trajectory import Trajectory  # noqa: E402
+from flowsim.observables import Observables  # noqa: E402
 
 
-def plot_run_summary(trajectory: Trajectory, model: OneLayerTransformer, pi: np.ndarray, path: Path, title: str = "") -> Path:
+def plot_run_summary(observables: Observables, path: Path, title: str = "") -> Path:
     """Three panels against t (log axis, t > 0): loss; σ_i(W0); entropy of each query's attention."""
-    keep = trajectory.t > 0
-    t = trajectory.t[keep]
-    sigma = singular_values(trajectory.params["W0"][keep])
-    entropy = attention_entropy(attention_along(trajectory, model, pi)[keep])
+    keep = observables.t > 0
+    t = observables.t[keep]
+    sigma = observables["sv_W0"][keep]
+    entropy = observables["attention_entropy"][keep]
+    pi = observables.constants["pi"]
 
     figure, axes = plt.subplots(3, 1, figsize=(7.5, 8.5), sharex=True, constrained_layout=True)
-    axes[0].plot(t, trajectory.loss[keep], color="black")
+    axes[0].plot(t, observables["loss"][keep], color="black")
     axes[0].set_ylabel("population loss")
     for i in range(sigma.shape[1]):
         axes[1].plot(t, sigma[:, i], label=f"σ{i + 1}")

@@ -3,6 +3,7 @@
     RUN_DIR/config.toml      the full resolved configuration
     RUN_DIR/trajectory.npz   t (ascending, t[0] = 0), loss, W0, W_Q, W_K, W1 (leading axis = time)
     RUN_DIR/meta.json        status, seed, solver statistics, wall time, library versions
+    RUN_DIR/observables.npz  observables over time (and observables.csv), see flowsim.observables
     RUN_DIR/summary.png      loss, singular values of W0, attention entropy per query
 
 Every file is written atomically (temporary file, then rename), so an interrupted run

@@ -7,6 +7,7 @@ import pytest
 
 from flowsim.config import ConfigError, load_config
 from flowsim.experiment import execute_run
+from flowsim.observables import Observables
 from flowsim.rundir import load_run
 from flowsim.solvers import STEP_LIMIT
 
@@ -33,6 +34,10 @@ def test_run_directory_round_trip(tmp_path):
     assert {"python", "jax", "diffrax", "scipy", "numpy"} <= set(run.meta["versions"])
     assert run.meta["nfev"] > 0 and run.meta["wall_time_s"] > 0
     assert (tmp_path / "run" / "summary.png").stat().st_size > 10_000
+    observables = Observables.load(tmp_path / "run")
+    np.testing.assert_array_equal(observables.t, saved.t)
+    np.testing.assert_array_equal(observables["loss"], saved.loss)
+    assert (tmp_path / "run" / "observables.csv").is_file()
     assert not list((tmp_path / "run").glob(".*tmp*"))  # no temporary files left behind
 
 
