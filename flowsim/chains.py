@@ -7,8 +7,9 @@ A chain is a row-stochastic transition matrix P with its stationary distribution
 
 whose stationary distribution is π. Any other P is accepted too, with π computed.
 Chains are validated on construction: a chain whose stationary distribution is not
-unique and strictly positive (reducible or periodic P) is rejected, since the
-mean-field loss needs log π.
+unique (several closed classes) or whose closed class is periodic is rejected. A
+token with π_j = 0 (a transient state, e.g. the paper family with π_j = 0) is
+allowed: it never occurs in the stationary data and receives no attention.
 """
 
 from __future__ import annotations
@@ -55,26 +56,32 @@ def _check_probabilities(name: str, array: np.ndarray) -> None:
         )
 
 
-def _communicating_check(P: np.ndarray) -> None:
-    """Reject reducible or periodic P: the stationary law must be unique and positive."""
+def _check_unique_stationary_law(P: np.ndarray) -> None:
+    """Reject P whose stationary law is not unique (several closed classes) or whose
+    closed class is periodic. Transient states are allowed: their frequency is 0."""
     d = P.shape[0]
     adjacency = P > 0
     reach = adjacency | np.eye(d, dtype=bool)
     for _ in range(int(np.ceil(np.log2(d))) + 1):  # transitive closure by repeated squaring
         reach = reach | ((reach.astype(np.int64) @ reach.astype(np.int64)) > 0)
-    if not np.all(reach):
-        i, j = (int(x) for x in np.argwhere(~reach)[0])
+    # i is recurrent iff every state it reaches can reach it back; its class is what it reaches.
+    recurrent = [i for i in range(d) if np.all(reach[:, i][reach[i]])]
+    classes = sorted({tuple(np.flatnonzero(reach[i])) for i in recurrent})
+    if len(classes) > 1:
+        listed = " and ".join(str(list(map(int, members))) for members in classes[:2])
         raise ValueError(
-            f"P is reducible: state {j} cannot be reached from state {i}, so the stationary "
-            "distribution is not unique or not strictly positive; expected an irreducible chain"
+            f"P is reducible with {len(classes)} closed classes of states ({listed}...), so the "
+            "stationary distribution is not unique; expected a single closed class"
         )
-    # Irreducible: P is primitive (aperiodic) iff P^n > 0 for n = (d-1)^2 + 1 (Wielandt).
-    power = adjacency.astype(np.int64)
-    walk = np.eye(d, dtype=np.int64)
-    for _ in range((d - 1) ** 2 + 1):
-        walk = (walk @ power > 0).astype(np.int64)
+    members = list(classes[0])
+    # The closed class is aperiodic iff its block is primitive: B^n > 0 for n = (c-1)^2 + 1 (Wielandt).
+    block = adjacency[np.ix_(members, members)].astype(np.int64)
+    size = len(members)
+    walk = np.eye(size, dtype=np.int64)
+    for _ in range((size - 1) ** 2 + 1):
+        walk = (walk @ block > 0).astype(np.int64)
     if not np.all(walk):
-        lengths = [n for n in range(1, 2 * d + 1) if np.linalg.matrix_power(power, n)[0, 0] > 0]
+        lengths = [n for n in range(1, 2 * size + 1) if np.linalg.matrix_power(block, n)[0, 0] > 0]
         period = int(np.gcd.reduce(lengths)) if lengths else 0
         raise ValueError(
             f"P is periodic (period {period}); expected an aperiodic chain so that the context "
@@ -127,14 +134,14 @@ class MarkovChain:
             d = pi_arr.shape[0]
             P_arr = lam * np.eye(d) + (1.0 - lam) * np.outer(np.ones(d), pi_arr)
             _check_probabilities("P (from pi and lam)", P_arr)
-            _communicating_check(P_arr)
+            _check_unique_stationary_law(P_arr)
         else:
             P_arr = _as_finite_array("P", P, 2)
             if P_arr.shape[0] != P_arr.shape[1]:
                 raise ValueError(f"P must be square, got shape {P_arr.shape}")
             self._check_size(P_arr.shape[0])
             _check_probabilities("P", P_arr)
-            _communicating_check(P_arr)
+            _check_unique_stationary_law(P_arr)
             if pi is None:
                 pi_arr = stationary_distribution(P_arr)
             else:
@@ -148,8 +155,6 @@ class MarkovChain:
                         f"pi is not stationary for P: max |pi^T P - pi^T| = {residual:.3g} "
                         f"(tolerance {STOCHASTIC_TOL:g})"
                     )
-        if np.any(pi_arr <= 0):
-            raise ValueError(f"pi has a zero entry {pi_arr.tolist()}; every token needs positive frequency")
 
         pi_arr.flags.writeable = False
         P_arr.flags.writeable = False

@@ -46,7 +46,8 @@ BAD_CHAINS = [
     (dict(pi=[0.5, 0.6], lam=0.3), "pi sums to 1.1"),
     (dict(P=[[0.9, 0.1], [0.5, 0.5]], pi=[0.5, 0.5]), "not stationary"),
     (dict(P=[[1.0, 0.0], [0.0, 1.0]]), "reducible"),
-    (dict(P=[[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.2, 0.3, 0.5]]), "reducible"),
+    (dict(P=[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.2, 0.3, 0.5]]), "2 closed classes"),
+    (dict(P=[[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.2, 0.3, 0.5]]), "periodic (period 2)"),
     (dict(pi=[0.5, 0.5], lam=1.0), "lam = 1.0"),
     (dict(P=[[0.0, 1.0], [1.0, 0.0]]), "periodic (period 2)"),
     (dict(P=[[0, 1, 0], [0, 0, 1], [1, 0, 0]]), "periodic (period 3)"),
@@ -68,3 +69,12 @@ def test_bad_chain_input_raises_a_clear_error(kwargs, message):
         MarkovChain(**kwargs)
     assert message in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_transient_token_has_zero_frequency_and_is_accepted():
+    """DESIGN.md's δ = 0.2 chain: π = (0.7, 0.2, 0.1, 0.0); token 3 is transient."""
+    chain = MarkovChain(pi=[0.7, 0.2, 0.1, 0.0], lam=0.5)
+    np.testing.assert_allclose(chain.pi @ chain.P, chain.pi, atol=1e-15)
+    from_P = MarkovChain(P=chain.P)
+    np.testing.assert_allclose(from_P.pi, [0.7, 0.2, 0.1, 0.0], atol=1e-12)
+    assert np.all(chain.sample(500, 20, seed=0) != 3)

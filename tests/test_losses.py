@@ -55,11 +55,12 @@ MODELS = [
 CHAINS = [
     MarkovChain(pi=[0.6, 0.3, 0.1], lam=0.4),
     MarkovChain(P=NON_PAPER_P, start="uniform"),
+    MarkovChain(pi=[0.7, 0.3, 0.0], lam=0.5, start="uniform"),  # token 2 transient
 ]
 
 
 @pytest.mark.parametrize("model", MODELS, ids=["paper", "options"])
-@pytest.mark.parametrize("chain", CHAINS, ids=["paper-chain", "general-P"])
+@pytest.mark.parametrize("chain", CHAINS, ids=["paper-chain", "general-P", "transient-token"])
 def test_count_programme_equals_enumeration(model, chain):
     params = random_params(model, 1.0, seed=7)
     for s in range(1, 9):
@@ -142,3 +143,21 @@ def test_forward_pass_matches_a_direct_per_sequence_computation():
         weights = np.exp(scores - scores.max())
         weights /= weights.sum()
         np.testing.assert_allclose(logits[row], weights @ embeddings @ W1, atol=1e-13)
+
+
+def test_mean_field_loss_with_a_zero_frequency_token():
+    """π_3 = 0: the token gets no attention, and the loss stays finite and differentiable."""
+    chain = MarkovChain(pi=[0.7, 0.2, 0.1, 0.0], lam=0.5)
+    model = OneLayerTransformer(d=4, m=3, k=3)
+    params = random_params(model, 0.7, seed=4)
+    loss = jax.jit(flowsim.make_loss_function(model, chain))
+    gradient = jax.grad(loss)(params)
+    assert all(np.all(np.isfinite(g)) for g in gradient.values())
+    direction = {name: np.ones(np.shape(value)) for name, value in params.items()}
+    h = 1e-5
+    plus = loss({n: params[n] + h * direction[n] for n in params})
+    minus = loss({n: params[n] - h * direction[n] for n in params})
+    analytic = sum(np.sum(gradient[n]) for n in params)
+    assert abs((plus - minus) / (2 * h) - analytic) < 1e-8 * max(1.0, abs(analytic))
+    # it is the s -> infinity limit of the exact finite-s loss
+    assert abs(float(flowsim.population_loss(params, chain, 256)) - float(loss(params))) < 0.05
