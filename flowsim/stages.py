@@ -1,0 +1,303 @@
+"""Stage detectors: label the intervals of a trajectory from its observables.
+
+Each detector reads named observables (see ``flowsim.observables``) and works on exact
+flows and on noisy, irregularly sampled training logs alike: every series is first
+smoothed by a running median over a window in log-time, and every decision uses
+hysteresis (a threshold to enter a state and a different one to leave it).
+
+Stages and their rules (thresholds are fields of ``StageThresholds``):
+
+* condensation: σ0(W0) leaves its floor (its value at the first sample) by
+  ``departure``× (start) and reaches ``condensation_level`` × its largest value (end).
+* focus (per query i with π_i > 0): the attention entropy H_i falls ``focus_drop`` nats
+  below its running maximum. Start: H_i crosses halfway from that maximum to the
+  minimum that follows; end: the start of the dilution after it, or None.
+* dilution (per query): after a focus, H_i rises ``dilution_rise`` nats above its running
+  minimum. Start: H_i crosses halfway from the minimum to the next maximum; end: that
+  maximum (fixed when a new focus starts, or the series ends).
+* restart (per direction r >= 1, 0-based): σ_r(W0) grows ``restart_factor``× above its
+  floor. Start: the last time before that at which σ_r <= departure × floor; end: the
+  first time σ_r reaches ``restart_open_fraction`` × σ_0 (None if it does not).
+* plateau: after condensation, a stretch of at least ``plateau_min_decades`` decades of
+  log-time over which the loss changes by less than ``plateau_loss_tol`` and log σ0 of
+  W0, W1, W_Q, W_K by less than ``plateau_log_sv_tol`` within every window of
+  ``plateau_window_decades``.
+
+A focus or dilution counts only once it has held for ``min_duration_decades``. A cycle
+is focus -> dilution -> restart (the time a direction passes restart_factor × floor),
+counted greedily in time order. Singular values are indexed from 0 (σ0 the largest).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from flowsim.observables import Observables
+from flowsim.trajectory import write_atomic_bytes
+
+STAGES_JSON, STAGES_TEXT = "stages.json", "stages.txt"
+STAGE_NAMES = ("condensation", "focus", "dilution", "restart", "plateau")
+
+
+@dataclass(frozen=True)
+class StageThresholds:
+    """The detectors' parameters; the defaults hold across the configurations in the tests."""
+
+    smoothing_decades: float = 0.05  # half-width of the running median in log10 t
+    departure: float = 2.0  # a singular value has left its floor at departure × floor
+    condensation_level: float = 1 / 3  # condensation ends at this fraction of max σ1(W0)
+    focus_drop: float = 0.35  # nats below the running maximum of a query's entropy
+    dilution_rise: float = 0.2  # nats above the running minimum after a focus
+    min_duration_decades: float = 0.1  # a focus or dilution must hold this long (log10 t) to count
+    restart_factor: float = 10.0  # σ_r(W0) above restart_factor × floor: a new direction
+    restart_open_fraction: float = 0.5  # the restart ends when σ_r >= this × σ_0
+    plateau_window_decades: float = 0.3
+    plateau_loss_tol: float = 1e-3
+    plateau_log_sv_tol: float = 0.02
+    plateau_min_decades: float = 0.5
+
+
+@dataclass(frozen=True)
+class Interval:
+    stage: str
+    query: int | None
+    direction: int | None
+    t_start: float
+    t_end: float | None
+    evidence: str
+
+
+@dataclass(frozen=True)
+class StageReport:
+    intervals: list[Interval]
+    cycles: int
+    thresholds: StageThresholds = field(default_factory=StageThresholds)
+
+    def of(self, stage: str, query: int | None = None) -> list[Interval]:
+        return [i for i in self.intervals if i.stage == stage and (query is None or i.query == query)]
+
+    def to_json(self) -> dict:
+        return {"intervals": [asdict(interval) for interval in self.intervals], "cycles": self.cycles}
+
+    def table(self) -> str:
+        """A plain-text table: stage, query/direction, start, end, evidence."""
+        lines = [f"{'stage':13} {'q/dir':6} {'t_start':>10} {'t_end':>10}  evidence"]
+        for interval in self.intervals:
+            who = f"q{interval.query}" if interval.query is not None else (
+                f"σ{interval.direction}" if interval.direction is not None else "-")
+            end = f"{interval.t_end:10.4g}" if interval.t_end is not None else f"{'open':>10}"
+            lines.append(f"{interval.stage:13} {who:6} {interval.t_start:10.4g} {end}  {interval.evidence}")
+        lines.append(f"cycles (focus -> dilution -> restart): {self.cycles}")
+        return "\n".join(lines)
+
+    def save(self, run_dir: Path) -> None:
+        run_dir = Path(run_dir)
+        write_atomic_bytes(run_dir / STAGES_JSON, (json.dumps(self.to_json(), indent=2) + "\n").encode())
+        write_atomic_bytes(run_dir / STAGES_TEXT, (self.table() + "\n").encode())
+
+
+def smooth_in_log_time(t: np.ndarray, values: np.ndarray, half_width_decades: float) -> np.ndarray:
+    """Running median over samples with |log10 t' - log10 t| <= half_width (t > 0 only)."""
+    log_t = np.log10(t)
+    lower = np.searchsorted(log_t, log_t - half_width_decades, side="left")
+    upper = np.searchsorted(log_t, log_t + half_width_decades, side="right")
+    return np.array([np.median(values[a:b], axis=0) for a, b in zip(lower, upper)])
+
+
+def _first_crossing(t: np.ndarray, series: np.ndarray, level: float, start: int = 0, above: bool = True) -> int | None:
+    hits = np.flatnonzero(series[start:] >= level if above else series[start:] <= level)
+    return int(start + hits[0]) if len(hits) else None
+
+
+def _crossing_time(t: np.ndarray, series: np.ndarray, n: int, level: float) -> float:
+    """When ``series`` crosses ``level`` between samples n-1 and n, linear in log t."""
+    if n == 0 or series[n] == series[n - 1]:
+        return float(t[n])
+    fraction = np.clip((level - series[n - 1]) / (series[n] - series[n - 1]), 0.0, 1.0)
+    return float(10 ** (np.log10(t[n - 1]) + fraction * (np.log10(t[n]) - np.log10(t[n - 1]))))
+
+
+def detect_condensation(t: np.ndarray, sigma1: np.ndarray, th: StageThresholds) -> Interval | None:
+    floor, top = sigma1[0], sigma1.max()
+    start = _first_crossing(t, sigma1, th.departure * floor)
+    end = _first_crossing(t, sigma1, th.condensation_level * top, start or 0)
+    if start is None or end is None or top < 10 * th.departure * floor:
+        return None
+    t_start = _crossing_time(t, sigma1, start, th.departure * floor)
+    t_end = _crossing_time(t, sigma1, end, th.condensation_level * top)
+    return Interval(
+        "condensation", None, None, t_start, t_end,
+        f"σ0(W0) left its floor {floor:.3g} (×{th.departure:g} at t={t_start:.4g}) and reached "
+        f"{th.condensation_level:.3g}×max = {th.condensation_level * top:.3g} at t={t_end:.4g}",
+    )
+
+
+def _turning_points(t: np.ndarray, h: np.ndarray, th: StageThresholds) -> tuple[list[int], bool]:
+    """Alternating peak, trough, peak, ... indices of h, with hysteresis.
+
+    A trough is confirmed when h has fallen ``focus_drop`` below the running maximum (a
+    focus), a peak when h has risen ``dilution_rise`` above the running minimum (a
+    dilution), each holding for ``min_duration_decades``. The last index is the running
+    extreme at the end of the series; the flag says whether it is a trough (a focus open
+    at the end).
+    """
+    turning, extreme_at, in_focus = [], 0, False
+    for n in range(1, len(t)):
+        if not in_focus:
+            if h[n] > h[extreme_at]:
+                extreme_at = n
+            elif h[n] <= h[extreme_at] - th.focus_drop and _holds(t, h, n, h[extreme_at] - th.focus_drop, False, th):
+                turning.append(extreme_at)
+                extreme_at, in_focus = n, True
+        else:
+            if h[n] < h[extreme_at]:
+                extreme_at = n
+            elif h[n] >= h[extreme_at] + th.dilution_rise and _holds(t, h, n, h[extreme_at] + th.dilution_rise, True, th):
+                turning.append(extreme_at)
+                extreme_at, in_focus = n, False
+    return turning + [extreme_at], in_focus
+
+
+def _midpoint_crossing(t: np.ndarray, h: np.ndarray, first: int, last: int) -> float:
+    """When h, going from h[first] to h[last], crosses the midpoint between them."""
+    level = (h[first] + h[last]) / 2
+    falling = h[last] < h[first]
+    hits = np.flatnonzero(h[first : last + 1] <= level if falling else h[first : last + 1] >= level)
+    return _crossing_time(t, h, first + int(hits[0]), level)
+
+
+def detect_focus_and_dilution(t: np.ndarray, entropy: np.ndarray, query: int, th: StageThresholds) -> list[Interval]:
+    """Focus = a confirmed fall of one query's smoothed entropy, dilution = the confirmed rise
+    after it. Both are timed where the entropy crosses halfway between the turning points,
+    which is insensitive to noise on the levels themselves."""
+    turning, ends_in_focus = _turning_points(t, entropy, th)
+    intervals = []
+    for k in range(1, len(turning), 2):
+        peak, trough = turning[k - 1], turning[k]
+        focus_start = _midpoint_crossing(t, entropy, peak, trough)
+        next_peak = turning[k + 1] if k + 1 < len(turning) else None
+        dilution_start = None if next_peak is None else _midpoint_crossing(t, entropy, trough, next_peak)
+        intervals.append(Interval(
+            "focus", query, None, focus_start, dilution_start,
+            f"entropy of query {query} fell from {entropy[peak]:.3g} (t={t[peak]:.4g}) to {entropy[trough]:.3g} "
+            f"(t={t[trough]:.4g}), halfway at t={focus_start:.4g}" + (" and stays low" if next_peak is None else ""),
+        ))
+        if next_peak is not None:
+            intervals.append(Interval(
+                "dilution", query, None, dilution_start, float(t[next_peak]),
+                f"entropy of query {query} rose from {entropy[trough]:.3g} (t={t[trough]:.4g}) to "
+                f"{entropy[next_peak]:.3g} (t={t[next_peak]:.4g}), halfway at t={dilution_start:.4g}",
+            ))
+    assert ends_in_focus == (len(turning) % 2 == 0)
+    return intervals
+
+
+def _holds(t: np.ndarray, series: np.ndarray, n: int, level: float, above: bool, th: StageThresholds) -> bool:
+    """Whether series stays beyond ``level`` from sample n for min_duration_decades (data permitting)."""
+    until = t[n] * 10**th.min_duration_decades
+    if t[-1] < until:
+        return False
+    window = series[n : np.searchsorted(t, until, side="right")]
+    return bool(np.all(window >= level) if above else np.all(window <= level))
+
+
+def detect_restarts(t: np.ndarray, sigma: np.ndarray, th: StageThresholds) -> list[tuple[Interval, float]]:
+    """Restart intervals, each with the time its direction passed restart_factor × floor."""
+    intervals = []
+    for r in range(1, sigma.shape[1]):
+        floor = sigma[0, r]
+        opened = _first_crossing(t, sigma[:, r], th.restart_factor * floor)
+        if opened is None:
+            continue
+        below = np.flatnonzero(sigma[: opened + 1, r] <= th.departure * floor)
+        t_start = _crossing_time(t, sigma[:, r], int(below[-1]) + 1, th.departure * floor) if len(below) else float(t[0])
+        t_opened = _crossing_time(t, sigma[:, r], opened, th.restart_factor * floor)
+        gap = sigma[:, r] - th.restart_open_fraction * sigma[:, 0]
+        end = _first_crossing(t, gap, 0.0, opened)
+        t_end = None if end is None else _crossing_time(t, gap, end, 0.0)
+        intervals.append((Interval(
+            "restart", None, r, t_start, t_end,
+            f"σ{r}(W0) left its floor {floor:.3g} at t={t_start:.4g} and passed {th.restart_factor:g}×floor "
+            f"at t={t_opened:.4g}" + ("" if t_end is None else
+                                      f"; reached {th.restart_open_fraction:g}×σ0(W0) at t={t_end:.4g}"),
+        ), t_opened))
+    return intervals
+
+
+def detect_plateaus(t: np.ndarray, loss: np.ndarray, log_sigma: np.ndarray, after: float, th: StageThresholds) -> list[Interval]:
+    """Windows of log-time over which loss and the log singular values barely move, merged."""
+    log_t = np.log10(t)
+    upper = np.searchsorted(log_t, log_t + th.plateau_window_decades, side="right")
+    still = np.zeros(len(t), dtype=bool)
+    for n, u in enumerate(upper):
+        if t[n] < after or u - n < 2 or log_t[u - 1] - log_t[n] < 0.5 * th.plateau_window_decades:
+            continue
+        loss_change = np.ptp(loss[n:u])
+        sv_change = np.max(np.ptp(log_sigma[n:u], axis=0))
+        still[n:u] |= (loss_change < th.plateau_loss_tol) & (sv_change < th.plateau_log_sv_tol)
+    intervals = []
+    n = 0
+    while n < len(t):
+        if not still[n]:
+            n += 1
+            continue
+        m = n
+        while m + 1 < len(t) and still[m + 1]:
+            m += 1
+        if log_t[m] - log_t[n] >= th.plateau_min_decades:
+            intervals.append(Interval(
+                "plateau", None, None, float(t[n]), float(t[m]),
+                f"over every {th.plateau_window_decades:g}-decade window the loss moved < {th.plateau_loss_tol:g} "
+                f"and log σ0 of W0, W1, W_Q, W_K < {th.plateau_log_sv_tol:g} (loss {loss[n]:.5g} -> {loss[m]:.5g})",
+            ))
+        n = m + 1
+    return intervals
+
+
+def count_cycles(intervals: list[Interval], restart_opened: list[float]) -> int:
+    """Cycles focus -> dilution -> restart: a focus, then a dilution, then a direction opening
+    (σ_r passing restart_factor × floor), taken greedily in time order."""
+    events = sorted(
+        [(i.t_start, i.stage) for i in intervals if i.stage in ("focus", "dilution")]
+        + [(t_open, "restart") for t_open in restart_opened]
+    )
+    wanted, cycles = "focus", 0
+    for _, stage in events:
+        if stage == wanted:
+            wanted = {"focus": "dilution", "dilution": "restart", "restart": "focus"}[stage]
+            cycles += stage == "restart"
+    return cycles
+
+
+def detect_stages(observables: Observables, thresholds: StageThresholds | None = None) -> StageReport:
+    """Label every stage of a trajectory from its observables (times t > 0 only)."""
+    th = StageThresholds() if thresholds is None else thresholds
+    keep = observables.t > 0
+    t = observables.t[keep]
+    if len(t) < 3:
+        raise ValueError(f"stage detection needs at least 3 saved times t > 0, got {len(t)}")
+
+    def smoothed(name: str) -> np.ndarray:
+        return smooth_in_log_time(t, observables[name][keep], th.smoothing_decades)
+
+    sigma_W0 = smoothed("sv_W0")
+    intervals: list[Interval] = []
+    condensation = detect_condensation(t, sigma_W0[:, 0], th)
+    if condensation is not None:
+        intervals.append(condensation)
+    pi = observables.constants["pi"]
+    entropy = smoothed("attention_entropy")
+    for query in np.flatnonzero(pi > 0):
+        intervals.extend(detect_focus_and_dilution(t, entropy[:, query], int(query), th))
+    restarts = detect_restarts(t, sigma_W0, th)
+    intervals.extend(interval for interval, _ in restarts)
+    if condensation is not None:
+        log_sigma = np.log(np.column_stack([smoothed(f"sv_{name}")[:, 0] for name in ("W0", "W1", "W_Q", "W_K")]))
+        intervals.extend(detect_plateaus(t, smoothed("loss"), log_sigma, condensation.t_end, th))
+    intervals.sort(key=lambda interval: (interval.t_start, STAGE_NAMES.index(interval.stage)))
+    cycles = count_cycles(intervals, [opened for _, opened in restarts])
+    return StageReport(intervals=intervals, cycles=cycles, thresholds=th)
