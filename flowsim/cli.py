@@ -46,6 +46,8 @@ def run(
             _fail(f"--out {str(out)!r} exists and is not empty; choose a new folder")
         run_dir = out
     result = execute_run(resolved, run_dir, progress=not quiet, prepared=prepared)
+    if (run_dir / "stages.txt").is_file():
+        typer.echo((run_dir / "stages.txt").read_text().rstrip())
     stats = result.stats
     typer.echo(
         f"{result.status_name}: {result.message}\n"
@@ -55,6 +57,20 @@ def run(
     )
     if not result.success:
         raise typer.Exit(code=1)
+
+
+@app.command()
+def stages(run_dir: Path = typer.Argument(..., help="A run directory written by `flowsim run`.")) -> None:
+    """Label the stages of a run (condensation, focus, dilution, restart, plateau) and print them."""
+    from flowsim.config import ConfigError
+    from flowsim.experiment import label_run
+
+    try:
+        report = label_run(run_dir)
+    except (FileNotFoundError, ConfigError, ValueError) as error:
+        _fail(str(error))
+    typer.echo(report.table())
+    typer.echo(f"written: {run_dir / 'stages.json'}")
 
 
 @app.command()

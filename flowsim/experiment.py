@@ -1,4 +1,5 @@
-"""One run end to end: config -> chain, model, loss, flow -> solver -> run directory."""
+"""One run end to end: config -> chain, model, loss, flow -> solver -> run directory,
+then observables, stage labels and the summary figure."""
 
 from __future__ import annotations
 
@@ -12,14 +13,38 @@ from pathlib import Path
 import numpy as np
 
 from flowsim.chains import MarkovChain
-from flowsim.config import ConfigError, RunConfig
+from flowsim.config import ConfigError, RunConfig, load_config
 from flowsim.flow import GradientFlow
 from flowsim.losses import make_loss_function
 from flowsim.models import OneLayerTransformer, Params
-from flowsim.observables import compute_observables
+from flowsim.observables import OBSERVABLES_NPZ, Observables, compute_observables
 from flowsim.plots import plot_run_summary
-from flowsim.rundir import SUMMARY_FIGURE, TRAJECTORY_FILE, library_versions, write_config, write_meta
+from flowsim.rundir import CONFIG_FILE, SUMMARY_FIGURE, TRAJECTORY_FILE, library_versions, load_run, write_config, write_meta
 from flowsim.solvers import FlowResult, solve_flow
+from flowsim.stages import StageReport, detect_stages
+
+
+MIN_SAMPLES_FOR_STAGES = 3
+
+
+def observables_of_run(run_dir: Path) -> Observables:
+    """The run's observables: read observables.npz, or compute and save them if missing."""
+    run_dir = Path(run_dir)
+    if (run_dir / OBSERVABLES_NPZ).is_file():
+        return Observables.load(run_dir)
+    run = load_run(run_dir)
+    prepared = prepare(load_config(run_dir / CONFIG_FILE))
+    observables = compute_observables(run.trajectory, prepared.model, prepared.chain.pi, prepared.flow)
+    observables.save(run_dir)
+    return observables
+
+
+def label_run(run_dir: Path) -> StageReport:
+    """Detect the stages of a run directory and write stages.json and stages.txt."""
+    observables = observables_of_run(run_dir)
+    report = detect_stages(observables)
+    report.save(run_dir)
+    return report
 
 
 def initial_params(config: RunConfig, model: OneLayerTransformer) -> Params:
@@ -104,7 +129,11 @@ def execute_run(
     save(result)
     observables = compute_observables(result.trajectory, model, chain.pi, prepared.flow)
     observables.save(run_dir)
+    stages = None
+    if np.count_nonzero(observables.t > 0) >= MIN_SAMPLES_FOR_STAGES:
+        stages = detect_stages(observables)
+        stages.save(run_dir)
     if len(result.trajectory) > 1:
         title = f"{chain.describe()}, {config.solver.method}, {result.status_name}"
-        plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=title)
+        plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=title, stages=stages)
     return result

@@ -1,4 +1,5 @@
-"""The run summary figure: loss, singular values of W0, attention entropy per query."""
+"""The run summary figure: loss, singular values of W0, attention entropy per query,
+with the detected stages shaded."""
 
 from __future__ import annotations
 
@@ -11,10 +12,22 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from flowsim.observables import Observables  # noqa: E402
+from flowsim.stages import StageReport  # noqa: E402
+
+STAGE_COLOURS = {"condensation": "tab:grey", "plateau": "tab:olive"}
 
 
-def plot_run_summary(observables: Observables, path: Path, title: str = "") -> Path:
-    """Three panels against t (log axis, t > 0): loss; σ_i(W0); entropy of each query's attention."""
+def _shade(axis, start: float, end: float | None, t_last: float, **style) -> None:
+    axis.axvspan(start, t_last if end is None else end, lw=0, **style)
+
+
+def plot_run_summary(observables: Observables, path: Path, title: str = "", stages: StageReport | None = None) -> Path:
+    """Three panels against t (log axis, t > 0): loss; σ_r(W0); entropy of each query's attention.
+
+    With ``stages``: condensation and plateaus shaded on the loss, each restart on the
+    singular values in its direction's colour, each focus (filled) and dilution (hatched)
+    on the entropies in its query's colour.
+    """
     keep = observables.t > 0
     t = observables.t[keep]
     sigma = observables["sv_W0"][keep]
@@ -25,19 +38,33 @@ def plot_run_summary(observables: Observables, path: Path, title: str = "") -> P
     axes[0].plot(t, observables["loss"][keep], color="black")
     axes[0].set_ylabel("population loss")
     for i in range(sigma.shape[1]):
-        axes[1].plot(t, sigma[:, i], label=f"σ{i + 1}")
+        axes[1].plot(t, sigma[:, i], label=f"σ{i}", color=f"C{i}")
     axes[1].set_yscale("log")
     axes[1].set_ylabel("singular values of W0")
     axes[1].legend(fontsize="small", ncol=min(4, sigma.shape[1]))
     for query in range(entropy.shape[1]):
-        axes[2].plot(t, entropy[:, query], label=f"query {query} (π={pi[query]:.3g})")
+        axes[2].plot(t, entropy[:, query], label=f"query {query} (π={pi[query]:.3g})", color=f"C{query}")
+    for interval in [] if stages is None else stages.intervals:
+        span = (interval.t_start, interval.t_end, t[-1])
+        if interval.stage in STAGE_COLOURS:
+            _shade(axes[0], *span, color=STAGE_COLOURS[interval.stage], alpha=0.2)
+            axes[0].text(interval.t_start, 1.0, interval.stage, transform=axes[0].get_xaxis_transform(),
+                         fontsize="x-small", va="top", color=STAGE_COLOURS[interval.stage])
+        elif interval.stage == "restart":
+            _shade(axes[1], *span, color=f"C{interval.direction}", alpha=0.12)
+        elif interval.stage == "focus":
+            _shade(axes[2], *span, color=f"C{interval.query}", alpha=0.15)
+        elif interval.stage == "dilution":
+            _shade(axes[2], *span, facecolor="none", edgecolor=f"C{interval.query}", hatch="//", alpha=0.4)
     axes[2].axhline(np.log(len(pi)), color="grey", lw=0.5, ls=":")
     axes[2].set_ylabel("attention entropy (nats)")
     axes[2].set_xlabel("t (learning rate × steps)")
     axes[2].set_xscale("log")
     axes[2].legend(fontsize="small")
+    if stages is not None:
+        title = f"{title}\n{stages.cycles} cycle(s): shaded condensation/plateau (loss), restarts (σ), focus/dilution (entropy)"
     if title:
-        axes[0].set_title(title, fontsize="medium")
+        axes[0].set_title(title, fontsize="small")
     path = Path(path)
     temporary = path.with_name(f".{path.name}.tmp.png")
     figure.savefig(temporary, dpi=110)
