@@ -99,3 +99,18 @@ def test_cli_bad_config_prints_one_line_and_exits_non_zero(tmp_path):
     assert not (tmp_path / "runs").exists()
     missing = run_cli("run", "nowhere.toml", cwd=tmp_path)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_cli_stages_labels_a_run_without_observables(tmp_path):
+    config = load_config(None, ["time.t_end=300.0", "time.n_log=100"])
+    execute_run(config, tmp_path / "run", progress=False)
+    (tmp_path / "run" / "observables.npz").unlink()
+    (tmp_path / "run" / "stages.json").unlink()
+    completed = run_cli("stages", str(tmp_path / "run"), cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert "condensation" in completed.stdout and "focus" in completed.stdout
+    data = json.loads((tmp_path / "run" / "stages.json").read_text())
+    assert data["intervals"][0]["stage"] == "condensation"
+    assert (tmp_path / "run" / "observables.npz").is_file()
+    missing = run_cli("stages", str(tmp_path / "nowhere"), cwd=tmp_path)
+    assert missing.returncode == 2 and "not a complete run directory" in missing.stderr

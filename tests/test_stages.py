@@ -1,0 +1,224 @@
+import json
+
+import numpy as np
+import pytest
+
+from flowsim.config import load_config
+from flowsim.experiment import prepare
+from flowsim.observables import Observables, compute_observables
+from flowsim.solvers import solve_flow
+from flowsim.stages import STAGES_JSON, StageThresholds, detect_stages
+
+MU1 = np.linalg.norm([0.75, 0.19, 0.05, 0.01]) * np.linalg.norm(np.array([0.75, 0.19, 0.05, 0.01]) - 0.25)
+
+
+def observe(*overrides: str) -> Observables:
+    """Observables of a flow configured like `flowsim run --set ...` (no run directory)."""
+    prepared = prepare(load_config(None, list(overrides)))
+    config = load_config(None, list(overrides))
+    result = solve_flow(prepared.flow, prepared.params0, prepared.times, rtol=config.solver.rtol, atol=config.solver.atol)
+    assert result.success, result.message
+    return compute_observables(result.trajectory, prepared.model, prepared.chain.pi, prepared.flow)
+
+
+def value_at(observables: Observables, name: str, t: float, column=()) -> float:
+    """The raw observable at time t, linear in log t between saved times."""
+    keep = observables.t > 0
+    series = observables[name][keep][(slice(None), *column)]
+    return float(np.interp(np.log(t), np.log(observables.t[keep]), series))
+
+
+@pytest.fixture(scope="module")
+def default_observables():
+    return observe()
+
+
+@pytest.fixture(scope="module")
+def default_report(default_observables):
+    return detect_stages(default_observables)
+
+
+def test_default_run_stages(default_observables, default_report):
+    report = default_report
+    first = report.intervals[0]
+    assert first.stage == "condensation" and first.t_end is not None
+    # condensation ends while attention is still at its initial scale
+    for name in ("sv_W_Q", "sv_W_K"):
+        initial = default_observables[name][0, 0]
+        assert value_at(default_observables, name, first.t_end, (0,)) < 10 * initial
+    focus_0 = report.of("focus", query=0)
+    assert focus_0 and focus_0[0].t_start > first.t_end
+    for focus in report.of("focus"):
+        assert focus.t_end is not None, f"focus of query {focus.query} has no dilution"
+        assert any(d.t_start == focus.t_end for d in report.of("dilution", query=focus.query))
+    restarts = [r for r in report.of("restart") if r.t_start <= 6000]
+    assert len(restarts) >= 2 and {r.direction for r in restarts} >= {1, 2}
+    assert report.cycles >= 1
+    assert [i.t_start for i in report.intervals] == sorted(i.t_start for i in report.intervals)
+
+
+def crossing_time(observables: Observables, name: str, level: float, column, after: float = 0.0) -> float:
+    """First time after ``after`` at which the raw observable crosses ``level`` (log-t interpolation)."""
+    keep = observables.t > after
+    t, series = observables.t[keep], observables[name][keep][(slice(None), *column)]
+    above = series >= level
+    n = int(np.flatnonzero(above != above[0])[0])
+    fraction = (level - series[n - 1]) / (series[n] - series[n - 1])
+    return float(np.exp(np.log(t[n - 1]) + fraction * np.log(t[n] / t[n - 1])))
+
+
+def test_reported_times_agree_with_the_observables_they_cite(default_observables, default_report):
+    """Each reported time is where the raw observable crosses the level the evidence cites,
+    within the smoothing half-width (0.05 decades of log-time)."""
+    tolerance = default_report.thresholds.smoothing_decades
+    th = default_report.thresholds
+    observables = default_observables
+
+    def close(reported: float, measured: float) -> bool:
+        return abs(np.log10(reported / measured)) <= tolerance
+
+    condensation = default_report.of("condensation")[0]
+    floor = float(condensation.evidence.split("left its floor ")[1].split(" ")[0])
+    assert floor == pytest.approx(observables["sv_W0"][0, 0], rel=0.02)
+    assert close(condensation.t_start, crossing_time(observables, "sv_W0", th.departure * floor, (0,)))
+    level = float(condensation.evidence.split("max = ")[1].split(" ")[0])
+    assert close(condensation.t_end, crossing_time(observables, "sv_W0", level, (0,)))
+    for restart in default_report.of("restart"):
+        floor = float(restart.evidence.split("left its floor ")[1].split(" ")[0])
+        assert floor == pytest.approx(observables["sv_W0"][0, restart.direction], rel=0.02)
+        measured = crossing_time(observables, "sv_W0", th.departure * floor, (restart.direction,), after=10.0)
+        assert close(restart.t_start, measured), (restart, measured)
+    for focus in default_report.of("focus"):
+        # halfway between the maximum before the fall and the minimum, both cited
+        high, low = (float(v.split(" ")[0]) for v in focus.evidence.split("fell from ")[1].split(" to ")[:2])
+        peak_time = float(focus.evidence.split("(t=")[1].split(")")[0])
+        measured = crossing_time(observables, "attention_entropy", (high + low) / 2, (focus.query,), after=peak_time)
+        assert close(focus.t_start, measured), (focus, measured)
+
+
+def test_condensation_time_follows_log_one_over_eps_over_mu1():
+    """t_condensation - log(1/ε)/μ1 stays in a fixed band while log(1/ε)/μ1 grows 2.5-fold.
+
+    Measured (runs to t = 100, default thresholds): -1.57, -2.08, -2.27, -2.08 for
+    ε = 1e-2 ... 1e-5; the band asserted is [-2.8, -1.0].
+    """
+    offsets = []
+    for eps in (1e-2, 1e-3, 1e-4, 1e-5):
+        observables = observe(
+            f"init.eps={eps}", f"solver.atol={eps**2 * 1e-4}", "time.t_end=100.0", "time.n_linear=101", "time.n_log=100"
+        )
+        condensation = detect_stages(observables).of("condensation")[0]
+        offsets.append(condensation.t_end - np.log(1 / eps) / MU1)
+    assert all(-2.8 < offset < -1.0 for offset in offsets), offsets
+    assert np.log(1e5) / np.log(1e2) == pytest.approx(2.5)
+
+
+@pytest.mark.slow
+def test_symmetric_tokens_plateau_and_asymmetry_restarts():
+    sym = detect_stages(observe("chain.pi=[0.7,0.1,0.1,0.1]", "time.t_end=20000.0"))
+    condensation = sym.of("condensation")[0]
+    assert [p for p in sym.of("plateau") if p.t_start >= condensation.t_end]
+    assert not sym.of("restart")
+    restart_times = []
+    for delta in (0.05, 0.1, 0.2):
+        pi = [0.7, 0.1 + delta / 2, 0.1, 0.1 - delta / 2]
+        report = detect_stages(observe(f"chain.pi={pi}", "time.t_end=20000.0"))
+        second = [r for r in report.of("restart") if r.direction == 1]
+        assert second, f"no second direction opened for delta = {delta}"
+        restart_times.append(second[0].t_start)
+    assert restart_times[0] > restart_times[1] > restart_times[2], restart_times
+
+
+def test_same_pi_other_P_condenses_then_focuses_query_0():
+    pi = np.array([0.75, 0.19, 0.05, 0.01])
+    # Metropolis chain for π on a uniform proposal: reversible, stationary π, not of the λ family.
+    P = np.minimum(1.0, pi[None, :] / pi[:, None]) / len(pi)
+    np.fill_diagonal(P, 0.0)
+    np.fill_diagonal(P, 1.0 - P.sum(axis=1))
+    report = detect_stages(observe(f"chain.P={P.tolist()}", f"chain.pi={pi.tolist()}"))
+    assert report.intervals[0].stage == "condensation"
+    focus_0 = report.of("focus", query=0)
+    assert focus_0 and focus_0[0].t_start > report.intervals[0].t_end
+
+
+def test_labels_survive_noise_and_subsampling(default_observables, default_report):
+    """5% multiplicative noise on every observable and half the time points dropped at random:
+    the same labels, with onsets within 0.1 decades of log-time (a factor 1.26)."""
+    key = lambda interval: (interval.stage, interval.query, interval.direction)  # noqa: E731
+    clean = sorted(default_report.intervals, key=lambda i: str(key(i)))
+    observables = default_observables
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        rows = np.sort(np.r_[0, 1 + rng.choice(len(observables.t) - 1, (len(observables.t) - 1) // 2, replace=False)])
+        noisy = Observables(
+            t=observables.t[rows],
+            columns={n: v[rows] * (1 + 0.05 * rng.standard_normal(v[rows].shape)) for n, v in observables.columns.items()},
+            constants=observables.constants,
+        )
+        labelled = sorted(detect_stages(noisy).intervals, key=lambda i: str(key(i)))
+        assert [key(i) for i in labelled] == [key(i) for i in clean], seed
+        for a, b in zip(clean, labelled):
+            assert abs(np.log10(a.t_start / b.t_start)) < 0.1, (seed, key(a), a.t_start, b.t_start)
+
+
+def synthetic_observables(t: np.ndarray) -> Observables:
+    """Series with known boundaries: σ0(W0) crosses 2x floor at t=1+ln2/0.4 and 1/3 max at
+    t=1+ln(1/(3 floor))/0.4;
+    σ1(W0) leaves 2x floor at t=200; query 0's entropy is halfway down at t=100 and
+    halfway back up at t=700 (then σ1 passes 10x floor at t=1000: one cycle); the loss and σ0's are flat after t=2000."""
+    logt = np.log10(t)
+
+    def ramp(low, high, t_mid, width=0.05):
+        return low + (high - low) / (1 + np.exp(-(logt - np.log10(t_mid)) / width))
+
+    floor = 1e-3
+    sigma0 = np.minimum(floor * np.exp(0.4 * np.clip(t - 1, 0, 100)), 1.0)
+    sigma1 = floor * np.maximum(1.0, t / 100)  # 2x floor at t = 200
+    sigma1 = np.minimum(sigma1, 0.9)
+    entropy0 = np.where(t < 400, ramp(0.8, 0.0, 100), ramp(0.0, 0.7, 700))
+    flat = np.ones_like(t)
+    loss = np.where(t < 2000, 1.0 - 0.1 * logt, 1.0 - 0.1 * np.log10(2000))
+    sigma0_late = np.where(t < 2000, sigma0, sigma0[np.searchsorted(t, 2000)])
+    columns = {
+        "loss": loss,
+        "sv_W0": np.column_stack([sigma0_late, np.where(t < 2000, sigma1, 0.9)]),
+        "sv_W1": np.column_stack([sigma0_late, flat * 1e-3]),
+        "sv_W_Q": np.column_stack([flat, flat]),
+        "sv_W_K": np.column_stack([flat, flat]),
+        "attention_entropy": np.column_stack([entropy0, 0.8 * flat]),
+    }
+    return Observables(t=t, columns=columns, constants={"pi": np.array([0.8, 0.2])})
+
+
+def test_synthetic_series_are_labelled_at_their_boundaries():
+    t = np.geomspace(0.1, 1e5, 1500)
+    report = detect_stages(synthetic_observables(t))
+    condensation = report.of("condensation")[0]
+    assert condensation.t_start == pytest.approx(1 + np.log(2) / 0.4, rel=0.03)
+    assert condensation.t_end == pytest.approx(1 + np.log(1 / (3 * 1e-3)) / 0.4, rel=0.03)
+    (focus,) = report.of("focus", query=0)
+    (dilution,) = report.of("dilution", query=0)
+    assert focus.t_start == pytest.approx(100.0, rel=0.03)
+    assert dilution.t_start == pytest.approx(700.0, rel=0.03) and focus.t_end == dilution.t_start
+    (restart,) = report.of("restart")
+    assert restart.direction == 1 and restart.t_start == pytest.approx(200.0, rel=0.03)
+    plateaus = report.of("plateau")
+    assert len(plateaus) == 1 and plateaus[0].t_start == pytest.approx(2000.0, rel=0.1)
+    assert not report.of("focus", query=1)  # a flat entropy never focuses
+    assert report.cycles == 1
+
+
+def test_thresholds_are_parameters(default_observables):
+    strict = detect_stages(default_observables, StageThresholds(restart_factor=1e4))
+    assert not strict.of("restart")
+
+
+def test_stages_json_schema(tmp_path, default_report):
+    default_report.save(tmp_path)
+    data = json.loads((tmp_path / STAGES_JSON).read_text())
+    assert set(data) == {"intervals", "cycles"} and data["cycles"] == default_report.cycles
+    for entry in data["intervals"]:
+        assert set(entry) == {"stage", "query", "direction", "t_start", "t_end", "evidence"}
+        assert entry["stage"] in ("condensation", "focus", "dilution", "restart", "plateau")
+    assert [e["t_start"] for e in data["intervals"]] == sorted(e["t_start"] for e in data["intervals"])
+    assert "cycles" in (tmp_path / "stages.txt").read_text()
