@@ -205,6 +205,20 @@ def _holds(t: np.ndarray, series: np.ndarray, n: int, level: float, above: bool,
     return bool(np.all(window >= level) if above else np.all(window <= level))
 
 
+def _with_embedding_motion(dilution: Interval, t: np.ndarray, norms: np.ndarray, pi: np.ndarray) -> Interval:
+    """Add to a dilution's evidence how the frequent and the rarest token's embeddings moved."""
+    a, b = (int(np.searchsorted(t, time)) for time in (dilution.t_start, dilution.t_end))
+    b = min(b, len(t) - 1)
+    present = np.flatnonzero(pi > 0)
+    frequent, rare = int(np.argmax(pi)), int(present[np.argmin(pi[present])])
+    change = norms[b] - norms[a]
+    motion = "opposite" if change[frequent] * change[rare] < 0 else "same"
+    text = (f"; embedding norms over it: token {frequent} {change[frequent]:+.3g}, token {rare} "
+            f"{change[rare]:+.3g} ({motion} directions)")
+    return Interval(dilution.stage, dilution.query, dilution.direction, dilution.t_start, dilution.t_end,
+                    dilution.evidence + text)
+
+
 def detect_restarts(t: np.ndarray, sigma: np.ndarray, th: StageThresholds) -> list[tuple[Interval, float]]:
     """Restart intervals, each with the time its direction passed restart_factor × floor."""
     intervals = []
@@ -293,6 +307,9 @@ def detect_stages(observables: Observables, thresholds: StageThresholds | None =
     entropy = smoothed("attention_entropy")
     for query in np.flatnonzero(pi > 0):
         intervals.extend(detect_focus_and_dilution(t, entropy[:, query], int(query), th))
+    if "embedding_norm" in observables.columns:
+        norms = smoothed("embedding_norm")
+        intervals = [_with_embedding_motion(i, t, norms, pi) if i.stage == "dilution" else i for i in intervals]
     restarts = detect_restarts(t, sigma_W0, th)
     intervals.extend(interval for interval, _ in restarts)
     if condensation is not None:

@@ -94,6 +94,15 @@ def test_reported_times_agree_with_the_observables_they_cite(default_observables
         peak_time = float(focus.evidence.split("(t=")[1].split(")")[0])
         measured = crossing_time(observables, "attention_entropy", (high + low) / 2, (focus.query,), after=peak_time)
         assert close(focus.t_start, measured), (focus, measured)
+    for dilution in default_report.of("dilution"):
+        # the cited motion of the frequent token's embedding over the dilution
+        cited = float(dilution.evidence.split("token 0 ")[1].split(",")[0])
+        raw = value_at(observables, "embedding_norm", dilution.t_end, (0,)) - value_at(
+            observables, "embedding_norm", dilution.t_start, (0,)
+        )
+        assert cited == pytest.approx(raw, rel=0.1, abs=0.01)
+    # the first dilution of query 0 moves frequent and rare embeddings in opposite directions (DESIGN.md)
+    assert "opposite directions" in default_report.of("dilution", query=0)[0].evidence
 
 
 def test_condensation_time_follows_log_one_over_eps_over_mu1():
