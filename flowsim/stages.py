@@ -108,8 +108,9 @@ def smooth_in_log_time(t: np.ndarray, values: np.ndarray, half_width_decades: fl
     return np.array([np.median(values[a:b], axis=0) for a, b in zip(lower, upper)])
 
 
-def _first_crossing(t: np.ndarray, series: np.ndarray, level: float, start: int = 0, above: bool = True) -> int | None:
-    hits = np.flatnonzero(series[start:] >= level if above else series[start:] <= level)
+def _first_crossing(series: np.ndarray, level: float, start: int = 0) -> int | None:
+    """Index of the first sample from ``start`` on with series >= level."""
+    hits = np.flatnonzero(series[start:] >= level)
     return int(start + hits[0]) if len(hits) else None
 
 
@@ -123,8 +124,8 @@ def _crossing_time(t: np.ndarray, series: np.ndarray, n: int, level: float) -> f
 
 def detect_condensation(t: np.ndarray, sigma1: np.ndarray, th: StageThresholds) -> Interval | None:
     floor, top = sigma1[0], sigma1.max()
-    start = _first_crossing(t, sigma1, th.departure * floor)
-    end = _first_crossing(t, sigma1, th.condensation_level * top, start or 0)
+    start = _first_crossing(sigma1, th.departure * floor)
+    end = _first_crossing(sigma1, th.condensation_level * top, start or 0)
     if start is None or end is None or top < 10 * th.departure * floor:
         return None
     t_start = _crossing_time(t, sigma1, start, th.departure * floor)
@@ -136,14 +137,14 @@ def detect_condensation(t: np.ndarray, sigma1: np.ndarray, th: StageThresholds) 
     )
 
 
-def _turning_points(t: np.ndarray, h: np.ndarray, th: StageThresholds) -> tuple[list[int], bool]:
+def _turning_points(t: np.ndarray, h: np.ndarray, th: StageThresholds) -> list[int]:
     """Alternating peak, trough, peak, ... indices of h, with hysteresis.
 
     A trough is confirmed when h has fallen ``focus_drop`` below the running maximum (a
     focus), a peak when h has risen ``dilution_rise`` above the running minimum (a
     dilution), each holding for ``min_duration_decades``. The last index is the running
-    extreme at the end of the series; the flag says whether it is a trough (a focus open
-    at the end).
+    extreme at the end of the series: a trough (a focus still open) when the list has
+    even length.
     """
     turning, extreme_at, in_focus = [], 0, False
     for n in range(1, len(t)):
@@ -159,7 +160,7 @@ def _turning_points(t: np.ndarray, h: np.ndarray, th: StageThresholds) -> tuple[
             elif h[n] >= h[extreme_at] + th.dilution_rise and _holds(t, h, n, h[extreme_at] + th.dilution_rise, True, th):
                 turning.append(extreme_at)
                 extreme_at, in_focus = n, False
-    return turning + [extreme_at], in_focus
+    return turning + [extreme_at]
 
 
 def _midpoint_crossing(t: np.ndarray, h: np.ndarray, first: int, last: int) -> float:
@@ -174,7 +175,7 @@ def detect_focus_and_dilution(t: np.ndarray, entropy: np.ndarray, query: int, th
     """Focus = a confirmed fall of one query's smoothed entropy, dilution = the confirmed rise
     after it. Both are timed where the entropy crosses halfway between the turning points,
     which is insensitive to noise on the levels themselves."""
-    turning, ends_in_focus = _turning_points(t, entropy, th)
+    turning = _turning_points(t, entropy, th)
     intervals = []
     for k in range(1, len(turning), 2):
         peak, trough = turning[k - 1], turning[k]
@@ -192,7 +193,6 @@ def detect_focus_and_dilution(t: np.ndarray, entropy: np.ndarray, query: int, th
                 f"entropy of query {query} rose from {entropy[trough]:.3g} (t={t[trough]:.4g}) to "
                 f"{entropy[next_peak]:.3g} (t={t[next_peak]:.4g}), halfway at t={dilution_start:.4g}",
             ))
-    assert ends_in_focus == (len(turning) % 2 == 0)
     return intervals
 
 
@@ -224,14 +224,14 @@ def detect_restarts(t: np.ndarray, sigma: np.ndarray, th: StageThresholds) -> li
     intervals = []
     for r in range(1, sigma.shape[1]):
         floor = sigma[0, r]
-        opened = _first_crossing(t, sigma[:, r], th.restart_factor * floor)
+        opened = _first_crossing(sigma[:, r], th.restart_factor * floor)
         if opened is None:
             continue
         below = np.flatnonzero(sigma[: opened + 1, r] <= th.departure * floor)
         t_start = _crossing_time(t, sigma[:, r], int(below[-1]) + 1, th.departure * floor) if len(below) else float(t[0])
         t_opened = _crossing_time(t, sigma[:, r], opened, th.restart_factor * floor)
         gap = sigma[:, r] - th.restart_open_fraction * sigma[:, 0]
-        end = _first_crossing(t, gap, 0.0, opened)
+        end = _first_crossing(gap, 0.0, opened)
         t_end = None if end is None else _crossing_time(t, gap, end, 0.0)
         intervals.append((Interval(
             "restart", None, r, t_start, t_end,
