@@ -74,6 +74,38 @@ def stages(run_dir: Path = typer.Argument(..., help="A run directory written by 
 
 
 @app.command()
+def predict(
+    config: Optional[Path] = typer.Argument(None, help="TOML config; the paper default when omitted."),
+    set_: List[str] = typer.Option([], "--set", help="Override a key: section.key=TOML-literal (repeatable)."),
+) -> None:
+    """Print the theory's predicted stage onsets for a configuration (mean-field one-layer model)."""
+    from flowsim.config import ConfigError, load_config
+    from theory.predict import predict_run, table
+
+    try:
+        prediction = predict_run(load_config(config, set_))
+    except ConfigError as error:
+        _fail(str(error))
+    typer.echo(table(prediction.rows))
+    typer.echo(prediction.constants())
+
+
+@app.command()
+def compare(run_dir: Path = typer.Argument(..., help="A run directory written by `flowsim run`.")) -> None:
+    """Put predicted stage onsets beside the detected ones; writes compare.json in the run directory."""
+    from flowsim.config import ConfigError
+    from theory.predict import COMPARE_JSON, compare_run, table
+
+    try:
+        rows, prediction = compare_run(run_dir)
+    except (FileNotFoundError, ConfigError) as error:
+        _fail(str(error))
+    typer.echo(table(rows))
+    typer.echo(prediction.constants())
+    typer.echo(f"written: {run_dir / COMPARE_JSON}")
+
+
+@app.command()
 def version() -> None:
     """Print the versions of flowsim and its numerical libraries."""
     from flowsim.rundir import library_versions

@@ -133,6 +133,10 @@ class GradientFlow:
     def _rate_vector(self, t):
         return self.rates.rates(t, self.groups)[self._group_of_entry]
 
+    def entries_of(self, name: str) -> np.ndarray:
+        """Indices of parameter ``name``'s entries (row-major) in the flat vector."""
+        return np.flatnonzero(self._group_of_entry == self.groups.index(name))
+
     def flatten(self, params: Params) -> np.ndarray:
         flat, _ = ravel_pytree({name: jnp.asarray(params[name]) for name in self.groups})
         return np.asarray(flat)

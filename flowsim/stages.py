@@ -8,7 +8,9 @@ hysteresis (a threshold to enter a state and a different one to leave it).
 Stages and their rules (thresholds are fields of ``StageThresholds``):
 
 * condensation: σ0(W0) leaves its floor (its value at the first sample) by
-  ``departure``× (start) and reaches ``condensation_level`` × its largest value (end).
+  ``departure``× (start) and reaches ``condensation_level`` × its condensed scale (end):
+  σ0 where its growth first flattens (log-log slope over ``flat_window_decades`` below
+  ``flat_slope``), so that later stages do not move the end.
 * focus (per query i with π_i > 0): the attention entropy H_i falls ``focus_drop`` nats
   below its running maximum. Start: H_i crosses halfway from that maximum to the
   minimum that follows; end: the start of the dilution after it, or None.
@@ -16,16 +18,16 @@ Stages and their rules (thresholds are fields of ``StageThresholds``):
   minimum. Start: H_i crosses halfway from the minimum to the next maximum; end: that
   maximum (fixed when a new focus starts, or the series ends).
 * restart (per direction r >= 1, 0-based): σ_r(W0) grows ``restart_factor``× above its
-  floor. Start: the last time before that at which σ_r <= departure × floor; end: the
-  first time σ_r reaches ``restart_open_fraction`` × σ_0 (None if it does not).
+  floor (its value at the first sample). Start: that time (the evidence also gives the
+  last time before it with σ_r <= departure × floor); end: the first time σ_r reaches
+  ``restart_open_fraction`` × σ_0 (None if it does not).
 * plateau: after condensation, a stretch of at least ``plateau_min_decades`` decades of
   log-time over which the loss changes by less than ``plateau_loss_tol`` and log σ0 of
   W0, W1, W_Q, W_K by less than ``plateau_log_sv_tol`` within every window of
   ``plateau_window_decades``.
 
 A focus or dilution counts only once it has held for ``min_duration_decades``. A cycle
-is focus -> dilution -> restart (the time a direction passes restart_factor × floor),
-counted greedily in time order. Singular values are indexed from 0 (σ0 the largest).
+is focus -> dilution -> restart, counted greedily in time order. Singular values are indexed from 0 (σ0 the largest).
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ class StageThresholds:
 
     smoothing_decades: float = 0.05  # half-width of the running median in log10 t
     departure: float = 2.0  # a singular value has left its floor at departure × floor
-    condensation_level: float = 1 / 3  # condensation ends at this fraction of max σ1(W0)
+    condensation_level: float = 1 / 3  # condensation ends at this fraction of the condensed σ0(W0)
+    flat_slope: float = 0.1  # σ0(W0) has condensed where d log σ0 / d log t falls below this
+    flat_window_decades: float = 0.1  # ... over this window of log10 t
     focus_drop: float = 0.35  # nats below the running maximum of a query's entropy
     dilution_rise: float = 0.2  # nats above the running minimum after a focus
     min_duration_decades: float = 0.1  # a focus or dilution must hold this long (log10 t) to count
@@ -122,18 +126,35 @@ def _crossing_time(t: np.ndarray, series: np.ndarray, n: int, level: float) -> f
     return float(10 ** (np.log10(t[n - 1]) + fraction * (np.log10(t[n]) - np.log10(t[n - 1]))))
 
 
+def condensed_scale(t: np.ndarray, sigma: np.ndarray, after: int, th: StageThresholds) -> float:
+    """σ at the first sample from ``after`` on where its log-log slope over the next
+    ``flat_window_decades`` falls below ``flat_slope`` (the largest σ if it never does)."""
+    log_t, log_sigma = np.log10(t), np.log10(sigma)
+    ahead = np.searchsorted(log_t, log_t + th.flat_window_decades, side="left")
+    for n in range(after, len(t)):
+        if ahead[n] >= len(t):
+            break
+        if log_sigma[ahead[n]] - log_sigma[n] < th.flat_slope * (log_t[ahead[n]] - log_t[n]):
+            return float(sigma[n])
+    return float(sigma.max())
+
+
 def detect_condensation(t: np.ndarray, sigma1: np.ndarray, th: StageThresholds) -> Interval | None:
-    floor, top = sigma1[0], sigma1.max()
+    floor = sigma1[0]
     start = _first_crossing(sigma1, th.departure * floor)
-    end = _first_crossing(sigma1, th.condensation_level * top, start or 0)
-    if start is None or end is None or top < 10 * th.departure * floor:
+    if start is None:
+        return None
+    scale = condensed_scale(t, sigma1, start, th)
+    level = th.condensation_level * scale
+    end = _first_crossing(sigma1, level, start)
+    if end is None or scale < 10 * th.departure * floor:
         return None
     t_start = _crossing_time(t, sigma1, start, th.departure * floor)
-    t_end = _crossing_time(t, sigma1, end, th.condensation_level * top)
+    t_end = _crossing_time(t, sigma1, end, level)
     return Interval(
         "condensation", None, None, t_start, t_end,
         f"σ0(W0) left its floor {floor:.3g} (×{th.departure:g} at t={t_start:.4g}) and reached "
-        f"{th.condensation_level:.3g}×max = {th.condensation_level * top:.3g} at t={t_end:.4g}",
+        f"{th.condensation_level:.3g}× its condensed scale {scale:.3g} = {level:.3g} at t={t_end:.4g}",
     )
 
 
@@ -219,8 +240,8 @@ def _with_embedding_motion(dilution: Interval, t: np.ndarray, norms: np.ndarray,
                     dilution.evidence + text)
 
 
-def detect_restarts(t: np.ndarray, sigma: np.ndarray, th: StageThresholds) -> list[tuple[Interval, float]]:
-    """Restart intervals, each with the time its direction passed restart_factor × floor."""
+def detect_restarts(t: np.ndarray, sigma: np.ndarray, th: StageThresholds) -> list[Interval]:
+    """One restart interval per direction r >= 1 whose σ_r(W0) passes restart_factor × floor."""
     intervals = []
     for r in range(1, sigma.shape[1]):
         floor = sigma[0, r]
@@ -228,17 +249,17 @@ def detect_restarts(t: np.ndarray, sigma: np.ndarray, th: StageThresholds) -> li
         if opened is None:
             continue
         below = np.flatnonzero(sigma[: opened + 1, r] <= th.departure * floor)
-        t_start = _crossing_time(t, sigma[:, r], int(below[-1]) + 1, th.departure * floor) if len(below) else float(t[0])
+        t_left = _crossing_time(t, sigma[:, r], int(below[-1]) + 1, th.departure * floor) if len(below) else float(t[0])
         t_opened = _crossing_time(t, sigma[:, r], opened, th.restart_factor * floor)
         gap = sigma[:, r] - th.restart_open_fraction * sigma[:, 0]
         end = _first_crossing(gap, 0.0, opened)
         t_end = None if end is None else _crossing_time(t, gap, end, 0.0)
-        intervals.append((Interval(
-            "restart", None, r, t_start, t_end,
-            f"σ{r}(W0) left its floor {floor:.3g} at t={t_start:.4g} and passed {th.restart_factor:g}×floor "
-            f"at t={t_opened:.4g}" + ("" if t_end is None else
-                                      f"; reached {th.restart_open_fraction:g}×σ0(W0) at t={t_end:.4g}"),
-        ), t_opened))
+        intervals.append(Interval(
+            "restart", None, r, t_opened, t_end,
+            f"σ{r}(W0) passed {th.restart_factor:g}× its floor {floor:.3g} at t={t_opened:.4g} "
+            f"(left {th.departure:g}× floor at t={t_left:.4g})"
+            + ("" if t_end is None else f"; reached {th.restart_open_fraction:g}×σ0(W0) at t={t_end:.4g}"),
+        ))
     return intervals
 
 
@@ -272,13 +293,9 @@ def detect_plateaus(t: np.ndarray, loss: np.ndarray, log_sigma: np.ndarray, afte
     return intervals
 
 
-def count_cycles(intervals: list[Interval], restart_opened: list[float]) -> int:
-    """Cycles focus -> dilution -> restart: a focus, then a dilution, then a direction opening
-    (σ_r passing restart_factor × floor), taken greedily in time order."""
-    events = sorted(
-        [(i.t_start, i.stage) for i in intervals if i.stage in ("focus", "dilution")]
-        + [(t_open, "restart") for t_open in restart_opened]
-    )
+def count_cycles(intervals: list[Interval]) -> int:
+    """Cycles focus -> dilution -> restart (a direction opening), taken greedily in time order."""
+    events = sorted((i.t_start, i.stage) for i in intervals if i.stage in ("focus", "dilution", "restart"))
     wanted, cycles = "focus", 0
     for _, stage in events:
         if stage == wanted:
@@ -310,11 +327,10 @@ def detect_stages(observables: Observables, thresholds: StageThresholds | None =
     if "embedding_norm" in observables.columns:
         norms = smoothed("embedding_norm")
         intervals = [_with_embedding_motion(i, t, norms, pi) if i.stage == "dilution" else i for i in intervals]
-    restarts = detect_restarts(t, sigma_W0, th)
-    intervals.extend(interval for interval, _ in restarts)
+    intervals.extend(detect_restarts(t, sigma_W0, th))
     if condensation is not None:
         log_sigma = np.log(np.column_stack([smoothed(f"sv_{name}")[:, 0] for name in ("W0", "W1", "W_Q", "W_K")]))
         intervals.extend(detect_plateaus(t, smoothed("loss"), log_sigma, condensation.t_end, th))
     intervals.sort(key=lambda interval: (interval.t_start, STAGE_NAMES.index(interval.stage)))
-    cycles = count_cycles(intervals, [opened for _, opened in restarts])
+    cycles = count_cycles(intervals)
     return StageReport(intervals=intervals, cycles=cycles, thresholds=th)

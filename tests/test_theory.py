@@ -1,0 +1,195 @@
+"""The symbolic theory against flowsim's autodiff and against measured stage times."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+import sympy as sp
+
+import flowsim
+from flowsim.config import load_config
+from flowsim.experiment import prepare
+from flowsim.flow import GradientFlow
+from flowsim.observables import compute_observables
+from flowsim.solvers import solve_flow
+from flowsim.stages import detect_stages
+from theory.focus import attention_coupling, condensed_point
+from theory.manifold import ReducedFlow, ReducedState, embed, project
+from theory.origin import (condensation_orbit, mu1, mu1_expression, origin_hessian_spectrum,
+                           predict_condensation)
+from theory.focus import predict_focus
+from theory.restart import predict_restart, settled_rank_one_point, transverse_eigenpair, transverse_leading_order
+from theory.symbolic import MeanFieldTwin, row_loss
+
+from conftest import PAPER_PI, random_params
+
+
+def random_chain(d, seed):
+    P = np.random.default_rng(seed).random((d, d)) + 0.1
+    return flowsim.MarkovChain(P=P / P.sum(axis=1, keepdims=True))
+
+
+@pytest.mark.parametrize("d, m, k", [(2, 2, 3), (3, 3, 2), (4, 8, 8)])
+def test_symbolic_loss_gradient_and_jacobian_equal_autodiff(d, m, k):
+    chain = random_chain(d, seed=d)
+    model = flowsim.OneLayerTransformer(d=d, m=m, k=k)
+    twin = MeanFieldTwin(chain.pi, chain.P)
+    loss = flowsim.make_loss_function(model, chain)
+    for seed in range(2):
+        params = random_params(model, 0.7, seed)
+        flow = GradientFlow(loss, params)
+        assert twin.loss(params) == pytest.approx(float(loss(params)), abs=1e-12)
+        autodiff = jax.grad(loss)(params)
+        for name, value in twin.gradient(params).items():
+            np.testing.assert_allclose(value, autodiff[name], atol=1e-10, rtol=0)
+        np.testing.assert_allclose(twin.hessian(params), -flow.jacobian(0.0, flow.flatten(params)), atol=1e-10, rtol=0)
+
+
+def test_lambda_family_expression_is_the_general_one_with_p_substituted():
+    from theory.symbolic import loss_expression
+
+    general, symbols = loss_expression(2, "general")
+    lam_family, lam_symbols = loss_expression(2, "lambda")
+    lam = lam_symbols["lam"]
+    P = symbols["P"]
+    pi = symbols["pi"]
+    substituted = general.subs({P[i, y]: lam * int(i == y) + (1 - lam) * pi[y] for i in range(2) for y in range(2)})
+    point = {**{s: v for s, v in zip(symbols["Phi"], (0.3, -0.2, 0.1, 0.4))},
+             **{s: v for s, v in zip(symbols["M"], (0.5, -0.1, 0.2, 0.7))}, pi[0]: 0.8, pi[1]: 0.2, lam: 0.35}
+    assert float(substituted.subs(point)) == pytest.approx(float(lam_family.subs(point)), abs=1e-14)
+
+
+@pytest.mark.parametrize("chain", [
+    flowsim.MarkovChain(pi=PAPER_PI, lam=0.5),
+    flowsim.MarkovChain(pi=[0.7, 0.1, 0.1, 0.1], lam=0.9),
+    random_chain(3, seed=7),  # not of the λ family
+], ids=["paper", "symmetric", "general-P"])
+def test_symbolic_spectrum_at_origin_equals_numeric_hessian(chain):
+    model = flowsim.OneLayerTransformer(d=chain.d, m=3, k=2)
+    zeros = {name: np.zeros(shape) for name, shape in model.shapes.items()}
+    flow = GradientFlow(flowsim.make_loss_function(model, chain), zeros)
+    numeric = np.sort(np.linalg.eigvalsh(-flow.jacobian(0.0, flow.flatten(zeros))))
+    np.testing.assert_allclose(origin_hessian_spectrum(chain.pi, model.m, model.k), numeric, atol=1e-12)
+    assert mu1(chain.pi) == pytest.approx(np.linalg.norm(chain.pi) * np.linalg.norm(chain.pi - 1 / chain.d), rel=1e-12)
+
+
+def test_mu1_expression_simplifies_to_norm_product():
+    pi = row_loss(3).pi
+    full = list(pi[:-1]) + [1 - pi[0] - pi[1]]
+    norm_product_sq = sum(p**2 for p in full) * sum((p - sp.Rational(1, 3)) ** 2 for p in full)
+    assert sp.simplify(mu1_expression(3) ** 2 - norm_product_sq) == 0
+
+
+def test_condensed_point_is_the_orbit_end_and_mu2_is_the_attention_block_eigenvalue(paper_chain, paper_model):
+    orbit = condensation_orbit(tuple(paper_chain.pi), tuple(map(tuple, paper_chain.P)))
+    gamma, beta = condensed_point(paper_chain.pi)
+    np.testing.assert_allclose(orbit.gamma[-1], gamma, atol=1e-2)
+    np.testing.assert_allclose(orbit.beta[-1], beta, atol=1e-2)
+    twin = MeanFieldTwin(paper_chain.pi, paper_chain.P)
+    alpha = np.eye(paper_model.m)[0]
+    k = paper_model.k
+    point = embed(ReducedState(gamma[:, None], beta[:, None], np.zeros((k, 1)), np.zeros((k, 1))), alpha)
+    flow = GradientFlow(flowsim.make_loss_function(paper_model, paper_chain), point)
+    assert np.abs(flow.vector_field(0.0, flow.flatten(point))).max() < 1e-12  # a critical point
+    hessian = -flow.jacobian(0.0, flow.flatten(point))
+    attention = np.concatenate([flow.entries_of("W_Q"), flow.entries_of("W_K")])
+    block = np.linalg.eigvalsh(hessian[np.ix_(attention, attention)])
+    mu2 = abs(attention_coupling(twin, gamma, beta))
+    assert block[0] == pytest.approx(-mu2, rel=1e-10) and block[-1] == pytest.approx(mu2, rel=1e-10)
+    assert np.sum(np.isclose(block, -mu2, rtol=1e-8)) == k  # k unstable directions
+
+
+@pytest.mark.slow
+def test_predicted_condensation_and_focus_converge_as_eps_shrinks(paper_chain):
+    twin = MeanFieldTwin(paper_chain.pi, paper_chain.P)
+    errors = {"condensation": [], "focus": []}
+    epsilons = [1e-2, 1e-3, 1e-4, 1e-5, 1e-6]
+    for eps in epsilons:
+        config = load_config(None, [f"init.eps={eps}", "time.t_end=400", f"solver.atol={min(1e-12, 1e-3 * eps**2)}"])
+        prepared = prepare(config)
+        result = solve_flow(prepared.flow, prepared.params0, prepared.times, rtol=1e-8, atol=config.solver.atol)
+        report = detect_stages(compute_observables(result.trajectory, prepared.model, paper_chain.pi))
+        condensation = predict_condensation(paper_chain.pi, paper_chain.P, prepared.params0, eps)
+        focus = predict_focus(twin, prepared.params0, condensation, prepared.model.k)
+        measured_c = report.of("condensation")[0].t_end
+        measured_f = report.of("focus", 0)[0].t_start
+        errors["condensation"].append(abs(condensation.t_end - measured_c) / measured_c)
+        errors["focus"].append(abs(focus.t_onset[0] - measured_f) / measured_f)
+    for stage, errs in errors.items():
+        assert errs[-1] < 0.05, (stage, errs)
+        assert errs[-1] < errs[0], (stage, errs)
+        slope = np.polyfit(np.log(1 / np.array(epsilons)), errs, 1)[0]
+        assert slope < 0, (stage, errs)
+
+
+@pytest.mark.slow
+def test_restart_time_and_transverse_eigenvalue_for_asymmetric_chains():
+    predicted, measured, mu_at = [], [], {}
+    for delta in (0.05, 0.1, 0.2):
+        pi = [0.7, 0.1 + delta / 2, 0.1, 0.1 - delta / 2]
+        config = load_config(None, [f"chain.pi={pi}", "time.t_end=2000"])
+        prepared = prepare(config)
+        twin = MeanFieldTwin(prepared.chain.pi, prepared.chain.P)
+        condensation = predict_condensation(prepared.chain.pi, prepared.chain.P, prepared.params0, 1e-3)
+        restart = predict_restart(twin, prepared.flow, prepared.params0, condensation.alpha, 2000.0)
+        result = solve_flow(prepared.flow, prepared.params0, prepared.times)
+        report = detect_stages(compute_observables(result.trajectory, prepared.model, prepared.chain.pi))
+        opened = [r for r in report.of("restart") if r.direction == 1]
+        predicted.append(restart.t_onset)
+        measured.append(opened[0].t_start)
+        # the transverse rate where the rank-one flow settles, against flowsim's autodiff Hessian
+        point = settled_rank_one_point(twin, project(prepared.params0, condensation.alpha), condensation.alpha, 2000.0, 8)
+        mu, _ = transverse_eigenpair(twin, point)
+        numeric = np.linalg.eigvalsh(prepared.flow.jacobian(0.0, prepared.flow.flatten(point)))[-1]
+        assert mu == pytest.approx(numeric, rel=1e-8)
+        mu_at[delta] = mu
+    for p, m in zip(predicted, measured):
+        assert p is not None and abs(p - m) / m < 0.2, (predicted, measured)
+    assert mu_at[0.05] < mu_at[0.1] < mu_at[0.2]
+    order, _ = transverse_leading_order(mu_at)
+    assert 1.5 < order < 2.5  # μ_δ grows like δ² at leading order
+
+
+@pytest.mark.parametrize("pi, rank, t_end", [([0.7, 0.1, 0.1, 0.1], 1, 1000.0), (PAPER_PI, 1, 150.0), (PAPER_PI, 2, 600.0)])
+def test_reduced_flow_equals_full_flow_started_on_the_manifold(pi, rank, t_end, paper_model):
+    chain = flowsim.MarkovChain(pi=pi, lam=0.5)
+    rng = np.random.default_rng(rank)
+    A = np.linalg.qr(rng.standard_normal((paper_model.m, rank)))[0]
+    shapes = [(4, rank), (4, rank), (paper_model.k, rank), (paper_model.k, rank)]
+    state0 = ReducedState(*(1e-3 * rng.standard_normal(shape) for shape in shapes))
+    times = np.concatenate([[0.0], np.geomspace(0.1, t_end, 60)])
+    reduced = ReducedFlow(MeanFieldTwin(chain.pi, chain.P), paper_model.k, rank).solve(state0, times)
+    params0 = embed(state0, A)
+    flow = GradientFlow(flowsim.make_loss_function(paper_model, chain), params0)
+    full = solve_flow(flow, params0, times, rtol=1e-10, atol=1e-14).trajectory.params
+    for n in range(len(times)):
+        on_manifold = project({name: value[n] for name, value in full.items()}, A).pack()
+        np.testing.assert_allclose(on_manifold, reduced.y[:, n], atol=1e-7)
+    assert np.abs(reduced.y[:, -1]).max() > 1.0  # condensed: the check is not about tiny numbers
+
+
+def test_predict_and_compare_commands(tmp_path):
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+
+    runner = CliRunner()
+    run_dir = tmp_path / "run"
+    settings = ["--set", "time.t_end=400", "--set", "time.n_linear=41", "--set", "time.n_log=120"]
+    result = runner.invoke(app, ["run", "--quiet", "--out", str(run_dir), *settings])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["compare", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((run_dir / "compare.json").read_text())["rows"]
+    stages = json.loads((run_dir / "stages.json").read_text())["intervals"]
+    assert {row["stage"] for row in rows} >= {"condensation", "focus"}
+    for row in rows:
+        assert set(row) == {"stage", "query", "direction", "predicted", "measured", "rel_error"}
+        assert row["stage"] in {interval["stage"] for interval in stages}
+        if row["measured"] is not None:
+            assert row["rel_error"] == pytest.approx(abs(row["predicted"] - row["measured"]) / row["measured"])
+    focus = next(row for row in rows if row["stage"] == "focus")
+    assert focus["query"] == 0 and focus["rel_error"] < 0.1
+    bad = runner.invoke(app, ["predict", "--set", "loss.kind='finite'", "--set", "loss.s=8"])
+    assert bad.exit_code == 2 and "mean_field" in bad.output

@@ -1,0 +1,124 @@
+"""Predicted stage onsets for a run configuration, and their comparison with a run's detected stages.
+
+Rows (stage names as in stages.json):
+
+* condensation: the time condensation completes (the detector's t_end), Stage I;
+* focus, query q: the onset of the first query's focus (t_start), Stage II;
+* restart, direction 1: the time σ1(W0) passes the detector's threshold (t_start), Stage IV.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from flowsim.config import ConfigError, RunConfig, load_config
+from flowsim.experiment import label_run, prepare
+from flowsim.rundir import CONFIG_FILE
+from flowsim.stages import StageReport
+from flowsim.trajectory import write_atomic_bytes
+from theory.focus import FocusPrediction, predict_focus
+from theory.origin import CondensationPrediction, predict_condensation
+from theory.restart import RestartPrediction, predict_restart
+from theory.symbolic import MeanFieldTwin
+
+COMPARE_JSON = "compare.json"
+
+
+@dataclass(frozen=True)
+class Row:
+    stage: str
+    query: int | None
+    direction: int | None
+    predicted: float
+    measured: float | None = None
+    rel_error: float | None = None
+
+
+@dataclass(frozen=True)
+class Prediction:
+    rows: list[Row]
+    condensation: CondensationPrediction
+    focus: FocusPrediction
+    restart: RestartPrediction
+
+    def constants(self) -> str:
+        c, f, r = self.condensation, self.focus, self.restart
+        return (f"μ1 = {c.mu1:.6g} (condensation: log(1/ε)/μ1 = {c.leading_order:.4g}, O(1) correction {c.correction:+.4g}; "
+                f"unstable amplitude a0 = {c.a0:.4g})\n"
+                f"μ2 = {f.mu2:.6g} at the condensed point (h = {f.h:+.4g}; attention amplitude {f.a_attn0:.4g}); "
+                f"queries focus in the order {f.order}, on token {f.order[0]}\n"
+                f"transverse rate where the rank-one flow settles: μ = {r.mu_transverse:.4g}")
+
+
+def check_supported(config: RunConfig) -> None:
+    """The theory covers the default mean-field one-layer model with unit rates."""
+    model, flow = config.model, config.flow
+    problems = []
+    if config.loss.kind != "mean_field":
+        problems.append(f"loss.kind = {config.loss.kind!r} (theory is for 'mean_field')")
+    if model.value_matrix or model.residual or model.logit_scale != "one":
+        problems.append("model options value_matrix/residual/logit_scale differ from the paper model")
+    if any(rate != 1.0 for rate in flow.rates.values()) or flow.qk_rho != 1.0:
+        problems.append("per-group rates or a Q/K slow window are set (theory is for unit rates)")
+    if problems:
+        raise ConfigError("flowsim predict: " + "; ".join(problems))
+
+
+def predict_run(config: RunConfig) -> Prediction:
+    """Stage I, II and IV predictions for the configured chain, model and initial point."""
+    check_supported(config)
+    prepared = prepare(config)
+    chain = prepared.chain
+    if not 2 <= chain.d <= 4:
+        raise ConfigError(f"the symbolic model covers d = 2, 3, 4; this chain has d = {chain.d}")
+    if np.any(chain.pi <= 0):
+        raise ConfigError(f"predictions need every token to have π > 0, got π = {chain.pi.tolist()}")
+    eps = config.init.eps if config.init.file is None else float(np.sqrt(np.mean(np.asarray(prepared.params0["W0"]) ** 2)))
+    twin = MeanFieldTwin(chain.pi, chain.P)
+    condensation = predict_condensation(chain.pi, chain.P, prepared.params0, eps)
+    focus = predict_focus(twin, prepared.params0, condensation, prepared.model.k)
+    restart = predict_restart(twin, prepared.flow, prepared.params0, condensation.alpha, float(config.time.t_end))
+    rows = [Row("condensation", None, None, condensation.t_end)]
+    rows += [Row("focus", query, None, t) for query, t in focus.t_onset.items()]
+    if restart.t_onset is not None:
+        rows.append(Row("restart", None, 1, restart.t_onset))
+    return Prediction(rows, condensation, focus, restart)
+
+
+def measured_time(report: StageReport, row: Row) -> float | None:
+    """The detector's time for a row: condensation's end, the first focus / restart's start."""
+    if row.stage == "condensation":
+        found = report.of("condensation")
+        return None if not found else found[0].t_end
+    found = [i for i in report.of(row.stage, row.query) if row.direction is None or i.direction == row.direction]
+    return None if not found else found[0].t_start
+
+
+def compare_run(run_dir: Path) -> tuple[list[Row], Prediction]:
+    """Predicted beside measured for a run directory; writes compare.json there."""
+    run_dir = Path(run_dir)
+    config = load_config(run_dir / CONFIG_FILE)
+    prediction = predict_run(config)
+    report = label_run(run_dir)
+    rows = []
+    for row in prediction.rows:
+        measured = measured_time(report, row)
+        error = None if measured is None else abs(row.predicted - measured) / measured
+        rows.append(Row(row.stage, row.query, row.direction, row.predicted, measured, error))
+    payload = {"rows": [asdict(row) for row in rows]}
+    write_atomic_bytes(run_dir / COMPARE_JSON, (json.dumps(payload, indent=2) + "\n").encode())
+    return rows, prediction
+
+
+def table(rows: list[Row]) -> str:
+    lines = [f"{'stage':13} {'q/dir':6} {'predicted':>10} {'measured':>10} {'rel.err':>8}"]
+    for row in rows:
+        who = f"q{row.query}" if row.query is not None else (f"σ{row.direction}" if row.direction is not None else "-")
+        measured = "-" if row.measured is None else f"{row.measured:.4g}"
+        error = "-" if row.rel_error is None else f"{100 * row.rel_error:.1f}%"
+        lines.append(f"{row.stage:13} {who:6} {row.predicted:10.4g} {measured:>10} {error:>8}")
+    return "\n".join(lines)
