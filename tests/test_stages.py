@@ -81,12 +81,16 @@ def test_reported_times_agree_with_the_observables_they_cite(default_observables
     floor = float(condensation.evidence.split("left its floor ")[1].split(" ")[0])
     assert floor == pytest.approx(observables["sv_W0"][0, 0], rel=0.02)
     assert close(condensation.t_start, crossing_time(observables, "sv_W0", th.departure * floor, (0,)))
-    level = float(condensation.evidence.split("max = ")[1].split(" ")[0])
+    scale, level = (float(v.split(" ")[0]) for v in condensation.evidence.split("condensed scale ")[1].split(" = "))
+    assert level == pytest.approx(th.condensation_level * scale, rel=1e-2)
+    # the condensed scale is σ0 on its first plateau: below the value when attention starts to move
+    focus_start = default_report.of("focus", query=0)[0].t_start
+    assert 0.8 * value_at(observables, "sv_W0", focus_start, (0,)) < scale <= value_at(observables, "sv_W0", focus_start, (0,))
     assert close(condensation.t_end, crossing_time(observables, "sv_W0", level, (0,)))
     for restart in default_report.of("restart"):
-        floor = float(restart.evidence.split("left its floor ")[1].split(" ")[0])
+        floor = float(restart.evidence.split("its floor ")[1].split(" ")[0])
         assert floor == pytest.approx(observables["sv_W0"][0, restart.direction], rel=0.02)
-        measured = crossing_time(observables, "sv_W0", th.departure * floor, (restart.direction,), after=10.0)
+        measured = crossing_time(observables, "sv_W0", th.restart_factor * floor, (restart.direction,), after=10.0)
         assert close(restart.t_start, measured), (restart, measured)
     for focus in default_report.of("focus"):
         # halfway between the maximum before the fall and the minimum, both cited
@@ -173,8 +177,8 @@ def test_labels_survive_noise_and_subsampling(default_observables, default_repor
 def synthetic_observables(t: np.ndarray) -> Observables:
     """Series with known boundaries: σ0(W0) crosses 2x floor at t=1+ln2/0.4 and 1/3 max at
     t=1+ln(1/(3 floor))/0.4;
-    σ1(W0) leaves 2x floor at t=200; query 0's entropy is halfway down at t=100 and
-    halfway back up at t=700 (then σ1 passes 10x floor at t=1000: one cycle); the loss and σ0's are flat after t=2000."""
+    σ1(W0) leaves 2x floor at t=200 and passes 10x floor at t=1000; query 0's entropy is halfway down at t=100 and
+    halfway back up at t=700 (then the restart: one cycle); the loss and σ0's are flat after t=2000."""
     logt = np.log10(t)
 
     def ramp(low, high, t_mid, width=0.05):
@@ -210,7 +214,8 @@ def test_synthetic_series_are_labelled_at_their_boundaries():
     assert focus.t_start == pytest.approx(100.0, rel=0.03)
     assert dilution.t_start == pytest.approx(700.0, rel=0.03) and focus.t_end == dilution.t_start
     (restart,) = report.of("restart")
-    assert restart.direction == 1 and restart.t_start == pytest.approx(200.0, rel=0.03)
+    assert restart.direction == 1 and restart.t_start == pytest.approx(1000.0, rel=0.03)
+    assert "left 2× floor at t=200" in restart.evidence
     plateaus = report.of("plateau")
     assert len(plateaus) == 1 and plateaus[0].t_start == pytest.approx(2000.0, rel=0.1)
     assert not report.of("focus", query=1)  # a flat entropy never focuses
