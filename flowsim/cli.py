@@ -86,7 +86,7 @@ def predict(
         prediction = predict_run(load_config(config, set_))
     except ConfigError as error:
         _fail(str(error))
-    typer.echo(table(prediction.rows))
+    typer.echo(table(prediction.rows, measured=False))
     typer.echo(prediction.constants())
 
 

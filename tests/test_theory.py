@@ -176,7 +176,7 @@ def test_predict_and_compare_commands(tmp_path):
 
     runner = CliRunner()
     run_dir = tmp_path / "run"
-    settings = ["--set", "time.t_end=400", "--set", "time.n_linear=41", "--set", "time.n_log=120"]
+    settings = ["--set", "time.t_end=1000", "--set", "time.n_linear=101", "--set", "time.n_log=150"]
     result = runner.invoke(app, ["run", "--quiet", "--out", str(run_dir), *settings])
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["compare", str(run_dir)])
@@ -189,7 +189,9 @@ def test_predict_and_compare_commands(tmp_path):
         assert row["stage"] in {interval["stage"] for interval in stages}
         if row["measured"] is not None:
             assert row["rel_error"] == pytest.approx(abs(row["predicted"] - row["measured"]) / row["measured"])
-    focus = next(row for row in rows if row["stage"] == "focus")
-    assert focus["query"] == 0 and focus["rel_error"] < 0.1
+    by_stage = {(row["stage"], row["query"], row["direction"]): row for row in rows}
+    assert by_stage["focus", 0, None]["rel_error"] < 0.05
+    assert by_stage["restart", None, 1]["rel_error"] < 0.05
+    assert by_stage["dilution", 0, None]["rel_error"] < 0.05  # Stage III on the rank-two manifold
     bad = runner.invoke(app, ["predict", "--set", "loss.kind='finite'", "--set", "loss.s=8"])
     assert bad.exit_code == 2 and "mean_field" in bad.output

@@ -3,8 +3,10 @@
 Rows (stage names as in stages.json):
 
 * condensation: the time condensation completes (the detector's t_end), Stage I;
-* focus, query q: the onset of the first query's focus (t_start), Stage II;
-* restart, direction 1: the time σ1(W0) passes the detector's threshold (t_start), Stage IV.
+* focus, first query: its onset (t_start), Stage II;
+* restart, direction 1: the time σ1(W0) passes the detector's threshold (t_start), Stage IV;
+* dilution (per query) and focus of the other queries: onsets detected on the predicted
+  trajectory continued on the rank-two manifold after the restart, Stage III.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from flowsim.experiment import label_run, prepare
 from flowsim.rundir import CONFIG_FILE
 from flowsim.stages import StageReport
 from flowsim.trajectory import write_atomic_bytes
+from theory.dilution import DilutionPrediction, predict_dilution
 from theory.focus import FocusPrediction, predict_focus
 from theory.origin import CondensationPrediction, predict_condensation
 from theory.restart import RestartPrediction, predict_restart
@@ -44,6 +47,7 @@ class Prediction:
     condensation: CondensationPrediction
     focus: FocusPrediction
     restart: RestartPrediction
+    dilution: DilutionPrediction | None
 
     def constants(self) -> str:
         c, f, r = self.condensation, self.focus, self.restart
@@ -51,7 +55,9 @@ class Prediction:
                 f"unstable amplitude a0 = {c.a0:.4g})\n"
                 f"μ2 = {f.mu2:.6g} at the condensed point (h = {f.h:+.4g}; attention amplitude {f.a_attn0:.4g}); "
                 f"queries focus in the order {f.order}, on token {f.order[0]}\n"
-                f"transverse rate where the rank-one flow settles: μ = {r.mu_transverse:.4g}")
+                f"transverse rate where the rank-one flow settles: μ = {r.mu_transverse:.4g}"
+                + "".join(f"\npredicted {i.stage} of q{i.query}: {i.evidence}" for i in
+                          ([] if self.dilution is None else self.dilution.dilutions())))
 
 
 def check_supported(config: RunConfig) -> None:
@@ -82,11 +88,18 @@ def predict_run(config: RunConfig) -> Prediction:
     condensation = predict_condensation(chain.pi, chain.P, prepared.params0, eps)
     focus = predict_focus(twin, prepared.params0, condensation, prepared.model.k)
     restart = predict_restart(twin, prepared.flow, prepared.params0, condensation.alpha, float(config.time.t_end))
+    dilution = predict_dilution(twin, prepared.flow, prepared.model, condensation.alpha, restart, float(config.time.t_end))
     rows = [Row("condensation", None, None, condensation.t_end)]
     rows += [Row("focus", query, None, t) for query, t in focus.t_onset.items()]
     if restart.t_onset is not None:
         rows.append(Row("restart", None, 1, restart.t_onset))
-    return Prediction(rows, condensation, focus, restart)
+    if dilution is not None:
+        for stage in ("focus", "dilution"):
+            for query in focus.order:
+                found = dilution.report.of(stage, query)
+                if found and not (stage == "focus" and query in focus.t_onset):
+                    rows.append(Row(stage, query, None, found[0].t_start))
+    return Prediction(rows, condensation, focus, restart, dilution)
 
 
 def measured_time(report: StageReport, row: Row) -> float | None:
@@ -114,11 +127,16 @@ def compare_run(run_dir: Path) -> tuple[list[Row], Prediction]:
     return rows, prediction
 
 
-def table(rows: list[Row]) -> str:
-    lines = [f"{'stage':13} {'q/dir':6} {'predicted':>10} {'measured':>10} {'rel.err':>8}"]
+def table(rows: list[Row], measured: bool = True) -> str:
+    """Predicted (and, when ``measured``, measured and relative error) per row."""
+    header = f"{'stage':13} {'q/dir':6} {'predicted':>10}" + (f" {'measured':>10} {'rel.err':>8}" if measured else "")
+    lines = [header]
     for row in rows:
         who = f"q{row.query}" if row.query is not None else (f"σ{row.direction}" if row.direction is not None else "-")
-        measured = "-" if row.measured is None else f"{row.measured:.4g}"
-        error = "-" if row.rel_error is None else f"{100 * row.rel_error:.1f}%"
-        lines.append(f"{row.stage:13} {who:6} {row.predicted:10.4g} {measured:>10} {error:>8}")
+        line = f"{row.stage:13} {who:6} {row.predicted:10.4g}"
+        if measured:
+            value = "-" if row.measured is None else f"{row.measured:.4g}"
+            error = "-" if row.rel_error is None else f"{100 * row.rel_error:.1f}%"
+            line += f" {value:>10} {error:>8}"
+        lines.append(line)
     return "\n".join(lines)

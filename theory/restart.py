@@ -57,6 +57,8 @@ class RestartPrediction:
     floor: float
     t: np.ndarray
     sigma1: np.ndarray  # predicted σ1(W0) on the grid t
+    thetas: np.ndarray  # predicted flat parameters (rank-one flow + variational part) on the grid t
+    theta_at_onset: np.ndarray | None  # the same at t_onset
 
 
 def predict_restart(twin: MeanFieldTwin, flow: GradientFlow, params0, alpha: np.ndarray, t_end: float,
@@ -93,7 +95,9 @@ def predict_restart(twin: MeanFieldTwin, flow: GradientFlow, params0, alpha: np.
         raise RuntimeError(f"the variational equation failed: {solution.message}")
     crossings = solution.t_events[0]
     t_onset = float(crossings[0]) if len(crossings) else None
+    theta_at_onset = None if t_onset is None else on_manifold(t_onset) + solution.y_events[0][0]
+    thetas = np.array([on_manifold(t) + x for t, x in zip(solution.t, solution.y.T)])
     predicted_sigma1 = np.array([sigma1(t, x) for t, x in zip(solution.t, solution.y.T)])
     settled = embed(ReducedState.unpack(rank_one.y[:, -1], twin.d, k), alpha)
     mu, _ = transverse_eigenpair(twin, settled)
-    return RestartPrediction(t_onset, mu, floor, solution.t, predicted_sigma1)
+    return RestartPrediction(t_onset, mu, floor, solution.t, predicted_sigma1, thetas, theta_at_onset)
