@@ -147,8 +147,20 @@ def test_restart_time_and_transverse_eigenvalue_for_asymmetric_chains():
     for p, m in zip(predicted, measured):
         assert p is not None and abs(p - m) / m < 0.2, (predicted, measured)
     assert mu_at[0.05] < mu_at[0.1] < mu_at[0.2]
-    order, _ = transverse_leading_order(mu_at)
-    assert 1.5 < order < 2.5  # μ_δ grows like δ² at leading order
+
+
+def test_transverse_rate_vanishes_for_symmetric_tokens_and_is_linear_in_small_delta():
+    mu_at = {}
+    for delta in (0.0, 0.003125, 0.00625):
+        pi = [0.7, 0.1 + delta / 2, 0.1, 0.1 - delta / 2]
+        prepared = prepare(load_config(None, [f"chain.pi={pi}"]))
+        twin = MeanFieldTwin(prepared.chain.pi, prepared.chain.P)
+        condensation = predict_condensation(prepared.chain.pi, prepared.chain.P, prepared.params0, 1e-3)
+        point = settled_rank_one_point(twin, project(prepared.params0, condensation.alpha), condensation.alpha, 2000.0, 8)
+        mu_at[delta], _ = transverse_eigenpair(twin, point)
+    assert abs(mu_at.pop(0.0)) < 1e-10  # the degenerate point: no unstable transverse direction
+    order, coefficient = transverse_leading_order(mu_at)
+    assert order == pytest.approx(1.0, abs=0.05) and coefficient > 0
 
 
 @pytest.mark.parametrize("pi, rank, t_end", [([0.7, 0.1, 0.1, 0.1], 1, 1000.0), (PAPER_PI, 1, 150.0), (PAPER_PI, 2, 600.0)])

@@ -5,7 +5,8 @@ With perfectly symmetric low-frequency tokens (π = (0.7, 0.1, 0.1, 0.1)) the He
 there has no negative eigenvalue off the manifold: the point is degenerate and the
 flow stalls. An asymmetry δ among those tokens (π = (0.7, 0.1 + δ/2, 0.1, 0.1 - δ/2))
 creates one transverse direction with Hessian eigenvalue -μ_δ < 0, μ_δ = c δ^p at
-leading order (``transverse_leading_order`` measures p and c from μ at δ and δ/2).
+leading order (``transverse_leading_order`` measures p and c from μ at δ and 2δ; for
+the chain above p = 1, c ≈ 0.031, with δ² corrections visible from δ ≈ 0.05 on).
 
 Restart time: the part of θ(0) off the rank-one manifold is carried along the rank-one
 trajectory θ_1(t) by the variational equation dδθ/dt = J(θ_1(t)) δθ, which grows it at
@@ -42,7 +43,7 @@ def settled_rank_one_point(twin: MeanFieldTwin, state0: ReducedState, alpha: np.
 
 
 def transverse_leading_order(mu_at: dict[float, float]) -> tuple[float, float]:
-    """(p, c) with μ_δ ≈ c δ^p, from μ at the two smallest δ given."""
+    """(p, c) with μ_δ ≈ c δ^p, from μ at the two smallest δ given (take them small)."""
     (d1, m1), (d2, m2) = sorted(mu_at.items())[:2]
     p = float(np.log(m2 / m1) / np.log(d2 / d1))
     return p, float(m1 / d1**p)
