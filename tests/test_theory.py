@@ -98,6 +98,13 @@ def test_condensed_point_is_the_orbit_end_and_mu2_is_the_attention_block_eigenva
     mu2 = abs(attention_coupling(twin, gamma, beta))
     assert block[0] == pytest.approx(-mu2, rel=1e-10) and block[-1] == pytest.approx(mu2, rel=1e-10)
     assert np.sum(np.isclose(block, -mu2, rtol=1e-8)) == k  # k unstable directions
+    # they are W_Q = α ξ^T, W_K = -sign(h) α ξ^T
+    values, vectors = np.linalg.eigh(hessian[np.ix_(attention, attention)])
+    h = attention_coupling(twin, gamma, beta)
+    for vector in vectors[:, :k].T:
+        W_Q, W_K = vector[: k * paper_model.m].reshape(paper_model.m, k), vector[k * paper_model.m :].reshape(paper_model.m, k)
+        np.testing.assert_allclose(W_K, -np.sign(h) * W_Q, atol=1e-10)
+        np.testing.assert_allclose(W_Q - np.outer(alpha, alpha @ W_Q), 0.0, atol=1e-10)
 
 
 @pytest.mark.slow
