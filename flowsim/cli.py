@@ -18,6 +18,10 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _progress(message: str) -> None:
+    typer.echo(f"flowsim: {message} ...", err=True)
+
+
 @app.command()
 def run(
     config: Optional[Path] = typer.Argument(None, help="TOML config; the paper default when omitted."),
@@ -83,7 +87,7 @@ def predict(
     from theory.predict import predict_run, table
 
     try:
-        prediction = predict_run(load_config(config, set_))
+        prediction = predict_run(load_config(config, set_), progress=_progress)
     except ConfigError as error:
         _fail(str(error))
     typer.echo(table(prediction.rows, measured=False))
@@ -97,7 +101,7 @@ def compare(run_dir: Path = typer.Argument(..., help="A run directory written by
     from theory.predict import COMPARE_JSON, compare_run, table
 
     try:
-        rows, prediction = compare_run(run_dir)
+        rows, prediction = compare_run(run_dir, progress=_progress)
     except (FileNotFoundError, ConfigError) as error:
         _fail(str(error))
     typer.echo(table(rows))

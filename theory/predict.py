@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -74,8 +75,15 @@ def check_supported(config: RunConfig) -> None:
         raise ConfigError("flowsim predict: " + "; ".join(problems))
 
 
-def predict_run(config: RunConfig) -> Prediction:
-    """Stage I, II and IV predictions for the configured chain, model and initial point."""
+def _quiet(message: str) -> None:
+    pass
+
+
+def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> Prediction:
+    """Stage I-IV predictions for the configured chain, model and initial point.
+
+    ``progress`` receives a line before each step (the whole takes tens of seconds).
+    """
     check_supported(config)
     prepared = prepare(config)
     chain = prepared.chain
@@ -84,10 +92,15 @@ def predict_run(config: RunConfig) -> Prediction:
     if np.any(chain.pi <= 0):
         raise ConfigError(f"predictions need every token to have π > 0, got π = {chain.pi.tolist()}")
     eps = config.init.eps if config.init.file is None else float(np.sqrt(np.mean(np.asarray(prepared.params0["W0"]) ** 2)))
+    progress(f"building the symbolic model (d = {chain.d})")
     twin = MeanFieldTwin(chain.pi, chain.P)
+    progress("Stage I: spectrum at the origin and the condensation orbit")
     condensation = predict_condensation(chain.pi, chain.P, prepared.params0, eps)
+    progress("Stage II: condensed point, attention block, focus onset")
     focus = predict_focus(twin, prepared.params0, condensation, prepared.model.k)
+    progress("Stage IV: rank-one flow and the variational equation up to the restart")
     restart = predict_restart(twin, prepared.flow, prepared.params0, condensation.alpha, float(config.time.t_end))
+    progress("Stage III: the rank-two manifold after the restart")
     dilution = predict_dilution(twin, prepared.flow, prepared.model, condensation.alpha, restart, float(config.time.t_end))
     rows = [Row("condensation", None, None, condensation.t_end)]
     rows += [Row("focus", query, None, t) for query, t in focus.t_onset.items()]
@@ -111,11 +124,11 @@ def measured_time(report: StageReport, row: Row) -> float | None:
     return None if not found else found[0].t_start
 
 
-def compare_run(run_dir: Path) -> tuple[list[Row], Prediction]:
+def compare_run(run_dir: Path, progress: Callable[[str], None] = _quiet) -> tuple[list[Row], Prediction]:
     """Predicted beside measured for a run directory; writes compare.json there."""
     run_dir = Path(run_dir)
     config = load_config(run_dir / CONFIG_FILE)
-    prediction = predict_run(config)
+    prediction = predict_run(config, progress)
     report = label_run(run_dir)
     rows = []
     for row in prediction.rows:
