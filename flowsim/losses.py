@@ -30,7 +30,7 @@ import numpy as np
 from jax.tree_util import Partial
 
 from flowsim.chains import MarkovChain
-from flowsim.models import OneLayerTransformer, Params, model_for_params
+from flowsim.models import Model, Params, model_for_params
 
 LossKind = Literal["mean_field", "finite", "monte_carlo"]
 LOSS_KINDS: tuple[str, ...] = ("mean_field", "finite", "monte_carlo")
@@ -49,13 +49,13 @@ def mean_field_attention(phi: jax.Array, pi: jax.Array) -> jax.Array:
     return jax.nn.softmax(phi + jnp.log(pi)[None, :], axis=-1)
 
 
-def _mean_field_core(model: OneLayerTransformer, params: Params, pi: jax.Array, P: jax.Array) -> jax.Array:
-    attention = mean_field_attention(model.attention_logits(params), pi)
-    logits = model.logits_from_attention(params, attention, jnp.arange(pi.shape[0]))
+def _mean_field_core(model: Model, params: Params, pi: jax.Array, P: jax.Array) -> jax.Array:
+    d = pi.shape[0]
+    logits = model.logits_over_types(params, jnp.broadcast_to(jnp.log(pi), (d, d)), jnp.arange(d))
     return expected_cross_entropy(logits, P, pi)
 
 
-def population_loss_mean_field(params: Params, chain: MarkovChain, model: OneLayerTransformer) -> jax.Array:
+def population_loss_mean_field(params: Params, chain: MarkovChain, model: Model) -> jax.Array:
     """The s → ∞ population loss (exact)."""
     return _mean_field_core(model, params, jnp.asarray(chain.pi), jnp.asarray(chain.P))
 
@@ -193,16 +193,15 @@ def _compute_count_law(P: np.ndarray, start: np.ndarray, s: int) -> ContextCount
 
 
 def _count_law_core(
-    model: OneLayerTransformer,
+    model: Model,
     params: Params,
     P: jax.Array,
     log_counts: jax.Array,
     query: jax.Array,
     probability: jax.Array,
 ) -> jax.Array:
-    """Σ_(c, q) Prob(c, q) · E_{y ~ P[q]} [-log softmax(f(c, q))_y], attention ∝ c_j exp Φ[q, j]."""
-    attention = jax.nn.softmax(model.attention_logits(params)[query] + log_counts, axis=-1)
-    logits = model.logits_from_attention(params, attention, query)
+    """Σ_(c, q) Prob(c, q) · E_{y ~ P[q]} [-log softmax(f(c, q))_y], attention ∝ c_j exp(logit)."""
+    logits = model.logits_over_types(params, log_counts, query)
     return expected_cross_entropy(logits, P[query], probability)
 
 
@@ -217,12 +216,12 @@ def _count_law_arrays(chain: MarkovChain, law: ContextCountLaw) -> tuple[jax.Arr
     return tuple(jnp.asarray(a) for a in (chain.P, log_counts, law.query, law.probability))
 
 
-def population_loss_finite(params: Params, chain: MarkovChain, s: int, model: OneLayerTransformer) -> jax.Array:
+def population_loss_finite(params: Params, chain: MarkovChain, s: int, model: Model) -> jax.Array:
     """The exact population loss for contexts of length s (x_1 from the chain's start law)."""
     return _count_law_core_jit(model, params, *_count_law_arrays(chain, context_count_law(chain, s)))
 
 
-def population_loss_enumerated(params: Params, chain: MarkovChain, s: int, model: OneLayerTransformer) -> jax.Array:
+def population_loss_enumerated(params: Params, chain: MarkovChain, s: int, model: Model) -> jax.Array:
     """The finite-s loss by brute force over all d^s contexts and the positional forward pass."""
     if chain.d**s > ENUMERATION_LIMIT:
         raise ValueError(f"enumeration of d^s = {chain.d}^{s} contexts exceeds the limit {ENUMERATION_LIMIT}")
@@ -233,7 +232,7 @@ def population_loss_enumerated(params: Params, chain: MarkovChain, s: int, model
     return _enumerated_core_jit(model, params, contexts, jnp.asarray(chain.P)[contexts[:, -1]], probability)
 
 
-def _enumerated_core(model: OneLayerTransformer, params: Params, contexts, target_probabilities, probability):
+def _enumerated_core(model: Model, params: Params, contexts, target_probabilities, probability):
     return expected_cross_entropy(model.forward(params, contexts), target_probabilities, probability)
 
 
@@ -250,7 +249,7 @@ class MonteCarloEstimate:
 
 
 def _sampled_cross_entropy(
-    model: OneLayerTransformer, params: Params, contexts: jax.Array, targets: jax.Array
+    model: Model, params: Params, contexts: jax.Array, targets: jax.Array
 ) -> jax.Array:
     logits = model.forward(params, contexts)
     return jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
@@ -259,12 +258,12 @@ def _sampled_cross_entropy(
 _sampled_cross_entropy_jit = jax.jit(_sampled_cross_entropy, static_argnums=0)
 
 
-def _sampled_loss_core(model: OneLayerTransformer, params: Params, contexts: jax.Array, targets: jax.Array) -> jax.Array:
+def _sampled_loss_core(model: Model, params: Params, contexts: jax.Array, targets: jax.Array) -> jax.Array:
     return jnp.mean(_sampled_cross_entropy(model, params, contexts, targets))
 
 
 def loss_monte_carlo(
-    params: Params, chain: MarkovChain, s: int, n_samples: int, seed: int, model: OneLayerTransformer
+    params: Params, chain: MarkovChain, s: int, n_samples: int, seed: int, model: Model
 ) -> MonteCarloEstimate:
     """Monte Carlo estimate of the finite-s loss from ``n_samples`` sampled sequences."""
     sequences = chain.sample(n_samples, s + 1, seed)
@@ -273,7 +272,7 @@ def loss_monte_carlo(
 
 
 def make_loss_function(
-    model: OneLayerTransformer,
+    model: Model,
     chain: MarkovChain,
     kind: LossKind = "mean_field",
     s: int | None = None,
@@ -307,7 +306,7 @@ def make_loss_function(
 
 
 def population_loss(
-    params: Params, chain: MarkovChain, s: int | None = None, *, model: OneLayerTransformer | None = None
+    params: Params, chain: MarkovChain, s: int | None = None, *, model: Model | None = None
 ) -> jax.Array:
     """The exact population loss: mean-field for ``s=None``, else exact for context length s.
 

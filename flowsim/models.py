@@ -105,6 +105,12 @@ class OneLayerTransformer:
             logits = logits + residual[query]
         return logits
 
+    def logits_over_types(self, params: Params, log_weights: jax.Array, query: jax.Array) -> jax.Array:
+        """Logits for contexts given by type weights: attention of ``query`` (shape (...)) is
+        softmax(Φ[query, j] + log_weights[..., j]) (log π as s → ∞, log c_j for counts c)."""
+        attention = jax.nn.softmax(self.attention_logits(params)[query] + log_weights, axis=-1)
+        return self.logits_from_attention(params, attention, query)
+
     def forward(self, params: Params, tokens: jax.Array) -> jax.Array:
         """Logits over the vocabulary for a batch of contexts ``tokens`` (shape (batch, s))."""
         tokens = jnp.asarray(tokens)
@@ -114,6 +120,98 @@ class OneLayerTransformer:
         weights = jax.nn.softmax(scores, axis=-1)
         attention_over_types = jnp.einsum("bs,bsd->bd", weights, jax.nn.one_hot(tokens, self.d, dtype=weights.dtype))
         return self.logits_from_attention(params, attention_over_types, query)
+
+
+FFNKind = Literal["none", "mlp", "glu"]
+
+
+@dataclass(frozen=True)
+class TwoLayerTransformer:
+    """The hierarchical two-layer model: attention, FFN, attention, on a residual stream.
+
+    Parameters: embedding W_E (d x m); per attention block l = 1, 2: W_Q{l}, W_K{l}
+    (m x k), W_V{l}, W_O{l} (m x m); unembedding W_U (m x d); the FFN between the blocks:
+
+        none: FFN(h) = 0
+        mlp:  FFN(h) = GELU(h W_in) W_out                    (W_in m x f, W_out f x m)
+        glu:  FFN(h) = (SiLU(h W_gate) * (h W_up)) W_down     (SwiGLU; W_gate, W_up m x f)
+
+    With token-type weights w over the context (π as s → ∞, the counts c for a context
+    of length s), every position of type i carries the same vectors:
+
+        h0_i = W_E[i],   h1 = h0 + A1 h0 W_V1 W_O1,   A1 = softmax(Φ1 + log w), Φ1 = h0 W_Q1 W_K1^T h0^T
+        h2 = h1 + FFN(h1),   h3_q = h2_q + A2_q h2 W_V2 W_O2,   A2_q = softmax(Φ2_q + log w),
+        logits = h3_q W_U    for the query type q (the last token).
+
+    Layer-1 attention runs over the whole context at every position (each position sees
+    the same type counts), so the loss depends on a context only through (c, x_s).
+    """
+
+    d: int
+    m: int = 8
+    k: int = 8
+    ffn: FFNKind = "none"
+    ffn_width: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("d", "m", "k", "ffn_width"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
+        if self.d < 2:
+            raise ValueError(f"model.d must be >= 2, got {self.d}")
+        if self.ffn not in ("none", "mlp", "glu"):
+            raise ValueError(f"model.ffn must be 'none', 'mlp' or 'glu', got {self.ffn!r}")
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, int]]:
+        d, m, k, f = self.d, self.m, self.k, self.ffn_width
+        shapes = {"W_E": (d, m), "W_Q1": (m, k), "W_K1": (m, k), "W_V1": (m, m), "W_O1": (m, m)}
+        shapes.update({"none": {}, "mlp": {"W_in": (m, f), "W_out": (f, m)},
+                       "glu": {"W_gate": (m, f), "W_up": (m, f), "W_down": (f, m)}}[self.ffn])
+        shapes.update({"W_Q2": (m, k), "W_K2": (m, k), "W_V2": (m, m), "W_O2": (m, m), "W_U": (m, d)})
+        return shapes
+
+    init = OneLayerTransformer.init
+    check_params = OneLayerTransformer.check_params
+
+    def feed_forward(self, params: Params, h: jax.Array) -> jax.Array:
+        if self.ffn == "mlp":
+            return jax.nn.gelu(h @ params["W_in"], approximate=False) @ params["W_out"]
+        if self.ffn == "glu":
+            return (jax.nn.silu(h @ params["W_gate"]) * (h @ params["W_up"])) @ params["W_down"]
+        return jnp.zeros_like(h)
+
+    def residual_streams(self, params: Params, log_weights: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(h1, h2, A1) per type for type weights ``log_weights`` (shape (..., d))."""
+        h0 = params["W_E"]
+        phi1 = h0 @ params["W_Q1"] @ params["W_K1"].T @ h0.T
+        A1 = jax.nn.softmax(phi1 + log_weights[..., None, :], axis=-1)  # (..., d, d)
+        h1 = h0 + A1 @ (h0 @ params["W_V1"] @ params["W_O1"])
+        return h1, h1 + self.feed_forward(params, h1), A1
+
+    def logits_over_types(self, params: Params, log_weights: jax.Array, query: jax.Array) -> jax.Array:
+        """Logits for the query types ``query`` (shape (...)) given type weights (shape (..., d))."""
+        _, h2, _ = self.residual_streams(params, log_weights)
+        h2_query = jnp.take_along_axis(h2, query[..., None, None], axis=-2)[..., 0, :]  # (..., m)
+        phi2 = jnp.einsum("...m,...jm->...j", h2_query @ params["W_Q2"] @ params["W_K2"].T, h2)
+        A2 = jax.nn.softmax(phi2 + log_weights, axis=-1)
+        h3 = h2_query + jnp.einsum("...j,...jm->...m", A2, h2 @ params["W_V2"] @ params["W_O2"])
+        return h3 @ params["W_U"]
+
+    def forward(self, params: Params, tokens: jax.Array) -> jax.Array:
+        """Logits for a batch of contexts ``tokens`` (batch, s), position by position."""
+        h0 = params["W_E"][jnp.asarray(tokens)]  # (batch, s, m)
+        A1 = jax.nn.softmax(h0 @ params["W_Q1"] @ params["W_K1"].T @ jnp.swapaxes(h0, -1, -2), axis=-1)
+        h1 = h0 + A1 @ (h0 @ params["W_V1"] @ params["W_O1"])
+        h2 = h1 + self.feed_forward(params, h1)
+        query = h2[:, -1, :]
+        A2 = jax.nn.softmax(jnp.einsum("bm,bjm->bj", query @ params["W_Q2"] @ params["W_K2"].T, h2), axis=-1)
+        h3 = query + jnp.einsum("bj,bjm->bm", A2, h2 @ params["W_V2"] @ params["W_O2"])
+        return h3 @ params["W_U"]
+
+
+Model = OneLayerTransformer | TwoLayerTransformer
 
 
 def model_for_params(params: Params, **options) -> OneLayerTransformer:

@@ -1,0 +1,83 @@
+"""The two-layer hierarchical model: exact losses against enumeration, finite differences
+and the one-layer model it contains."""
+
+import jax
+import numpy as np
+import pytest
+
+import flowsim
+from flowsim.losses import population_loss_enumerated, population_loss_finite, population_loss_mean_field
+from flowsim.models import TwoLayerTransformer
+
+from conftest import random_params
+
+
+def general_chain(d: int, seed: int) -> flowsim.MarkovChain:
+    P = np.random.default_rng(seed).random((d, d)) + 0.2
+    return flowsim.MarkovChain(P=P / P.sum(axis=1, keepdims=True))
+
+
+@pytest.mark.parametrize("ffn", ["none", "mlp", "glu"])
+def test_finite_s_count_programme_equals_enumeration(ffn):
+    chain = general_chain(3, seed=1)
+    model = TwoLayerTransformer(d=3, m=4, k=3, ffn=ffn, ffn_width=5)
+    params = random_params(model, 0.8, seed=2)
+    for s in (1, 3, 6):
+        exact = float(population_loss_finite(params, chain, s, model))
+        enumerated = float(population_loss_enumerated(params, chain, s, model))
+        assert exact == pytest.approx(enumerated, abs=1e-13), (s, exact, enumerated)
+
+
+@pytest.mark.parametrize("ffn", ["mlp", "glu"])
+def test_mean_field_gradient_matches_finite_differences(ffn):
+    chain = flowsim.MarkovChain(pi=[0.75, 0.19, 0.05, 0.01], lam=0.5)
+    model = TwoLayerTransformer(d=4, m=4, k=3, ffn=ffn, ffn_width=5)
+    params = random_params(model, 0.5, seed=3)
+    gradient = jax.grad(population_loss_mean_field)(params, chain, model)
+    rng = np.random.default_rng(4)
+    h = 1e-5
+    for name in model.shapes:
+        index = tuple(rng.integers(0, n) for n in model.shapes[name])
+        up = {key: np.array(value) for key, value in params.items()}
+        down = {key: np.array(value) for key, value in params.items()}
+        up[name][index] += h
+        down[name][index] -= h
+        central = (float(population_loss_mean_field(up, chain, model)) - float(population_loss_mean_field(down, chain, model))) / (2 * h)
+        assert float(gradient[name][index]) == pytest.approx(central, abs=1e-9), name
+
+
+def test_finite_s_approaches_mean_field():
+    chain = flowsim.MarkovChain(pi=[0.6, 0.3, 0.1], lam=0.4)
+    model = TwoLayerTransformer(d=3, m=4, k=3, ffn="glu", ffn_width=5)
+    params = random_params(model, 0.6, seed=5)
+    limit = float(population_loss_mean_field(params, chain, model))
+    gaps = [abs(float(population_loss_finite(params, chain, s, model)) - limit) for s in (16, 32, 64, 128)]
+    scaled = [s * gap for s, gap in zip((16, 32, 64, 128), gaps)]
+    assert gaps[-1] < gaps[0] / 4
+    assert max(scaled[1:]) / min(scaled[1:]) < 1.5  # |L_s - L_inf| = O(1/s)
+
+
+@pytest.mark.parametrize("s", [None, 5])
+def test_reduces_to_the_one_layer_model_without_upper_attention_and_ffn(s):
+    chain = general_chain(4, seed=6)
+    two = TwoLayerTransformer(d=4, m=5, k=3, ffn="none")
+    params = random_params(two, 0.7, seed=7)
+    params["W_O2"] = np.zeros_like(params["W_O2"])  # the upper block writes nothing
+    one = flowsim.OneLayerTransformer(d=4, m=5, k=3, value_matrix=True, residual=True)
+    # f = A (W0 W_V W1) + (W0 W1)[query] with W0 = W_E, W_V = W_V1 W_O1, W1 = W_U
+    one_params = {"W0": params["W_E"], "W_Q": params["W_Q1"], "W_K": params["W_K1"],
+                  "W_V": params["W_V1"] @ params["W_O1"], "W1": params["W_U"]}
+    if s is None:
+        expected = population_loss_mean_field(one_params, chain, one)
+        got = population_loss_mean_field(params, chain, two)
+    else:
+        expected = population_loss_finite(one_params, chain, s, one)
+        got = population_loss_finite(params, chain, s, two)
+    assert float(got) == pytest.approx(float(expected), abs=1e-14)
+
+
+def test_bad_options_are_named():
+    with pytest.raises(ValueError, match="model.ffn"):
+        TwoLayerTransformer(d=3, ffn="swish")
+    with pytest.raises(ValueError, match="model.ffn_width"):
+        TwoLayerTransformer(d=3, ffn_width=0)
