@@ -14,6 +14,7 @@ from flowsim.flow import GradientFlow
 from flowsim.observables import compute_observables
 from flowsim.solvers import solve_flow
 from flowsim.stages import detect_stages
+from flowsim.trajectory import Trajectory
 from theory.focus import attention_coupling, condensed_point
 from theory.manifold import ReducedFlow, ReducedState, embed, project
 from theory.origin import (condensation_orbit, mu1, mu1_expression, origin_hessian_spectrum,
@@ -170,8 +171,9 @@ def test_transverse_rate_vanishes_for_symmetric_tokens_and_is_linear_in_small_de
     assert order == pytest.approx(1.0, abs=0.05) and coefficient > 0
 
 
-@pytest.mark.parametrize("pi, rank, t_end", [([0.7, 0.1, 0.1, 0.1], 1, 1000.0), (PAPER_PI, 1, 150.0), (PAPER_PI, 2, 600.0)])
+@pytest.mark.parametrize("pi, rank, t_end", [([0.7, 0.1, 0.1, 0.1], 1, 1000.0), (PAPER_PI, 1, 150.0), (PAPER_PI, 2, 1500.0)])
 def test_reduced_flow_equals_full_flow_started_on_the_manifold(pi, rank, t_end, paper_model):
+    """On the rank-two manifold the paper chain focuses and dilutes: the reduced flow carries both."""
     chain = flowsim.MarkovChain(pi=pi, lam=0.5)
     rng = np.random.default_rng(rank)
     A = np.linalg.qr(rng.standard_normal((paper_model.m, rank)))[0]
@@ -186,6 +188,12 @@ def test_reduced_flow_equals_full_flow_started_on_the_manifold(pi, rank, t_end, 
         on_manifold = project({name: value[n] for name, value in full.items()}, A).pack()
         np.testing.assert_allclose(on_manifold, reduced.y[:, n], atol=1e-7)
     assert np.abs(reduced.y[:, -1]).max() > 1.0  # condensed: the check is not about tiny numbers
+    states = [embed(ReducedState.unpack(y, 4, paper_model.k), A) for y in reduced.y.T]
+    predicted = Trajectory(times, np.zeros(len(times)), {name: np.stack([p[name] for p in states]) for name in states[0]})
+    report = detect_stages(compute_observables(predicted, paper_model, chain.pi))
+    assert report.of("focus", 0)
+    if rank == 2:
+        assert report.of("dilution", 0) and report.of("restart")
 
 
 def test_predict_and_compare_commands(tmp_path):
