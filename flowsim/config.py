@@ -23,7 +23,7 @@ except ModuleNotFoundError:  # Python 3.10
 from flowsim.chains import MarkovChain
 from flowsim.flow import RateSchedule, SlowWindow
 from flowsim.losses import LOSS_KINDS
-from flowsim.models import OneLayerTransformer
+from flowsim.models import Model, OneLayerTransformer, TwoLayerTransformer
 from flowsim.solvers import METHODS
 
 
@@ -41,12 +41,14 @@ class ChainConfig:
 
 @dataclass
 class ModelConfig:
-    kind: str = "one_layer"
+    kind: str = "one_layer"  # or "two_layer" (the hierarchical model)
     m: int = 8
     k: int = 8
-    value_matrix: bool = False
+    value_matrix: bool = False  # one_layer options
     residual: bool = False
     logit_scale: str = "one"
+    ffn: str = "none"  # two_layer: none | mlp | glu
+    ffn_width: int = 16
 
 
 @dataclass
@@ -70,7 +72,7 @@ class FlowConfig:
     qk_rho: float = 1.0  # Q/K slow window: multiplier rho until qk_t0, linear ramp to 1 by qk_t0 + qk_tr
     qk_t0: float = 0.0
     qk_tr: float = 0.0
-    qk_groups: list[str] = field(default_factory=lambda: ["W_Q", "W_K"])
+    qk_groups: list[str] | None = None  # default: the model's (upper-layer) query and key
 
 
 @dataclass
@@ -118,10 +120,13 @@ class RunConfig:
         except ValueError as error:
             raise ConfigError(f"chain: {error}") from None
 
-    def build_model(self, d: int) -> OneLayerTransformer:
-        if self.model.kind != "one_layer":
-            raise ConfigError(f"model.kind = {self.model.kind!r} is not available; expected 'one_layer'")
+    def build_model(self, d: int) -> Model:
+        if self.model.kind not in ("one_layer", "two_layer"):
+            raise ConfigError(f"model.kind = {self.model.kind!r} is not available; expected 'one_layer' or 'two_layer'")
         try:
+            if self.model.kind == "two_layer":
+                return TwoLayerTransformer(d=d, m=self.model.m, k=self.model.k, ffn=self.model.ffn,
+                                           ffn_width=self.model.ffn_width)
             return OneLayerTransformer(
                 d=d, m=self.model.m, k=self.model.k, value_matrix=self.model.value_matrix,
                 residual=self.model.residual, logit_scale=self.model.logit_scale,
@@ -129,11 +134,12 @@ class RunConfig:
         except ValueError as error:
             raise ConfigError(str(error)) from None
 
-    def build_rates(self) -> RateSchedule:
+    def build_rates(self, model: Model) -> RateSchedule:
         try:
             window = None
             if self.flow.qk_rho != 1.0:
-                window = SlowWindow(self.flow.qk_rho, self.flow.qk_t0, self.flow.qk_tr, tuple(self.flow.qk_groups))
+                groups = model.slow_groups if self.flow.qk_groups is None else tuple(self.flow.qk_groups)
+                window = SlowWindow(self.flow.qk_rho, self.flow.qk_t0, self.flow.qk_tr, groups)
             return RateSchedule(constant=dict(self.flow.rates), window=window)
         except ValueError as error:
             raise ConfigError(str(error)) from None
@@ -146,7 +152,7 @@ class RunConfig:
         return np.unique(np.concatenate([[0.0], linear, logarithmic, [time.t_end]]))
 
 
-NULLABLE = {("chain", "pi"), ("chain", "lam"), ("chain", "P"), ("init", "file")}
+NULLABLE = {("chain", "pi"), ("chain", "lam"), ("chain", "P"), ("init", "file"), ("flow", "qk_groups")}
 
 
 def _expected_type(section: str, key: str, default: Any) -> tuple[type, ...]:

@@ -16,7 +16,7 @@ from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError, RunConfig, load_config
 from flowsim.flow import GradientFlow
 from flowsim.losses import make_loss_function
-from flowsim.models import OneLayerTransformer, Params
+from flowsim.models import Model, OneLayerTransformer, Params
 from flowsim.observables import OBSERVABLES_NPZ, Observables, compute_observables
 from flowsim.plots import plot_run_summary
 from flowsim.rundir import CONFIG_FILE, SUMMARY_FIGURE, TRAJECTORY_FILE, library_versions, load_run, write_config, write_meta
@@ -39,15 +39,23 @@ def observables_of_run(run_dir: Path) -> Observables:
     return observables
 
 
+def stages_apply(model: Model) -> bool:
+    """The stage detectors read the one-layer model's observables."""
+    return isinstance(model, OneLayerTransformer)
+
+
 def label_run(run_dir: Path) -> StageReport:
     """Detect the stages of a run directory and write stages.json and stages.txt."""
+    config = load_config(Path(run_dir) / CONFIG_FILE)
+    if config.model.kind != "one_layer":
+        raise ConfigError(f"stage detection is defined for the one-layer model; this run has model.kind = {config.model.kind!r}")
     observables = observables_of_run(run_dir)
     report = detect_stages(observables)
     report.save(run_dir)
     return report
 
 
-def initial_params(config: RunConfig, model: OneLayerTransformer) -> Params:
+def initial_params(config: RunConfig, model: Model) -> Params:
     """Seeded N(0, ε²) entries, or the arrays of ``init.file``."""
     if config.init.file is None:
         return model.init(config.init.eps, config.init.seed)
@@ -68,7 +76,7 @@ class PreparedRun:
     """Everything a configured run needs, built and validated."""
 
     chain: MarkovChain
-    model: OneLayerTransformer
+    model: Model
     flow: GradientFlow
     params0: Params
     times: np.ndarray
@@ -81,7 +89,7 @@ def prepare(config: RunConfig) -> PreparedRun:
     params0 = initial_params(config, model)
     try:
         loss = make_loss_function(model, chain, config.loss.kind, config.loss.s, config.loss.mc_samples, config.loss.mc_seed)
-        flow = GradientFlow(loss, params0, config.build_rates())
+        flow = GradientFlow(loss, params0, config.build_rates(model))
     except ValueError as error:
         raise ConfigError(str(error)) from None
     if config.init.file is None and config.solver.atol > 1e-2 * config.init.eps**2:
@@ -130,7 +138,7 @@ def execute_run(
     observables = compute_observables(result.trajectory, model, chain.pi, prepared.flow)
     observables.save(run_dir)
     stages = None
-    if np.count_nonzero(observables.t > 0) >= MIN_SAMPLES_FOR_STAGES:
+    if stages_apply(model) and np.count_nonzero(observables.t > 0) >= MIN_SAMPLES_FOR_STAGES:
         stages = detect_stages(observables)
         stages.save(run_dir)
     if len(result.trajectory) > 1:

@@ -53,6 +53,8 @@ class OneLayerTransformer:
         if self.logit_scale not in ("one", "inv_sqrt_k"):
             raise ValueError(f"model.logit_scale must be 'one' or 'inv_sqrt_k', got {self.logit_scale!r}")
 
+    slow_groups = ("W_Q", "W_K")  # what the Q/K slow window slows by default
+
     @property
     def shapes(self) -> dict[str, tuple[int, int]]:
         """Parameter names and shapes, in the canonical order."""
@@ -163,6 +165,8 @@ class TwoLayerTransformer:
         if self.ffn not in ("none", "mlp", "glu"):
             raise ValueError(f"model.ffn must be 'none', 'mlp' or 'glu', got {self.ffn!r}")
 
+    slow_groups = ("W_Q2", "W_K2")  # the upper layer's query and key
+
     @property
     def shapes(self) -> dict[str, tuple[int, int]]:
         d, m, k, f = self.d, self.m, self.k, self.ffn_width
@@ -189,6 +193,14 @@ class TwoLayerTransformer:
         A1 = jax.nn.softmax(phi1 + log_weights[..., None, :], axis=-1)  # (..., d, d)
         h1 = h0 + A1 @ (h0 @ params["W_V1"] @ params["W_O1"])
         return h1, h1 + self.feed_forward(params, h1), A1
+
+    def attention_maps(self, params: Params, pi: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Mean-field (A1, A2, h2): both layers' attention of every query type over key types
+        (d x d) and the residual stream after the FFN (d x m)."""
+        log_pi = jnp.log(pi)
+        _, h2, A1 = self.residual_streams(params, log_pi)
+        A2 = jax.nn.softmax(h2 @ params["W_Q2"] @ params["W_K2"].T @ h2.T + log_pi, axis=-1)
+        return A1, A2, h2
 
     def logits_over_types(self, params: Params, log_weights: jax.Array, query: jax.Array) -> jax.Array:
         """Logits for the query types ``query`` (shape (...)) given type weights (shape (..., d))."""

@@ -13,6 +13,12 @@ Per saved time t (leading axis of every column):
                                   of the embedding trajectory (the directions are a constant)
     grad_norm_G                   ‖∂L/∂G‖ per parameter group G (when a flow is given)
 
+For the two-layer model (``two_layer_observables``): sv_X for X in W_E, W_Q1, W_K1, W_Q2,
+W_K2 and h2; attention_L, attention_entropy_L, attention_mass_top_L per layer L = 1, 2;
+embedding_norm (rows of W_E); basis_angle (largest principal angle between span h2(t)
+and span h2 at the last time: the lower layers' residual basis has matured when it is
+small); grad_norm_G.
+
 Saved as ``observables.npz`` (every column and constant) and ``observables.csv`` (every
 column flattened to scalar columns: ``attention_entropy[0]``, ``attention[1,2]``, ...).
 """
@@ -30,7 +36,7 @@ import numpy as np
 
 from flowsim.flow import GradientFlow
 from flowsim.losses import mean_field_attention
-from flowsim.models import OneLayerTransformer
+from flowsim.models import Model, TwoLayerTransformer
 from flowsim.trajectory import Trajectory, write_atomic_bytes, write_atomic_npz
 
 OBSERVABLES_NPZ, OBSERVABLES_CSV = "observables.npz", "observables.csv"
@@ -116,10 +122,25 @@ def principal_directions(embeddings: np.ndarray, n_directions: int) -> tuple[np.
     return directions[:n], explained, centred @ directions[:n].T
 
 
+def principal_angles(basis: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Principal angles (radians, ascending) between the row spaces of two matrices."""
+    def orthonormal_rows(matrix: np.ndarray) -> np.ndarray:
+        _, sigma, rows = np.linalg.svd(matrix, full_matrices=False)
+        return rows[sigma > sigma.max() * 1e-10] if sigma.max() > 0 else rows[:0]
+
+    a, b = orthonormal_rows(basis), orthonormal_rows(reference)
+    if len(a) == 0 or len(b) == 0:
+        return np.array([np.pi / 2])
+    cosines = np.clip(np.linalg.svd(a @ b.T, compute_uv=False), -1.0, 1.0)
+    return np.sort(np.arccos(cosines))
+
+
 def compute_observables(
-    trajectory: Trajectory, model: OneLayerTransformer, pi: np.ndarray, flow: GradientFlow | None = None
+    trajectory: Trajectory, model: Model, pi: np.ndarray, flow: GradientFlow | None = None
 ) -> Observables:
-    """All observables of a trajectory of the one-layer model on a chain with frequencies ``pi``."""
+    """All observables of a trajectory on a chain with frequencies ``pi``."""
+    if isinstance(model, TwoLayerTransformer):
+        return two_layer_observables(trajectory, model, pi, flow)
     params = {name: jnp.asarray(value) for name, value in trajectory.params.items()}
     phi = jax.vmap(model.attention_logits)(params)
     matrices = {
@@ -147,6 +168,34 @@ def compute_observables(
             columns[f"grad_norm_{name}"] = norms
     constants = {"embedding_pc_directions": directions, "embedding_pc_explained": explained, "pi": np.asarray(pi)}
     return Observables(t=np.asarray(trajectory.t), columns=columns, constants=constants)
+
+
+def two_layer_observables(
+    trajectory: Trajectory, model: TwoLayerTransformer, pi: np.ndarray, flow: GradientFlow | None = None
+) -> Observables:
+    """The hierarchical model's probes: per layer (1: lower, 2: upper) the attention, its
+    entropy per query and its mass on the most frequent token; singular values of W_E and
+    of the Q/K matrices; embedding norms; the residual basis h2 and its maturity: the
+    largest principal angle between span(h2(t)) and span(h2 at the last time)."""
+    params = {name: jnp.asarray(value) for name, value in trajectory.params.items()}
+    A1, A2, h2 = (np.asarray(x) for x in jax.vmap(model.attention_maps, in_axes=(0, None))(params, jnp.asarray(pi)))
+    columns: dict[str, np.ndarray] = {"loss": np.asarray(trajectory.loss)}
+    for name in ("W_E", "W_Q1", "W_K1", "W_Q2", "W_K2"):
+        sigma = singular_values(trajectory.params[name])
+        columns[f"sv_{name}"] = sigma
+        columns[f"stable_rank_{name}"] = stable_rank(sigma)
+    columns["sv_h2"] = singular_values(h2)
+    top = int(np.argmax(pi))
+    for layer, attention in ((1, A1), (2, A2)):
+        columns[f"attention_{layer}"] = attention
+        columns[f"attention_entropy_{layer}"] = attention_entropy(attention)
+        columns[f"attention_mass_top_{layer}"] = attention[:, :, top]
+    columns["embedding_norm"] = np.linalg.norm(trajectory.params["W_E"], axis=2)
+    columns["basis_angle"] = np.array([principal_angles(h, h2[-1])[-1] for h in h2])
+    if flow is not None:
+        for name, norms in gradient_norms(trajectory, flow).items():
+            columns[f"grad_norm_{name}"] = norms
+    return Observables(t=np.asarray(trajectory.t), columns=columns, constants={"pi": np.asarray(pi)})
 
 
 def gradient_norms(trajectory: Trajectory, flow: GradientFlow) -> dict[str, np.ndarray]:

@@ -30,8 +30,10 @@ def plot_run_summary(observables: Observables, path: Path, title: str = "", stag
     """
     keep = observables.t > 0
     t = observables.t[keep]
-    sigma = observables["sv_W0"][keep]
-    entropy = observables["attention_entropy"][keep]
+    two_layer = "sv_W_E" in observables.columns  # the hierarchical model: W_E, and the upper layer's entropy
+    embedding = "W_E" if two_layer else "W0"
+    sigma = observables[f"sv_{embedding}"][keep]
+    entropy = observables["attention_entropy_2" if two_layer else "attention_entropy"][keep]
     pi = observables.constants["pi"]
 
     figure, axes = plt.subplots(3, 1, figsize=(7.5, 8.5), sharex=True, constrained_layout=True)
@@ -40,7 +42,7 @@ def plot_run_summary(observables: Observables, path: Path, title: str = "", stag
     for i in range(sigma.shape[1]):
         axes[1].plot(t, sigma[:, i], label=f"σ{i}", color=f"C{i}")
     axes[1].set_yscale("log")
-    axes[1].set_ylabel("singular values of W0")
+    axes[1].set_ylabel(f"singular values of {embedding}")
     axes[1].legend(fontsize="small", ncol=min(4, sigma.shape[1]))
     for query in range(entropy.shape[1]):
         axes[2].plot(t, entropy[:, query], label=f"query {query} (π={pi[query]:.3g})", color=f"C{query}")
@@ -57,7 +59,11 @@ def plot_run_summary(observables: Observables, path: Path, title: str = "", stag
         elif interval.stage == "dilution":
             _shade(axes[2], *span, facecolor="none", edgecolor=f"C{interval.query}", hatch="//", alpha=0.4)
     axes[2].axhline(np.log(len(pi)), color="grey", lw=0.5, ls=":")
-    axes[2].set_ylabel("attention entropy (nats)")
+    if two_layer:
+        lower = observables["attention_entropy_1"][keep]
+        for query in range(lower.shape[1]):
+            axes[2].plot(t, lower[:, query], color=f"C{query}", ls="--", lw=0.8)
+    axes[2].set_ylabel("attention entropy (nats)" + ("\nupper —, lower --" if two_layer else ""))
     axes[2].set_xlabel("t (learning rate × steps)")
     axes[2].set_xscale("log")
     axes[2].legend(fontsize="small")

@@ -81,3 +81,32 @@ def test_bad_options_are_named():
         TwoLayerTransformer(d=3, ffn="swish")
     with pytest.raises(ValueError, match="model.ffn_width"):
         TwoLayerTransformer(d=3, ffn_width=0)
+
+
+def test_two_layer_runs_through_the_command_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+    from flowsim.observables import Observables
+
+    runner = CliRunner()
+    run_dir = tmp_path / "two"
+    settings = ["model.kind='two_layer'", "model.ffn='mlp'", "model.m=4", "model.k=3", "model.ffn_width=5",
+                "flow.qk_rho=0.25", "flow.qk_t0=20.0", "flow.qk_tr=5.0", "time.t_end=40.0", "time.n_linear=21", "time.n_log=20"]
+    result = runner.invoke(app, ["run", "--quiet", "--out", str(run_dir), *[a for s in settings for a in ("--set", s)]])
+    assert result.exit_code == 0, result.output
+    observables = Observables.load(run_dir)
+    assert (run_dir / "summary.png").stat().st_size > 0
+    assert np.all(np.diff(observables["loss"]) <= 1e-12)  # a descent flow
+    entropy = observables["attention_entropy_2"]
+    assert entropy.shape[1] == 4 and np.all(entropy >= 0) and np.all(entropy <= np.log(4) + 1e-12)
+    assert observables["basis_angle"][-1] == pytest.approx(0.0, abs=1e-6)  # h2 against itself at the end
+    # the slow window slows the upper query and key by default: at t < t0 their rate is rho
+    from flowsim.config import load_config
+    from flowsim.experiment import prepare
+
+    prepared = prepare(load_config(run_dir / "config.toml"))
+    rates = dict(zip(prepared.flow.groups, np.asarray(prepared.flow.rates.rates(1.0, prepared.flow.groups))))
+    assert rates["W_Q2"] == rates["W_K2"] == 0.25 and rates["W_Q1"] == 1.0
+    stages = runner.invoke(app, ["stages", str(run_dir)])
+    assert stages.exit_code == 2 and "one-layer" in stages.output
