@@ -21,7 +21,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from flowsim.chains import MarkovChain
-from flowsim.flow import RateSchedule, SlowWindow
+from flowsim.flow import DepthSmoothing, RateSchedule, SlowWindow
 from flowsim.losses import LOSS_KINDS
 from flowsim.models import Model, OneLayerTransformer, TwoLayerTransformer
 from flowsim.solvers import METHODS
@@ -73,6 +73,8 @@ class FlowConfig:
     qk_t0: float = 0.0
     qk_tr: float = 0.0
     qk_groups: list[str] | None = None  # default: the model's (upper-layer) query and key
+    smoothing_a: float = 0.0  # depth smoothing of same-role tensors across blocks (two_layer), in [0, 1/2]
+    smoothing_variant: str = "standard"  # or "norm_preserving"
 
 
 @dataclass
@@ -133,6 +135,14 @@ class RunConfig:
             )
         except ValueError as error:
             raise ConfigError(str(error)) from None
+
+    def build_smoothing(self, model: Model) -> DepthSmoothing | None:
+        if self.flow.smoothing_a == 0.0 and self.flow.smoothing_variant == "standard":
+            return None
+        try:
+            return DepthSmoothing(self.flow.smoothing_a, model.repeated_blocks, self.flow.smoothing_variant)
+        except ValueError as error:
+            raise ConfigError(f"{error} (model.kind = {self.model.kind!r})") from None
 
     def build_rates(self, model: Model) -> RateSchedule:
         try:
@@ -262,6 +272,8 @@ def _check_ranges(config: RunConfig) -> None:
     for ok, key, value, expected in checks:
         if not ok:
             raise ConfigError(f"{key} = {value!r} is invalid; expected {expected}")
+    if config.flow.smoothing_variant not in ("standard", "norm_preserving"):
+        raise ConfigError(f"flow.smoothing_variant = {config.flow.smoothing_variant!r} is invalid; expected 'standard' or 'norm_preserving'")
     for group, rate in config.flow.rates.items():
         if not isinstance(rate, (int, float)) or isinstance(rate, bool):
             raise ConfigError(f"flow.rates.{group} = {rate!r} must be a number")

@@ -89,7 +89,7 @@ def prepare(config: RunConfig) -> PreparedRun:
     params0 = initial_params(config, model)
     try:
         loss = make_loss_function(model, chain, config.loss.kind, config.loss.s, config.loss.mc_samples, config.loss.mc_seed)
-        flow = GradientFlow(loss, params0, config.build_rates(model))
+        flow = GradientFlow(loss, params0, config.build_rates(model), config.build_smoothing(model))
     except ValueError as error:
         raise ConfigError(str(error)) from None
     if config.init.file is None and config.solver.atol > 1e-2 * config.init.eps**2:

@@ -7,7 +7,18 @@ flows) times an optional schedule. The one schedule here is the Q/K slow window:
 w(t) = ρ for t < t0, a linear ramp from ρ to 1 on [t0, t0 + tr], then 1. Time t is
 learning rate × steps of gradient descent.
 
-The Jacobian of the vector field is exact: -diag(r(t)) · Hessian(L), by autodiff.
+Depth smoothing (Window Smoothing) optionally preconditions the gradient: for each
+stack of same-role tensors of repeated blocks (W_Q1, W_Q2, ...), ordered by depth,
+
+    dθ_l/dt = -r(t) Σ_l' S[l, l'] ∂L/∂θ_l',   S = I - (a/2) L_path,
+
+L_path the path-graph Laplacian, so u'_l = (1-a) u_l + (a/2)(u_{l-1} + u_{l+1}) inside and
+(1-a/2) u_1 + (a/2) u_2 at the ends. S is symmetric, doubly stochastic and PSD for
+a <= 1/2, so the smoothed flow still descends. The norm-preserving variant rescales each
+smoothed tensor to the norm of the gradient it replaces.
+
+The Jacobian of the vector field is exact: -diag(r(t)) · Hessian(L) by autodiff, or the
+autodiff Jacobian of the smoothed field.
 """
 
 from __future__ import annotations
@@ -87,6 +98,33 @@ class RateSchedule:
         return self.window.kinks if self.window is not None else ()
 
 
+SMOOTHING_VARIANTS = ("standard", "norm_preserving")
+
+
+def path_smoothing_operator(n: int, a: float) -> np.ndarray:
+    """S = I - (a/2) L_path for n blocks (L_path = degree - adjacency of the path graph)."""
+    adjacency = np.eye(n, k=1) + np.eye(n, k=-1)
+    laplacian = np.diag(adjacency.sum(axis=1)) - adjacency
+    return np.eye(n) - 0.5 * a * laplacian
+
+
+@dataclass(frozen=True)
+class DepthSmoothing:
+    """Window Smoothing of the gradient across ``stacks`` of same-role groups, ordered by depth."""
+
+    a: float
+    stacks: tuple[tuple[str, ...], ...]
+    variant: str = "standard"
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.a) and 0.0 <= self.a <= 0.5):
+            raise ValueError(f"flow.smoothing_a must be in [0, 1/2] (S is then PSD), got {self.a!r}")
+        if self.variant not in SMOOTHING_VARIANTS:
+            raise ValueError(f"flow.smoothing_variant must be one of {SMOOTHING_VARIANTS}, got {self.variant!r}")
+        if not self.stacks or any(len(stack) < 2 for stack in self.stacks):
+            raise ValueError("depth smoothing needs repeated blocks: stacks of at least two same-role groups")
+
+
 class GradientFlow:
     """dθ/dt = -r(t) ⊙ ∇L(θ) on the flat vector θ, with its exact Jacobian.
 
@@ -95,8 +133,10 @@ class GradientFlow:
     names, shapes and flattening order. Compiled functions are built once and reused.
     """
 
-    def __init__(self, loss: Callable[[Params], jax.Array], params_like: Params, rates: RateSchedule | None = None):
+    def __init__(self, loss: Callable[[Params], jax.Array], params_like: Params, rates: RateSchedule | None = None,
+                 smoothing: DepthSmoothing | None = None):
         self.rates = RateSchedule() if rates is None else rates
+        self.smoothing = smoothing
         self.groups: tuple[str, ...] = tuple(params_like)
         self.rates.check_groups(self.groups)
         flat, self.unravel = ravel_pytree({name: jnp.asarray(value) for name, value in params_like.items()})
@@ -112,10 +152,14 @@ class GradientFlow:
         def flat_loss(theta, loss):
             return loss(self.unravel(theta))
 
+        smooth = self._smoother(params_like)
+
         def vector_field(t, theta, loss):
-            return -self._rate_vector(t) * jax.grad(flat_loss)(theta, loss)
+            return -self._rate_vector(t) * smooth(jax.grad(flat_loss)(theta, loss))
 
         def jacobian(t, theta, loss):
+            if smoothing is not None:
+                return jax.jacfwd(vector_field, argnums=1)(t, theta, loss)
             return -self._rate_vector(t)[:, None] * jax.hessian(flat_loss)(theta, loss)
 
         self._vector_field = vector_field
@@ -129,6 +173,32 @@ class GradientFlow:
             return jax.lax.fori_loop(first, last, step, theta)
 
         self._descend_jit = jax.jit(descend)
+
+    def _smoother(self, params_like: Params) -> Callable[[jax.Array], jax.Array]:
+        """The map g -> (S ⊗ I) g on flat gradients (the identity without smoothing)."""
+        if self.smoothing is None:
+            return lambda gradient: gradient
+        stacks = []
+        for stack in self.smoothing.stacks:
+            missing = [name for name in stack if name not in self.groups]
+            if missing:
+                raise ValueError(f"depth smoothing: groups {missing} are not parameters of this model")
+            if len({np.shape(params_like[name]) for name in stack}) != 1:
+                raise ValueError(f"depth smoothing: the groups {stack} do not share one shape")
+            stacks.append((np.stack([self.entries_of(name) for name in stack]), path_smoothing_operator(len(stack), self.smoothing.a)))
+        preserve_norm = self.smoothing.variant == "norm_preserving"
+
+        def smooth(gradient):
+            for entries, operator in stacks:
+                blocks = gradient[entries]  # (blocks, entries per block)
+                smoothed = jnp.asarray(operator) @ blocks
+                if preserve_norm:
+                    old, new = jnp.linalg.norm(blocks, axis=1), jnp.linalg.norm(smoothed, axis=1)
+                    smoothed = smoothed * jnp.where(new > 0, old / jnp.where(new > 0, new, 1.0), 0.0)[:, None]
+                gradient = gradient.at[entries].set(smoothed)
+            return gradient
+
+        return smooth
 
     def _rate_vector(self, t):
         return self.rates.rates(t, self.groups)[self._group_of_entry]

@@ -54,6 +54,7 @@ class OneLayerTransformer:
             raise ValueError(f"model.logit_scale must be 'one' or 'inv_sqrt_k', got {self.logit_scale!r}")
 
     slow_groups = ("W_Q", "W_K")  # what the Q/K slow window slows by default
+    repeated_blocks = ()  # one block: nothing to smooth across depth
 
     @property
     def shapes(self) -> dict[str, tuple[int, int]]:
@@ -166,6 +167,8 @@ class TwoLayerTransformer:
             raise ValueError(f"model.ffn must be 'none', 'mlp' or 'glu', got {self.ffn!r}")
 
     slow_groups = ("W_Q2", "W_K2")  # the upper layer's query and key
+    # same-role tensors of the two attention blocks, ordered by depth (for depth smoothing)
+    repeated_blocks = (("W_Q1", "W_Q2"), ("W_K1", "W_K2"), ("W_V1", "W_V2"), ("W_O1", "W_O2"))
 
     @property
     def shapes(self) -> dict[str, tuple[int, int]]:

@@ -33,7 +33,8 @@ def test_mean_field_gradient_matches_finite_differences(ffn):
     chain = flowsim.MarkovChain(pi=[0.75, 0.19, 0.05, 0.01], lam=0.5)
     model = TwoLayerTransformer(d=4, m=4, k=3, ffn=ffn, ffn_width=5)
     params = random_params(model, 0.5, seed=3)
-    gradient = jax.grad(population_loss_mean_field)(params, chain, model)
+    loss = jax.jit(flowsim.make_loss_function(model, chain))
+    gradient = jax.jit(jax.grad(flowsim.make_loss_function(model, chain)))(params)
     rng = np.random.default_rng(4)
     h = 1e-5
     for name in model.shapes:
@@ -42,7 +43,7 @@ def test_mean_field_gradient_matches_finite_differences(ffn):
         down = {key: np.array(value) for key, value in params.items()}
         up[name][index] += h
         down[name][index] -= h
-        central = (float(population_loss_mean_field(up, chain, model)) - float(population_loss_mean_field(down, chain, model))) / (2 * h)
+        central = (float(loss(up)) - float(loss(down))) / (2 * h)
         assert float(gradient[name][index]) == pytest.approx(central, abs=1e-9), name
 
 
