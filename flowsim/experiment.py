@@ -46,10 +46,10 @@ def stages_apply(model: Model) -> bool:
 
 def label_run(run_dir: Path) -> StageReport:
     """Detect the stages of a run directory and write stages.json and stages.txt."""
-    config = load_config(Path(run_dir) / CONFIG_FILE)
-    if config.model.kind != "one_layer":
-        raise ConfigError(f"stage detection is defined for the one-layer model; this run has model.kind = {config.model.kind!r}")
     observables = observables_of_run(run_dir)
+    kind = load_config(Path(run_dir) / CONFIG_FILE).model.kind
+    if kind != "one_layer":
+        raise ConfigError(f"stage detection is defined for the one-layer model; this run has model.kind = {kind!r}")
     report = detect_stages(observables)
     report.save(run_dir)
     return report
