@@ -109,6 +109,35 @@ def compare(run_dir: Path = typer.Argument(..., help="A run directory written by
     typer.echo(f"written: {run_dir / COMPARE_JSON}")
 
 
+@app.command("compare-runs")
+def compare_runs(
+    run_dirs: List[Path] = typer.Argument(..., help="Two-layer run directories."),
+    loss_target: Optional[float] = typer.Option(None, "--loss-target", help="Report when each run's loss first reaches this."),
+) -> None:
+    """A table of the premature-specialisation probes across two-layer runs."""
+    from flowsim.config import ConfigError, load_config
+    from flowsim.experiment import observables_of_run
+    from flowsim.specialisation import summarise
+
+    def show(value) -> str:
+        return "-" if value is None else f"{value:.4g}"
+
+    header = (f"{'run':24} {'ffn':5} {'qk_rho':>6} {'smooth':>6} {'t_end':>7} {'loss':>8} {'t(target)':>9} "
+              f"{'t_mature':>8} {'H2 fall':>8} {'index':>6}")
+    lines = [header]
+    for run_dir in run_dirs:
+        try:
+            config = load_config(run_dir / "config.toml")
+            summary = summarise(observables_of_run(run_dir), loss_target)
+        except (FileNotFoundError, ConfigError, ValueError) as error:
+            _fail(f"{run_dir}: {error}")
+        lines.append(f"{run_dir.name[:24]:24} {config.model.ffn:5} {config.flow.qk_rho:6.3g} {config.flow.smoothing_a:6.3g} "
+                     f"{summary.t_end:7.4g} {summary.final_loss:8.5f} {show(summary.t_loss_target):>9} "
+                     f"{show(summary.t_basis_mature):>8} {show(summary.upper_entropy_fall_at_maturity):>8} "
+                     f"{show(summary.premature_index):>6}")
+    typer.echo("\n".join(lines))
+
+
 @app.command()
 def version() -> None:
     """Print the versions of flowsim and its numerical libraries."""
