@@ -117,6 +117,7 @@ def compare_runs(
     """A table of the premature-specialisation probes across two-layer runs."""
     from flowsim.config import ConfigError, load_config
     from flowsim.experiment import observables_of_run
+    from flowsim.rundir import CONFIG_FILE
     from flowsim.specialisation import summarise
 
     def show(value) -> str:
@@ -127,7 +128,7 @@ def compare_runs(
     lines = [header]
     for run_dir in run_dirs:
         try:
-            config = load_config(run_dir / "config.toml")
+            config = load_config(run_dir / CONFIG_FILE)
             summary = summarise(observables_of_run(run_dir), loss_target)
         except (FileNotFoundError, ConfigError, ValueError) as error:
             _fail(f"{run_dir}: {error}")

@@ -65,6 +65,13 @@ class StageThresholds:
     plateau_min_decades: float = 0.5
 
 
+def subject_label(query: int | None, direction: int | None) -> str:
+    """How tables name what a stage is about: q<i> for a query, σ<r> for a direction, - otherwise."""
+    if query is not None:
+        return f"q{query}"
+    return f"σ{direction}" if direction is not None else "-"
+
+
 @dataclass(frozen=True)
 class Interval:
     stage: str
@@ -91,8 +98,7 @@ class StageReport:
         """A plain-text table: stage, query/direction, start, end, evidence."""
         lines = [f"{'stage':13} {'q/dir':6} {'t_start':>10} {'t_end':>10}  evidence"]
         for interval in self.intervals:
-            who = f"q{interval.query}" if interval.query is not None else (
-                f"σ{interval.direction}" if interval.direction is not None else "-")
+            who = subject_label(interval.query, interval.direction)
             end = f"{interval.t_end:10.4g}" if interval.t_end is not None else f"{'open':>10}"
             lines.append(f"{interval.stage:13} {who:6} {interval.t_start:10.4g} {end}  {interval.evidence}")
         lines.append(f"cycles (focus -> dilution -> restart): {self.cycles}")

@@ -27,8 +27,10 @@ import numpy as np
 import sympy as sp
 from scipy.integrate import cumulative_trapezoid
 from scipy.optimize import brentq
+from scipy.special import softmax
 
-from theory.origin import CondensationPrediction, condensation_orbit
+from flowsim.observables import attention_entropy
+from theory.origin import CondensationPrediction
 from theory.symbolic import MeanFieldTwin
 
 
@@ -67,10 +69,7 @@ def attention_coupling(twin: MeanFieldTwin, gamma: np.ndarray, beta: np.ndarray)
 
 def query_entropy(phi: float, gamma: np.ndarray, pi: np.ndarray, query: int) -> float:
     """Entropy of softmax(φ γ_query γ + log π), the query's attention at scale φ."""
-    logits = phi * gamma[query] * gamma + np.log(pi)
-    a = np.exp(logits - logits.max())
-    a /= a.sum()
-    return float(-np.sum(a[a > 0] * np.log(a[a > 0])))
+    return float(attention_entropy(softmax(phi * gamma[query] * gamma + np.log(pi))))
 
 
 @dataclass(frozen=True)
@@ -102,13 +101,11 @@ def predict_focus(twin: MeanFieldTwin, params0, condensation: CondensationPredic
     sign = -np.sign(h)
     phi_half = brentq(lambda phi: query_entropy(sign * phi, gamma_star, pi, first) - h0 / 2, 0.0, 1e3)
     log_growth_needed = np.log(np.sqrt(2.0 * phi_half) / a_attn0)
-    # the orbit's clock: real time = orbit time + shift (see predict_condensation)
-    orbit = condensation_orbit(tuple(map(float, pi)), tuple(map(tuple, twin.P)))
-    shift = np.log(orbit.delta / condensation.a0) / orbit.mu1
+    orbit = condensation.orbit
     rates = np.array([abs(attention_coupling(twin, g, b)) for g, b in zip(orbit.gamma, orbit.beta)])
     growth = cumulative_trapezoid(rates, orbit.t, initial=0.0)
     if growth[-1] >= log_growth_needed:
         tau = float(np.interp(log_growth_needed, growth, orbit.t))
     else:
         tau = float(orbit.t[-1] + (log_growth_needed - growth[-1]) / mu2)
-    return FocusPrediction(mu2, h, gamma_star, beta_star, order, a_attn0, {first: tau + shift}, phi_half)
+    return FocusPrediction(mu2, h, gamma_star, beta_star, order, a_attn0, {first: tau + condensation.shift}, phi_half)

@@ -66,20 +66,21 @@ def mu1_expression(d: int) -> sp.Expr:
     return sp.sqrt(nonzero.pop())
 
 
+def _at(pi: np.ndarray) -> dict:
+    """Values of the free symbols π0..π_{d-2} (π_{d-1} = 1 - their sum)."""
+    return dict(zip(row_loss(len(pi)).pi[:-1], np.asarray(pi, dtype=float)[:-1]))
+
+
 def mu1(pi: np.ndarray) -> float:
     """μ1 evaluated for a stationary law π (from the derived expression)."""
-    pi = np.asarray(pi, dtype=float)
-    row = row_loss(len(pi))
-    return float(mu1_expression(len(pi)).subs(dict(zip(row.pi[:-1], pi[:-1]))))
+    return float(mu1_expression(len(pi)).subs(_at(pi)))
 
 
 def origin_hessian_spectrum(pi: np.ndarray, m: int, k: int) -> np.ndarray:
     """All eigenvalues of ∂²L/∂θ² at θ = 0 for an (m, k) model, sorted: ±μ1 m times each, 0 otherwise."""
-    d = len(pi)
-    row = row_loss(d)
     values = []
-    for root, multiplicity in origin_block_spectrum(d).items():
-        values += [float(root.subs(dict(zip(row.pi[:-1], pi[:-1]))))] * (multiplicity * m)
+    for root, multiplicity in origin_block_spectrum(len(pi)).items():
+        values += [float(root.subs(_at(pi)))] * (multiplicity * m)
     values += [0.0] * (2 * m * k)
     return np.sort(np.array(values))
 
@@ -127,7 +128,7 @@ def condensation_orbit(pi: tuple[float, ...], P: tuple[tuple[float, ...], ...], 
     flow = ReducedFlow(MeanFieldTwin(pi_arr, P_arr), k=k)
     start = ReducedState(delta * w0[:, None] / np.sqrt(2), delta * w1[:, None] / np.sqrt(2), np.zeros((k, 1)), np.zeros((k, 1)))
     t = np.concatenate([[0.0], np.geomspace(1e-3, t_max_over_mu / rate, 4000)])
-    solution = flow.solve(start, t, rtol=1e-11, atol=1e-16 * max(delta, 1e-12) / 1e-7)
+    solution = flow.solve(start, t, rtol=1e-11, atol=1e-9 * delta)
     states = [ReducedState.unpack(y, len(pi), k) for y in solution.y.T]
     gamma = np.array([s.Gamma[:, 0] for s in states])
     beta = np.array([s.B[:, 0] for s in states])
@@ -145,6 +146,8 @@ class CondensationPrediction:
     leading_order: float  # log(1/ε)/μ1
     correction: float  # t_end - leading_order = log(C/κ)/μ1
     condensed_scale: float  # ‖γ‖ at the end of the orbit
+    orbit: CondensationOrbit
+    shift: float  # real time = orbit time + shift, for this initial point
 
 
 def predict_condensation(pi: np.ndarray, P: np.ndarray, params0, eps: float,
@@ -163,5 +166,5 @@ def predict_condensation(pi: np.ndarray, P: np.ndarray, params0, eps: float,
     return CondensationPrediction(
         mu1=orbit.mu1, a0=a0, alpha=alpha, t_end=interval.t_end, leading_order=leading,
         correction=interval.t_end - leading,
-        condensed_scale=float(orbit.sigma0[-1]),
+        condensed_scale=float(orbit.sigma0[-1]), orbit=orbit, shift=shift,
     )

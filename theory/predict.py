@@ -21,7 +21,7 @@ import numpy as np
 from flowsim.config import ConfigError, RunConfig, load_config
 from flowsim.experiment import label_run, prepare
 from flowsim.rundir import CONFIG_FILE
-from flowsim.stages import StageReport
+from flowsim.stages import StageReport, subject_label
 from flowsim.trajectory import write_atomic_bytes
 from theory.dilution import DilutionPrediction, predict_dilution
 from theory.focus import FocusPrediction, predict_focus
@@ -145,8 +145,7 @@ def table(rows: list[Row], measured: bool = True) -> str:
     header = f"{'stage':13} {'q/dir':6} {'predicted':>10}" + (f" {'measured':>10} {'rel.err':>8}" if measured else "")
     lines = [header]
     for row in rows:
-        who = f"q{row.query}" if row.query is not None else (f"σ{row.direction}" if row.direction is not None else "-")
-        line = f"{row.stage:13} {who:6} {row.predicted:10.4g}"
+        line = f"{row.stage:13} {subject_label(row.query, row.direction):6} {row.predicted:10.4g}"
         if measured:
             value = "-" if row.measured is None else f"{row.measured:.4g}"
             error = "-" if row.rel_error is None else f"{100 * row.rel_error:.1f}%"

@@ -63,10 +63,10 @@ class RestartPrediction:
 
 
 def predict_restart(twin: MeanFieldTwin, flow: GradientFlow, params0, alpha: np.ndarray, t_end: float,
-                    thresholds: StageThresholds | None = None, k: int | None = None) -> RestartPrediction:
+                    thresholds: StageThresholds | None = None) -> RestartPrediction:
     """Carry θ(0)'s off-manifold part along the rank-one trajectory; σ1 crossing → restart."""
     th = StageThresholds() if thresholds is None else thresholds
-    k = np.shape(params0["W_Q"])[1] if k is None else k
+    k = np.shape(params0["W_Q"])[1]
     reduced = ReducedFlow(twin, k)
     state0 = project(params0, alpha)
     grid = np.concatenate([[0.0], np.geomspace(1e-1, t_end, 600)])
