@@ -222,3 +222,5 @@ def test_predict_and_compare_commands(tmp_path):
     assert by_stage["dilution", 0, None]["rel_error"] < 0.05  # Stage III on the rank-two manifold
     bad = runner.invoke(app, ["predict", "--set", "loss.kind='finite'", "--set", "loss.s=8"])
     assert bad.exit_code == 2 and "mean_field" in bad.output
+    two_layer = runner.invoke(app, ["predict", "--set", "model.kind='two_layer'"])
+    assert two_layer.exit_code == 2 and "model.kind = 'two_layer'" in two_layer.output

@@ -65,6 +65,8 @@ def check_supported(config: RunConfig) -> None:
     """The theory covers the default mean-field one-layer model with unit rates."""
     model, flow = config.model, config.flow
     problems = []
+    if model.kind != "one_layer":
+        problems.append(f"model.kind = {model.kind!r} (theory is for 'one_layer')")
     if config.loss.kind != "mean_field":
         problems.append(f"loss.kind = {config.loss.kind!r} (theory is for 'mean_field')")
     if model.value_matrix or model.residual or model.logit_scale != "one":
