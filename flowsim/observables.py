@@ -33,6 +33,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy.linalg import subspace_angles
 
 from flowsim.flow import GradientFlow
 from flowsim.losses import mean_field_attention
@@ -122,19 +123,6 @@ def principal_directions(embeddings: np.ndarray, n_directions: int) -> tuple[np.
     return directions[:n], explained, centred @ directions[:n].T
 
 
-def principal_angles(basis: np.ndarray, reference: np.ndarray) -> np.ndarray:
-    """Principal angles (radians, ascending) between the row spaces of two matrices."""
-    def orthonormal_rows(matrix: np.ndarray) -> np.ndarray:
-        _, sigma, rows = np.linalg.svd(matrix, full_matrices=False)
-        return rows[sigma > sigma.max() * 1e-10] if sigma.max() > 0 else rows[:0]
-
-    a, b = orthonormal_rows(basis), orthonormal_rows(reference)
-    if len(a) == 0 or len(b) == 0:
-        return np.array([np.pi / 2])
-    cosines = np.clip(np.linalg.svd(a @ b.T, compute_uv=False), -1.0, 1.0)
-    return np.sort(np.arccos(cosines))
-
-
 def compute_observables(
     trajectory: Trajectory, model: Model, pi: np.ndarray, flow: GradientFlow | None = None
 ) -> Observables:
@@ -191,7 +179,7 @@ def two_layer_observables(
         columns[f"attention_entropy_{layer}"] = attention_entropy(attention)
         columns[f"attention_mass_top_{layer}"] = attention[:, :, top]
     columns["embedding_norm"] = np.linalg.norm(trajectory.params["W_E"], axis=2)
-    columns["basis_angle"] = np.array([principal_angles(h, h2[-1])[-1] for h in h2])
+    columns["basis_angle"] = np.array([subspace_angles(h.T, h2[-1].T).max() for h in h2])  # spans of the rows
     if flow is not None:
         for name, norms in gradient_norms(trajectory, flow).items():
             columns[f"grad_norm_{name}"] = norms
