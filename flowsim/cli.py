@@ -114,29 +114,38 @@ def compare_runs(
     run_dirs: List[Path] = typer.Argument(..., help="Two-layer run directories."),
     loss_target: Optional[float] = typer.Option(None, "--loss-target", help="Report when each run's loss first reaches this."),
 ) -> None:
-    """A table of the premature-specialisation probes across two-layer runs."""
+    """A table of the premature-specialisation probes and the pathwise growth factors across
+    two-layer runs (the factors are cached in each run's pathwise.npz)."""
     from flowsim.config import ConfigError, load_config
     from flowsim.experiment import observables_of_run
     from flowsim.rundir import CONFIG_FILE
     from flowsim.specialisation import summarise
+    from theory.pathwise import pathwise_of_run
 
     def show(value) -> str:
         return "-" if value is None else f"{value:.4g}"
 
-    header = (f"{'run':24} {'ffn':5} {'qk_rho':>6} {'smooth':>6} {'t_end':>7} {'loss':>8} {'t(target)':>9} "
+    probes = (f"{'run':16} {'ffn':4} {'qk_rho':>6} {'smooth':>6} {'t_end':>6} {'loss':>9} {'t(target)':>9} "
               f"{'t_mature':>8} {'H2 fall':>8} {'index':>6}")
-    lines = [header]
+    factors = (f"{'run':16} {'step(0)':>8} {'energy(0)':>9} {'ffn(0)':>9} {'peak bound':>10} "
+               f"{'peak direct':>11} {'direct share':>12}")
+    probe_lines, factor_lines = [probes], [factors]
     for run_dir in run_dirs:
         try:
             config = load_config(run_dir / CONFIG_FILE)
             summary = summarise(observables_of_run(run_dir), loss_target)
+            pathwise = pathwise_of_run(run_dir).summary()
         except (FileNotFoundError, ConfigError, ValueError) as error:
             _fail(f"{run_dir}: {error}")
-        lines.append(f"{run_dir.name[:24]:24} {config.model.ffn:5} {config.flow.qk_rho:6.3g} {config.flow.smoothing_a:6.3g} "
-                     f"{summary.t_end:7.4g} {summary.final_loss:8.5f} {show(summary.t_loss_target):>9} "
-                     f"{show(summary.t_basis_mature):>8} {show(summary.upper_entropy_fall_at_maturity):>8} "
-                     f"{show(summary.premature_index):>6}")
-    typer.echo("\n".join(lines))
+        name = run_dir.name[:16]
+        probe_lines.append(f"{name:16} {config.model.ffn:4} {config.flow.qk_rho:6.3g} {config.flow.smoothing_a:6.3g} "
+                           f"{summary.t_end:6.4g} {summary.final_loss:9.7f} {show(summary.t_loss_target):>9} "
+                           f"{show(summary.t_basis_mature):>8} {show(summary.upper_entropy_fall_at_maturity):>8} "
+                           f"{show(summary.premature_index):>6}")
+        factor_lines.append(f"{name:16} {pathwise['step_0']:8.4g} {pathwise['residual_energy_0']:9.4g} "
+                            f"{pathwise['ffn_write_0']:9.4g} {pathwise['peak_bound']:10.4g} "
+                            f"{pathwise['peak_direct']:11.4g} {pathwise['direct_share']:12.4g}")
+    typer.echo("\n".join(probe_lines + [""] + factor_lines))
 
 
 @app.command()

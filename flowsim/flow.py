@@ -186,19 +186,31 @@ class GradientFlow:
             if len({np.shape(params_like[name]) for name in stack}) != 1:
                 raise ValueError(f"depth smoothing: the groups {stack} do not share one shape")
             stacks.append((np.stack([self.entries_of(name) for name in stack]), path_smoothing_operator(len(stack), self.smoothing.a)))
-        preserve_norm = self.smoothing.variant == "norm_preserving"
+        self._stacks = stacks
+        return lambda gradient: self._apply_smoothing(gradient)[0]
 
-        def smooth(gradient):
-            for entries, operator in stacks:
-                blocks = gradient[entries]  # (blocks, entries per block)
-                smoothed = jnp.asarray(operator) @ blocks
-                if preserve_norm:
-                    old, new = jnp.linalg.norm(blocks, axis=1), jnp.linalg.norm(smoothed, axis=1)
-                    smoothed = smoothed * jnp.where(new > 0, old / jnp.where(new > 0, new, 1.0), 0.0)[:, None]
-                gradient = gradient.at[entries].set(smoothed)
-            return gradient
+    def _apply_smoothing(self, gradient: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
+        """(S ⊗ I) g and, per stack, the coefficient matrix W with smoothed_l = Σ_l' W[l, l'] g_l'
+        (W = S; for the norm-preserving variant row l is scaled by ‖g_l‖ / ‖(S g)_l‖)."""
+        coefficients = []
+        for entries, operator in self._stacks:
+            blocks = gradient[entries]  # (blocks, entries per block)
+            weights = jnp.asarray(operator)
+            if self.smoothing.variant == "norm_preserving":
+                old, new = jnp.linalg.norm(blocks, axis=1), jnp.linalg.norm(weights @ blocks, axis=1)
+                weights = weights * jnp.where(new > 0, old / jnp.where(new > 0, new, 1.0), 0.0)[:, None]
+            gradient = gradient.at[entries].set(weights @ blocks)
+            coefficients.append(weights)
+        return gradient, coefficients
 
-        return smooth
+    def depth_coupling(self, theta: np.ndarray) -> dict[str, dict[str, float]]:
+        """For each smoothed group g, the weights W[g][g'] with dθ_g/dt = -r_g(t) Σ_g' W[g][g'] ∂L/∂θ_g'
+        at θ (empty without smoothing): the depth-coupling preconditioner read off."""
+        if self.smoothing is None:
+            return {}
+        _, coefficients = self._apply_smoothing(jnp.asarray(self.gradient_along(np.asarray(theta)[None])[0]))
+        return {group: {source: float(weights[row, col]) for col, source in enumerate(stack)}
+                for stack, weights in zip(self.smoothing.stacks, coefficients) for row, group in enumerate(stack)}
 
     def _rate_vector(self, t):
         return self.rates.rates(t, self.groups)[self._group_of_entry]

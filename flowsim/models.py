@@ -205,12 +205,16 @@ class TwoLayerTransformer:
         A2 = jax.nn.softmax(h2 @ params["W_Q2"] @ params["W_K2"].T @ h2.T + log_pi, axis=-1)
         return A1, A2, h2
 
-    def logits_over_types(self, params: Params, log_weights: jax.Array, query: jax.Array) -> jax.Array:
-        """Logits for the query types ``query`` (shape (...)) given type weights (shape (..., d))."""
+    def logits_over_types(self, params: Params, log_weights: jax.Array, query: jax.Array,
+                          upper_logit_shift: jax.Array | float = 0.0) -> jax.Array:
+        """Logits for the query types ``query`` (shape (...)) given type weights (shape (..., d)).
+
+        ``upper_logit_shift`` (shape (..., d)) is added to the upper layer's logits Φ2[q, :]:
+        differentiating at 0 gives ∂L/∂Φ2, the upper attention-logit gradient."""
         _, h2, _ = self.residual_streams(params, log_weights)
         h2_query = jnp.take_along_axis(h2, query[..., None, None], axis=-2)[..., 0, :]  # (..., m)
         phi2 = jnp.einsum("...m,...jm->...j", h2_query @ params["W_Q2"] @ params["W_K2"].T, h2)
-        A2 = jax.nn.softmax(phi2 + log_weights, axis=-1)
+        A2 = jax.nn.softmax(phi2 + upper_logit_shift + log_weights, axis=-1)
         h3 = h2_query + jnp.einsum("...j,...jm->...m", A2, h2 @ params["W_V2"] @ params["W_O2"])
         return h3 @ params["W_U"]
 

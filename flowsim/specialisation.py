@@ -5,8 +5,8 @@
 * upper-layer entropy fall: H2 is the π-weighted mean over queries of the upper
   layer's attention entropy; its fall by time t is H2(0) - H2(t);
 * premature-specialisation index: the fall by the time the basis matured, as a fraction
-  of the largest fall over the run (0: the upper layer waited; 1: it had specialised
-  before the basis it attends over was built);
+  of the largest fall over the run, clipped at 0 (0: the upper layer waited; 1: it had
+  specialised before the basis it attends over was built);
 * time to reach a loss target, and the loss at the last time.
 """
 
@@ -55,7 +55,8 @@ def summarise(observables: Observables, loss_target: float | None = None,
     fall_at_maturity = index = None
     if t_mature is not None:
         fall_at_maturity = float(fall[np.searchsorted(t, t_mature)])
-        index = float(fall_at_maturity / fall.max()) if fall.max() > 0 else 0.0
+        # an entropy that has risen (negative fall) by maturity has not specialised: index 0
+        index = float(max(fall_at_maturity, 0.0) / fall.max()) if fall.max() > 0 else 0.0
     loss = observables["loss"]
     t_target = None if loss_target is None else first_time_below(t, loss, loss_target)
     return SpecialisationSummary(float(t[-1]), float(loss[-1]), t_target, t_mature, fall_at_maturity, index)

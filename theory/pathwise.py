@@ -1,0 +1,303 @@
+"""Pathwise growth factors of the upper layer's attention logits (two-layer model).
+
+For query type i and key type j the upper logit is s_ij = h_i^T Q K^T h_j, with h the
+residual stream h2 entering the upper block (rows h_k of H, d x m), Q = W_Q2, K = W_K2.
+Its rate of change splits by the product rule into
+
+    ds_ij/dt = h_i^T (Q' K^T + Q K'^T) h_j               direct path (Q/K updates)
+             + h_i'^T Q K^T h_j + h_i^T Q K^T h_j'        basis-drift path (lower layers move h).
+
+With G = ∂L/∂Φ2 (the gradient of the loss in the upper logits), the chain rule through
+Φ2 = H Q K^T H^T gives ∂L/∂Q = H^T G H K and ∂L/∂K = H^T G^T H Q. Under the flow
+Q' = -κ_Q ∂L/∂Q (+ a depth-coupled part when smoothing mixes in the lower block's
+gradient), κ_Q = r_Q(t) × the smoothing weight on the block's own gradient, so the
+direct path through the upper block's own gradient is
+
+    own_ij = -κ_Q (H h_i)^T G (H K K^T h_j) - κ_K (H Q Q^T h_i)^T G (H h_j)
+
+and each sum Σ_kl G_kl (h_k·h_i)(h_l^T K K^T h_j) is bounded term by term:
+
+    |own_ij| <= max(κ_Q, κ_K)            step-size factor
+                · ‖h_i‖ ‖h_j‖ max_k ‖h_k‖²   residual-energy factor
+                · (‖Q‖₂² + ‖K‖₂²)            coupling factor
+                · Σ_kl |G_kl|                attention-gradient mass.
+
+Slowing the upper Q/K by ρ shrinks the first factor; a gated FFN shrinks the second
+early on, because its residual write is of higher order in the weight scale
+(``ffn_write_expansion``). The derivations are done by sympy on matrix symbols and
+evaluated along a run's trajectory by ``pathwise_along``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sympy as sp
+
+from flowsim.chains import MarkovChain
+from flowsim.config import ConfigError, load_config
+from flowsim.experiment import prepare
+from flowsim.flow import GradientFlow
+from flowsim.losses import expected_cross_entropy
+from flowsim.models import Params, TwoLayerTransformer
+from flowsim.rundir import CONFIG_FILE, load_run
+from flowsim.trajectory import Trajectory, write_atomic_npz
+
+UPPER_QUERY, UPPER_KEY = "W_Q2", "W_K2"
+PATHWISE_NPZ = "pathwise.npz"
+
+
+# ---------------------------------------------------------------------------------
+# Symbolic decomposition
+
+
+@dataclass(frozen=True)
+class LogitPathSymbols:
+    """Matrix symbols: h_i, h_j (m x 1), H (d x m), Q, K (m x k), their time derivatives, G (d x d)."""
+
+    h_i: sp.MatrixSymbol
+    h_j: sp.MatrixSymbol
+    H: sp.MatrixSymbol
+    Q: sp.MatrixSymbol
+    K: sp.MatrixSymbol
+    dh_i: sp.MatrixSymbol
+    dh_j: sp.MatrixSymbol
+    dQ: sp.MatrixSymbol
+    dK: sp.MatrixSymbol
+    G: sp.MatrixSymbol
+    kappa_Q: sp.Symbol
+    kappa_K: sp.Symbol
+
+
+@dataclass(frozen=True)
+class LogitPaths:
+    """ds_ij/dt = direct + drift, and the direct path with the flow's Q/K updates substituted."""
+
+    symbols: LogitPathSymbols
+    direct: sp.Expr  # in dQ, dK
+    drift: sp.Expr  # in dh_i, dh_j
+    grad_Q: sp.Expr  # ∂L/∂Q = H^T G H K
+    grad_K: sp.Expr
+    own_direct: sp.Expr  # direct with dQ = -κ_Q grad_Q, dK = -κ_K grad_K
+
+
+def _linear_part(expression: sp.Expr, tau: sp.Symbol) -> sp.Expr:
+    """The coefficient of τ in a matrix expression polynomial in τ."""
+    return sp.expand(sp.diff(expression, tau)).subs(tau, 0).doit()
+
+
+@functools.lru_cache(maxsize=None)
+def logit_paths(d: int, m: int, k: int) -> LogitPaths:
+    """Derive the path decomposition of ds_ij/dt and the chain rule through Φ2 = H Q K^T H^T."""
+    h_i, h_j, dh_i, dh_j = (sp.MatrixSymbol(name, m, 1) for name in ("h_i", "h_j", "dh_i", "dh_j"))
+    H, G = sp.MatrixSymbol("H", d, m), sp.MatrixSymbol("G", d, d)
+    Q, K, dQ, dK = (sp.MatrixSymbol(name, m, k) for name in ("Q", "K", "dQ", "dK"))
+    kappa_Q, kappa_K, tau = sp.symbols("kappa_Q kappa_K tau", positive=True)
+    symbols = LogitPathSymbols(h_i, h_j, H, Q, K, dh_i, dh_j, dQ, dK, G, kappa_Q, kappa_K)
+
+    moved = ((h_i + tau * dh_i).T * (Q + tau * dQ) * (K + tau * dK).T * (h_j + tau * dh_j))
+    rate = _linear_part(moved, tau)
+    drift = rate.subs({dQ: sp.ZeroMatrix(m, k), dK: sp.ZeroMatrix(m, k)}).doit()
+    direct = rate.subs({dh_i: sp.ZeroMatrix(m, 1), dh_j: sp.ZeroMatrix(m, 1)}).doit()
+
+    # dL = tr(G^T dΦ2) with Φ2 = H Q K^T H^T; sympy's matrix calculus gives the gradients.
+    linearised_loss = sp.Trace(G.T * H * Q * K.T * H.T)
+    grad_Q, grad_K = linearised_loss.diff(Q), linearised_loss.diff(K)
+    own = direct.subs({dQ: -kappa_Q * grad_Q, dK: -kappa_K * grad_K}).doit()
+    return LogitPaths(symbols, direct, drift, grad_Q, grad_K, own)
+
+
+@functools.lru_cache(maxsize=None)
+def own_direct_path_function(d: int, m: int, k: int):
+    """Numeric own-direct path (h_i, h_j, H, Q, K, G, κ_Q, κ_K) -> h_i^T (...) h_j.
+
+    Passing H^T for both h_i and h_j evaluates every pair (i, j) at once (a d x d array)."""
+    paths = logit_paths(d, m, k)
+    s = paths.symbols
+    return sp.lambdify((s.h_i, s.h_j, s.H, s.Q, s.K, s.G, s.kappa_Q, s.kappa_K), paths.own_direct, modules="numpy")
+
+
+# ---------------------------------------------------------------------------------
+# Small-weight expansion of the FFN's residual write
+
+
+@dataclass(frozen=True)
+class FFNWriteExpansion:
+    """FFN(h) at weight scale ε (h = ε x, every weight = ε w): leading order ε^order."""
+
+    kind: str
+    order: int
+    leading_term: sp.Expr  # the coefficient of ε^order in the first output coordinate
+
+
+def _gelu(x: sp.Expr) -> sp.Expr:
+    return x * (1 + sp.erf(x / sp.sqrt(2))) / 2
+
+
+def _silu(x: sp.Expr) -> sp.Expr:
+    return x / (1 + sp.exp(-x))
+
+
+@functools.lru_cache(maxsize=None)
+def ffn_write_expansion(kind: str, width: int = 2, max_order: int = 8) -> FFNWriteExpansion:
+    """Series of the FFN write in the weight scale ε (residual width 2, hidden ``width``).
+
+    mlp: GELU(h W_in) W_out;  glu: (SiLU(h W_gate) * (h W_up)) W_down."""
+    if kind not in ("mlp", "glu"):
+        raise ValueError(f"the FFN write expansion is for ffn 'mlp' or 'glu', got {kind!r}")
+    eps = sp.Symbol("epsilon", positive=True)
+    x = sp.Matrix(1, 2, sp.symbols("x0:2"))
+    h = eps * x
+
+    def weight(name: str, rows: int, cols: int) -> sp.Matrix:
+        return eps * sp.Matrix(rows, cols, sp.symbols(f"{name}0:{rows * cols}"))
+
+    if kind == "mlp":
+        hidden = (h * weight("w_in", 2, width)).applyfunc(_gelu)
+        write = hidden * weight("w_out", width, 2)
+    else:
+        gate = (h * weight("w_gate", 2, width)).applyfunc(_silu)
+        up = h * weight("w_up", 2, width)
+        write = gate.multiply_elementwise(up) * weight("w_down", width, 2)
+    series = sp.expand(sp.series(write[0, 0], eps, 0, max_order + 1).removeO())
+    for order in range(1, max_order + 1):
+        coefficient = sp.simplify(series.coeff(eps, order))
+        if coefficient != 0:
+            return FFNWriteExpansion(kind, order, coefficient)
+    raise ValueError(f"the {kind} write vanishes to order {max_order} in ε")
+
+
+# ---------------------------------------------------------------------------------
+# Evaluation along a trajectory
+
+
+@dataclass(frozen=True)
+class PathwiseFactors:
+    """The decomposition and the bound at each saved time (arrays with a leading time axis).
+
+    Per pair (i, j), shape (T, d, d): ``total`` (ds/dt by autodiff along the flow),
+    ``direct`` and ``drift`` (the two paths), ``own_direct`` (the direct path through
+    the upper block's own gradient, from the symbolic formula), ``coupled_direct``
+    (direct - own_direct: what depth smoothing carries over from the lower block) and
+    ``bound`` (of |own_direct|). Scalars per time (T,): ``step`` = max(κ_Q, κ_K),
+    ``residual_energy`` = max_k ‖h_k‖⁴, ``coupling`` = ‖Q‖₂² + ‖K‖₂², ``mass`` = Σ|G|,
+    ``ffn_write`` = max_i ‖FFN(h1_i)‖ (the lower FFN's residual write).
+    """
+
+    t: np.ndarray
+    total: np.ndarray
+    direct: np.ndarray
+    drift: np.ndarray
+    own_direct: np.ndarray
+    coupled_direct: np.ndarray
+    bound: np.ndarray
+    step: np.ndarray
+    residual_energy: np.ndarray
+    coupling: np.ndarray
+    mass: np.ndarray
+    ffn_write: np.ndarray
+
+    def summary(self, window_end: float | None = None) -> dict[str, float]:
+        """Scalars for a table: factors at t = 0, the largest bound, and the share of the
+        logit motion (∫ Σ_ij |.| dt) carried by the direct path."""
+        direct = np.abs(self.direct).sum(axis=(1, 2))
+        drift = np.abs(self.drift).sum(axis=(1, 2))
+        moved = np.trapezoid(direct + drift, self.t)
+        return {
+            "step_0": float(self.step[0]),
+            "residual_energy_0": float(self.residual_energy[0]),
+            "ffn_write_0": float(self.ffn_write[0]),
+            "peak_bound": float(self.bound.max()),
+            "peak_direct": float(np.abs(self.direct).max()),
+            "direct_share": float(np.trapezoid(direct, self.t) / moved) if moved > 0 else 0.0,
+        }
+
+
+def upper_logit_gradient(model: TwoLayerTransformer, params: Params, pi: jax.Array, P: jax.Array) -> jax.Array:
+    """G = ∂L/∂Φ2 of the mean-field loss: the loss's gradient in the upper attention logits."""
+    d = pi.shape[0]
+    log_weights = jnp.broadcast_to(jnp.log(pi), (d, d))
+
+    def loss_of_shift(shift):
+        return expected_cross_entropy(model.logits_over_types(params, log_weights, jnp.arange(d), shift), P, pi)
+
+    return jax.grad(loss_of_shift)(jnp.zeros((d, d)))
+
+
+def _streams_and_logits(model: TwoLayerTransformer, params: Params, pi: jax.Array):
+    """(h1, h2, Φ2 = H Q K^T H^T) in the mean-field model."""
+    h1, h2, _ = model.residual_streams(params, jnp.log(pi))
+    return h1, h2, h2 @ params[UPPER_QUERY] @ params[UPPER_KEY].T @ h2.T
+
+
+def check_pathwise_supported(model, loss_kind: str) -> None:
+    if not isinstance(model, TwoLayerTransformer):
+        raise ValueError("pathwise growth factors are defined for the two-layer model (model.kind = 'two_layer')")
+    if loss_kind != "mean_field":
+        raise ValueError(f"pathwise growth factors use the mean-field loss; this run has loss.kind = {loss_kind!r}")
+
+
+def pathwise_along(trajectory: Trajectory, model: TwoLayerTransformer, chain: MarkovChain,
+                   flow: GradientFlow) -> PathwiseFactors:
+    """Evaluate the path decomposition and the bound at every saved time of a mean-field run."""
+    pi, P = jnp.asarray(chain.pi), jnp.asarray(chain.P)
+    thetas = np.stack([flow.flatten(trajectory.at(i)) for i in range(len(trajectory))])
+    velocities = np.stack([flow.vector_field(t, theta) for t, theta in zip(trajectory.t, thetas)])
+
+    def paths(theta, velocity):
+        params, dparams = flow.unravel(theta), flow.unravel(velocity)
+        (h1, h2, phi2), (_, dh2, dphi2) = jax.jvp(lambda p: _streams_and_logits(model, p, pi), (params,), (dparams,))
+        Q, K = params[UPPER_QUERY], params[UPPER_KEY]
+        direct = h2 @ (dparams[UPPER_QUERY] @ K.T + Q @ dparams[UPPER_KEY].T) @ h2.T
+        drift = dh2 @ Q @ K.T @ h2.T + h2 @ Q @ K.T @ dh2.T
+        write = jnp.linalg.norm(model.feed_forward(params, h1), axis=-1).max()
+        return dphi2, direct, drift, h2, Q, K, upper_logit_gradient(model, params, pi, P), write
+
+    total, direct, drift, H, Q, K, G, write = (
+        np.asarray(x) for x in jax.jit(jax.vmap(paths))(jnp.asarray(thetas), jnp.asarray(velocities)))
+
+    step_rates = np.array([np.asarray(flow.rates.rates(t, (UPPER_QUERY, UPPER_KEY))) for t in trajectory.t])
+    own_weights = np.array([_own_weights(flow, theta) for theta in thetas])
+    kappa = step_rates * own_weights  # (T, 2): κ_Q, κ_K
+    d, m = H.shape[1:]
+    own_path = own_direct_path_function(d, m, Q.shape[2])
+    own = np.stack([own_path(h.T, h.T, h, q, k, g, kq, kk) for h, q, k, g, (kq, kk) in zip(H, Q, K, G, kappa)])
+
+    norms = np.linalg.norm(H, axis=2)  # (T, d)
+    largest = norms.max(axis=1)
+    step = kappa.max(axis=1)
+    coupling = np.linalg.norm(Q, ord=2, axis=(1, 2)) ** 2 + np.linalg.norm(K, ord=2, axis=(1, 2)) ** 2
+    mass = np.abs(G).sum(axis=(1, 2))
+    pair_energy = norms[:, :, None] * norms[:, None, :] * largest[:, None, None] ** 2
+    bound = (step * coupling * mass)[:, None, None] * pair_energy
+    return PathwiseFactors(np.asarray(trajectory.t), total, direct, drift, own, direct - own, bound,
+                           step, largest**4, coupling, mass, write)
+
+
+def _own_weights(flow: GradientFlow, theta: np.ndarray) -> tuple[float, float]:
+    """The smoothing weight on each upper Q/K block's own gradient (1 without smoothing)."""
+    coupling = flow.depth_coupling(theta)
+    return tuple(coupling.get(group, {}).get(group, 1.0) for group in (UPPER_QUERY, UPPER_KEY))
+
+
+def pathwise_of_run(run_dir: Path) -> PathwiseFactors:
+    """The factors of a two-layer run directory: read pathwise.npz, or compute and save it."""
+    run_dir = Path(run_dir)
+    if (run_dir / PATHWISE_NPZ).is_file():
+        with np.load(run_dir / PATHWISE_NPZ) as data:
+            return PathwiseFactors(**{name: data[name] for name in data.files})
+    config = load_config(run_dir / CONFIG_FILE)
+    prepared = prepare(config)
+    try:
+        check_pathwise_supported(prepared.model, config.loss.kind)
+    except ValueError as error:
+        raise ConfigError(f"{run_dir}: {error}") from None
+    factors = pathwise_along(load_run(run_dir).trajectory, prepared.model, prepared.chain, prepared.flow)
+    write_atomic_npz(run_dir / PATHWISE_NPZ, dataclasses.asdict(factors))
+    return factors
