@@ -252,7 +252,7 @@ def pathwise_along(trajectory: Trajectory, model: TwoLayerTransformer, chain: Ma
 
     def paths(theta, velocity):
         params, dparams = flow.unravel(theta), flow.unravel(velocity)
-        (h1, h2, phi2), (_, dh2, dphi2) = jax.jvp(lambda p: _streams_and_logits(model, p, pi), (params,), (dparams,))
+        (h1, h2, _), (_, dh2, dphi2) = jax.jvp(lambda p: _streams_and_logits(model, p, pi), (params,), (dparams,))
         Q, K = params[UPPER_QUERY], params[UPPER_KEY]
         direct = h2 @ (dparams[UPPER_QUERY] @ K.T + Q @ dparams[UPPER_KEY].T) @ h2.T
         drift = dh2 @ Q @ K.T @ h2.T + h2 @ Q @ K.T @ dh2.T
