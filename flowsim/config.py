@@ -94,15 +94,8 @@ class TimeConfig:
     t_log_min: float = 0.1
 
 
-@dataclass
-class RunConfig:
-    chain: ChainConfig = field(default_factory=ChainConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    init: InitConfig = field(default_factory=InitConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
-    flow: FlowConfig = field(default_factory=FlowConfig)
-    solver: SolverConfig = field(default_factory=SolverConfig)
-    time: TimeConfig = field(default_factory=TimeConfig)
+class Sections:
+    """A configuration made of TOML sections (dataclass fields that are dataclasses)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved configuration as nested dicts (keys with value None left out)."""
@@ -114,13 +107,31 @@ class RunConfig:
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
 
+
+def build_chain(chain: ChainConfig) -> MarkovChain:
+    try:
+        return MarkovChain(pi=chain.pi, lam=chain.lam, P=chain.P, start=chain.start)
+    except ValueError as error:
+        raise ConfigError(f"chain: {error}") from None
+
+
+@dataclass
+class RunConfig(Sections):
+    chain: ChainConfig = field(default_factory=ChainConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    init: InitConfig = field(default_factory=InitConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    flow: FlowConfig = field(default_factory=FlowConfig)
+    solver: SolverConfig = field(default_factory=SolverConfig)
+    time: TimeConfig = field(default_factory=TimeConfig)
+
+    def validate(self) -> None:
+        _check_ranges(self)
+
     # ---- building the objects the run needs
 
     def build_chain(self) -> MarkovChain:
-        try:
-            return MarkovChain(pi=self.chain.pi, lam=self.chain.lam, P=self.chain.P, start=self.chain.start)
-        except ValueError as error:
-            raise ConfigError(f"chain: {error}") from None
+        return build_chain(self.chain)
 
     def build_model(self, d: int) -> Model:
         if self.model.kind not in ("one_layer", "two_layer"):
@@ -165,14 +176,14 @@ class RunConfig:
 NULLABLE = {("chain", "pi"), ("chain", "lam"), ("chain", "P"), ("init", "file"), ("flow", "qk_groups")}
 
 
-def _expected_type(section: str, key: str, default: Any) -> tuple[type, ...]:
+def _expected_type(section: str, key: str, default: Any, schema: type = RunConfig) -> tuple[type, ...]:
     if isinstance(default, bool):
         return (bool,)
     if isinstance(default, float):
         return (float, int)
     if isinstance(default, int):
         return (int,)
-    annotation = {f.name: f.type for f in dataclasses.fields(type(getattr(RunConfig(), section)))}[key]
+    annotation = {f.name: f.type for f in dataclasses.fields(type(getattr(schema(), section)))}[key]
     if "list" in str(annotation):
         return (list,)
     if "dict" in str(annotation):
@@ -182,9 +193,9 @@ def _expected_type(section: str, key: str, default: Any) -> tuple[type, ...]:
     return (str,)
 
 
-def _check_value(section: str, key: str, value: Any, default: Any) -> Any:
-    expected = _expected_type(section, key, default)
-    if value is None and (section, key) in NULLABLE:
+def _check_value(section: str, key: str, value: Any, default: Any, schema: type = RunConfig) -> Any:
+    expected = _expected_type(section, key, default, schema)
+    if value is None and ((section, key) in NULLABLE or (section, key) in getattr(schema, "nullable", ())):
         return None
     ok = isinstance(value, expected) and not (isinstance(value, bool) and bool not in expected)
     if not ok:
@@ -224,10 +235,11 @@ def _merge_overrides(user: dict, overrides: Sequence[str]) -> dict:
     return user
 
 
-def resolve_config(user: dict) -> RunConfig:
-    """Validate a nested dict against the schema and fill in defaults."""
-    defaults = RunConfig()
-    sections = {f.name for f in dataclasses.fields(RunConfig)}
+def resolve_config(user: dict, schema: type = RunConfig):
+    """Validate a nested dict against ``schema`` (a dataclass of section dataclasses, with an
+    optional ``validate`` method for cross-key checks) and fill in defaults."""
+    defaults = schema()
+    sections = {f.name for f in dataclasses.fields(schema)}
     unknown = set(user) - sections
     if unknown:
         raise ConfigError(f"unknown config section {sorted(unknown)[0]!r}; expected one of {sorted(sections)}")
@@ -246,10 +258,11 @@ def resolve_config(user: dict) -> RunConfig:
         for key in values:
             if key not in known:
                 raise ConfigError(f"unknown config key {name}.{key}; known keys in [{name}]: {', '.join(sorted(known))}")
-        checked = {key: _check_value(name, key, value, getattr(section_default, key)) for key, value in values.items()}
+        checked = {key: _check_value(name, key, value, getattr(section_default, key), schema) for key, value in values.items()}
         resolved[name] = dataclasses.replace(section_default, **checked)
-    config = RunConfig(**resolved)
-    _check_ranges(config)
+    config = schema(**resolved)
+    if hasattr(config, "validate"):
+        config.validate()
     return config
 
 
@@ -279,7 +292,7 @@ def _check_ranges(config: RunConfig) -> None:
             raise ConfigError(f"flow.rates.{group} = {rate!r} must be a number")
 
 
-def load_config(path: Path | str | None = None, overrides: Sequence[str] = ()) -> RunConfig:
+def load_config(path: Path | str | None = None, overrides: Sequence[str] = (), schema: type = RunConfig):
     """Read a TOML file (or start from the defaults) and apply ``section.key=value`` overrides."""
     user: dict = {}
     if path is not None:
@@ -290,4 +303,4 @@ def load_config(path: Path | str | None = None, overrides: Sequence[str] = ()) -
             user = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as error:
             raise ConfigError(f"config file {str(path)!r} is not valid TOML: {error}") from None
-    return resolve_config(_merge_overrides(user, overrides))
+    return resolve_config(_merge_overrides(user, overrides), schema)

@@ -1,0 +1,151 @@
+"""Training data for the bridge: sampled Markov sequences and word-level text corpora.
+
+Every batch is a pure function of (seed, step), so a resumed run draws exactly the
+batches an uninterrupted one would. Text comes from local files only:
+
+* WikiText-2 (``wikitext2``): already word-level with ``<unk>`` marked; tokens are the
+  whitespace-separated words of ``wikitext-2/valid.txt`` (training) and
+  ``wikitext-2/test.txt`` (validation).
+* TinyStories (``tinystories``): plain text; tokens are lower-cased words and single
+  punctuation marks; the first 90% of ``tinystories/valid-sample.txt``'s stories train,
+  the rest validate.
+
+The vocabulary is ``<unk>`` plus the top-V other words of the training split (ties by
+first occurrence); other words map to ``<unk>``. A corpus directory saved with the
+``datasets`` library (``save_to_disk``, one ``text`` column) can be read instead with
+``source = "datasets_disk"``; nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flowsim.chains import MarkovChain
+
+UNK = "<unk>"
+CORPORA = ("wikitext2", "tinystories")
+CORPUS_FILES = {"wikitext2": ("wikitext-2/valid.txt", "wikitext-2/test.txt"), "tinystories": ("tinystories/valid-sample.txt",)}
+TINYSTORIES_TRAIN_FRACTION = 0.9
+_WORD = re.compile(r"[a-z0-9']+|[^\sa-z0-9']")
+
+
+def batch_seed(seed: int, step: int) -> int:
+    """An independent seed for the batch of ``step`` (pure in (seed, step))."""
+    return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
+
+
+def markov_batch(chain: MarkovChain, batch_size: int, length: int, seed: int, step: int) -> torch.Tensor:
+    """``batch_size`` sequences of ``length`` tokens from the chain (x_1 from its start law)."""
+    return torch.as_tensor(chain.sample(batch_size, length, batch_seed(seed, step)), dtype=torch.long)
+
+
+def default_data_dir() -> Path | None:
+    """$FLOWSIM_DATA_DIR, else a ``shared/data`` folder beside the repository (None if neither exists)."""
+    if os.environ.get("FLOWSIM_DATA_DIR"):
+        return Path(os.environ["FLOWSIM_DATA_DIR"])
+    candidate = Path(__file__).resolve().parents[3] / "shared" / "data"
+    return candidate if candidate.is_dir() else None
+
+
+def tokenize(corpus: str, text: str) -> list[str]:
+    if corpus == "wikitext2":
+        return text.split()
+    return _WORD.findall(text.lower())
+
+
+def _read_splits(corpus: str, data_dir: Path, source: str) -> tuple[str, str]:
+    """(training text, validation text) of a corpus."""
+    if source == "datasets_disk":
+        from datasets import load_from_disk  # optional; reads a local save_to_disk folder
+
+        saved = load_from_disk(str(data_dir))
+        train, valid = ("train", "validation") if "validation" in saved else ("train", "test")
+        return "\n".join(saved[train]["text"]), "\n".join(saved[valid]["text"])
+    paths = [data_dir / name for name in CORPUS_FILES[corpus]]
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(f"{corpus}: {path} not found; point data.data_dir at a folder holding {CORPUS_FILES[corpus]}")
+    if corpus == "wikitext2":
+        return paths[0].read_text(encoding="utf-8"), paths[1].read_text(encoding="utf-8")
+    stories = [story for story in re.split(r"\n\s*\n", paths[0].read_text(encoding="utf-8")) if story.strip()]
+    cut = int(TINYSTORIES_TRAIN_FRACTION * len(stories))
+    return "\n\n".join(stories[:cut]), "\n\n".join(stories[cut:])
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A tokenised corpus: ids into ``vocabulary`` (id 0 is <unk>) and the training counts."""
+
+    name: str
+    vocabulary: tuple[str, ...]
+    train: np.ndarray
+    valid: np.ndarray
+    word_counts: dict[str, int]  # raw training counts before the vocabulary cut
+
+    @property
+    def frequencies(self) -> np.ndarray:
+        """Token frequencies of the training ids (π over the vocabulary)."""
+        return np.bincount(self.train, minlength=len(self.vocabulary)) / len(self.train)
+
+    def batch(self, batch_size: int, length: int, seed: int, step: int, split: str = "train") -> torch.Tensor:
+        """``batch_size`` windows of ``length`` consecutive tokens at random offsets."""
+        ids = self.train if split == "train" else self.valid
+        if len(ids) <= length:
+            raise ValueError(f"the {split} split has {len(ids)} tokens, fewer than a window of {length}")
+        starts = np.random.default_rng(batch_seed(seed, step)).integers(0, len(ids) - length, size=batch_size)
+        return torch.as_tensor(ids[starts[:, None] + np.arange(length)], dtype=torch.long)
+
+
+def load_corpus(corpus: str, vocab_size: int, data_dir: Path | str | None = None, source: str = "files") -> Corpus:
+    """Read, tokenise and index a corpus with a top-``vocab_size`` vocabulary plus <unk>."""
+    if corpus not in CORPORA:
+        raise ValueError(f"data.kind must be one of {('markov', *CORPORA)}, got {corpus!r}")
+    if not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"data.vocab_size must be a positive integer, got {vocab_size!r}")
+    if source not in ("files", "datasets_disk"):
+        raise ValueError(f"data.source must be 'files' or 'datasets_disk', got {source!r}")
+    data_dir = default_data_dir() if data_dir is None else Path(data_dir)
+    if data_dir is None:
+        raise FileNotFoundError("no data directory: set data.data_dir (or $FLOWSIM_DATA_DIR) to the folder with the corpora")
+    train_text, valid_text = _read_splits(corpus, data_dir, source)
+    train_words, valid_words = tokenize(corpus, train_text), tokenize(corpus, valid_text)
+    counts = Counter(train_words)
+    ranked = sorted((word for word in counts if word != UNK), key=lambda w: -counts[w])  # stable: first occurrence
+    vocabulary = (UNK, *ranked[:vocab_size])
+    index = {word: i for i, word in enumerate(vocabulary)}
+
+    def ids(words: list[str]) -> np.ndarray:
+        return np.fromiter((index.get(word, 0) for word in words), dtype=np.int64, count=len(words))
+
+    return Corpus(corpus, vocabulary, ids(train_words), ids(valid_words), dict(counts))
+
+
+def folded_types(frequencies: np.ndarray, d: int) -> np.ndarray:
+    """Map each vocabulary id to a folded type: the top-d ids by frequency keep 0..d-1
+    (in order of frequency), every other id becomes d ("other")."""
+    if not isinstance(d, int) or not 2 <= d < len(frequencies):
+        raise ValueError(f"compare.d must be an integer in [2, {len(frequencies) - 1}], got {d!r}")
+    order = np.argsort(-frequencies, kind="stable")
+    fold = np.full(len(frequencies), d, dtype=np.int64)
+    fold[order[:d]] = np.arange(d)
+    return fold
+
+
+def markov_surrogate(ids: np.ndarray, fold: np.ndarray) -> MarkovChain:
+    """The bigram chain of a token stream over folded types (π its stationary law).
+
+    A pseudo-count of 1e-6 per transition keeps every row a distribution (an unseen
+    type would otherwise have an empty row)."""
+    folded = fold[ids]
+    n_types = int(fold.max()) + 1
+    counts = np.zeros((n_types, n_types))
+    np.add.at(counts, (folded[:-1], folded[1:]), 1.0)
+    counts += 1e-6
+    return MarkovChain(P=counts / counts.sum(axis=1, keepdims=True))

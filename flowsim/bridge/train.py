@@ -1,0 +1,279 @@
+"""A bridge training run: seeded, resumable, logging flowsim observables at log-spaced steps.
+
+    RUN_DIR/config.toml      the resolved bridge configuration
+    RUN_DIR/meta.json        status, seed, device, steps done, wall time, library versions (with torch)
+    RUN_DIR/checkpoint.pt    model, optimizer and schedule state at the last saved step (for resuming)
+    RUN_DIR/log.csv          step, t = lr × step, train loss, validation loss and perplexity per checkpoint
+    RUN_DIR/observables.npz  flowsim observables at the checkpoints (t = lr × step)
+    RUN_DIR/trajectory.npz   paper models: the flowsim parameters at the checkpoints
+    RUN_DIR/summary.png      one-layer runs: flowsim's summary figure with the detected stages
+
+Batches are pure functions of (data.seed, step), so a run that is stopped and resumed
+(``flowsim bridge train CONFIG --out RUN_DIR`` again) ends with the same parameters as
+an uninterrupted one. Everything is written atomically; the checkpoint is refreshed at
+every logged step, on interruption and every ``CHECKPOINT_EVERY_S`` seconds.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import io
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+from tqdm import tqdm
+
+from flowsim.bridge.config import BridgeConfig
+from flowsim.bridge.data import Corpus, folded_types, load_corpus, markov_batch
+from flowsim.bridge.models import GPT, GPTConfig, torch_model_for
+from flowsim.bridge.observables import ProbeSet, build_probe_set, checkpoint_observables, stack_observables
+from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer
+from flowsim.chains import MarkovChain
+from flowsim.config import ConfigError
+from flowsim.rundir import CONFIG_FILE, SUMMARY_FIGURE, TRAJECTORY_FILE, library_versions, write_config, write_meta
+from flowsim.trajectory import Trajectory, write_atomic_bytes
+
+CHECKPOINT_FILE, LOG_FILE = "checkpoint.pt", "log.csv"
+CHECKPOINT_EVERY_S = 30.0
+PROBE_POOL = 20_000
+VALIDATION_SEED_OFFSET = 1_000_003  # validation batches use seeds no training step uses
+
+
+def select_device(requested: str) -> torch.device:
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("data.device = 'cuda' but no CUDA device is available")
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(requested)
+
+
+@dataclass
+class DataSource:
+    """What a run draws from: training batches by step, validation batches, the probe set."""
+
+    config: BridgeConfig
+    chain: MarkovChain | None
+    corpus: Corpus | None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.chain.d if self.chain is not None else len(self.corpus.vocabulary)
+
+    @property
+    def frequencies(self) -> np.ndarray:
+        return np.asarray(self.chain.pi) if self.chain is not None else self.corpus.frequencies
+
+    @property
+    def token_names(self) -> list[str]:
+        return [str(i) for i in range(self.vocab_size)] if self.corpus is None else list(self.corpus.vocabulary)
+
+    def fold(self) -> np.ndarray:
+        if self.chain is not None:
+            return np.arange(self.chain.d)
+        return folded_types(self.frequencies, self.config.log.fold_d)
+
+    def batch(self, step: int, split: str = "train") -> torch.Tensor:
+        data = self.config.data
+        seed = data.seed if split == "train" else data.seed + VALIDATION_SEED_OFFSET
+        if self.chain is not None:
+            return markov_batch(self.chain, data.batch_size, data.s + 1, seed, step)
+        return self.corpus.batch(data.batch_size, data.s + 1, seed, step, split)
+
+    def probe_set(self) -> ProbeSet:
+        data = self.config.data
+        if self.chain is not None:
+            pool = markov_batch(self.chain, PROBE_POOL, data.s, data.seed + 2 * VALIDATION_SEED_OFFSET, 0)
+        else:
+            pool = self.corpus.batch(PROBE_POOL, data.s, data.seed, 0, "valid")
+        return build_probe_set(pool, self.fold(), self.frequencies, self.config.log.probe_per_type)
+
+
+def build_data(config: BridgeConfig) -> DataSource:
+    if config.data.kind == "markov":
+        return DataSource(config, config.build_chain(), None)
+    try:
+        corpus = load_corpus(config.data.kind, config.data.vocab_size, config.data.data_dir, config.data.source)
+    except (ValueError, FileNotFoundError) as error:
+        raise ConfigError(str(error)) from None
+    return DataSource(config, None, corpus)
+
+
+def build_model(config: BridgeConfig, vocab_size: int) -> torch.nn.Module:
+    """The torch model; paper models start from flowsim's seeded N(0, eps²) parameters."""
+    dtype = getattr(torch, config.dtype)
+    if config.model.kind == "gpt":
+        m = config.model
+        try:
+            gpt = GPTConfig(vocab_size=vocab_size, n_layer=m.n_layer, d_model=m.d_model, n_head=m.n_head,
+                            seq_len=config.data.s, ffn=m.ffn, norm=m.norm, bias=m.bias, ffn_mult=m.ffn_mult)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        return GPT(gpt, seed=config.data.seed).to(dtype)
+    spec = config.flowsim_spec(vocab_size)
+    model = torch_model_for(spec).to(dtype)
+    return model.load_flowsim_params(spec.init(config.model.init_eps, config.data.seed))
+
+
+def batch_loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy: the last position for the paper models (flowsim's loss),
+    every position for the GPT family."""
+    if isinstance(model, GPT):
+        logits = model(tokens[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
+    return F.cross_entropy(model(tokens[:, :-1]), tokens[:, -1])
+
+
+def _save_torch_atomic(path: Path, state: dict) -> None:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    write_atomic_bytes(path, buffer.getvalue())
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps_done: int
+    finished: bool
+    log: list[dict]
+
+
+def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at_step: int | None = None) -> TrainResult:
+    """Train (or resume) the configured run in ``run_dir``; ``stop_at_step`` stops early
+    with everything saved, as an interrupted run would be (resume by calling again)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    toml_text = config.to_toml()
+    if (run_dir / CONFIG_FILE).is_file() and (run_dir / CONFIG_FILE).read_text() != toml_text:
+        raise ConfigError(f"{run_dir} holds a run with a different configuration; resume with the same config or choose a new folder")
+    write_config(run_dir, toml_text)
+    device = select_device(config.data.device)
+    data = build_data(config)
+    model = build_model(config, data.vocab_size).to(device)
+    slow = model.slow_groups if config.optim.qk_rho != 1.0 else ()
+    schedule = QKSchedule(config.optim.qk_rho, config.optim.qk_hold, config.optim.qk_ramp, config.optim.steps) if slow else None
+    try:
+        optimizer, scheduler = build_optimizer(model, config.optim.name, config.optim.lr, config.optim.weight_decay,
+                                               slow, schedule, config.optim.momentum)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    stepper = optimizer
+    if config.optim.smoothing_a > 0:
+        named = dict(model.named_parameters())
+        stacks = [[named[name] for name in stack] for stack in model.repeated_blocks]
+        stepper = WindowSmoothing(optimizer, stacks, config.optim.smoothing_a, config.optim.smoothing_variant)
+
+    checkpoints = config.checkpoint_steps()
+    probe = data.probe_set()
+    rows: list[dict] = []
+    log: list[dict] = []
+    params: list[dict] = []
+    step = 0
+    if (run_dir / CHECKPOINT_FILE).is_file():
+        state = torch.load(run_dir / CHECKPOINT_FILE, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step, rows, log, params = state["step"], state["rows"], state["log"], state["params"]
+    validation = [data.batch(i, "valid").to(device) for i in range(config.log.val_batches)]
+    paper_model = not isinstance(model, GPT)
+    autocast = device.type == "cuda" and isinstance(model, GPT)
+    meta = {"status_name": "running", "started": _dt.datetime.now().isoformat(timespec="seconds"), "seed": config.data.seed,
+            "device": str(device), "versions": {**library_versions(), "torch": torch.__version__}}
+
+    def evaluate() -> float:
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            return float(np.mean([batch_loss(model, tokens).item() for tokens in validation]))
+
+    def save(status: str) -> None:
+        _save_torch_atomic(run_dir / CHECKPOINT_FILE, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                                        "scheduler": scheduler.state_dict(), "step": step, "rows": rows,
+                                                        "log": log, "params": params})
+        write_meta(run_dir, {**meta, "status_name": status, "steps_done": step, "steps": config.optim.steps})
+
+    def record(train_loss: float) -> None:
+        val_loss = evaluate()
+        log.append({"step": step, "t": config.optim.lr * step, "train_loss": train_loss, "val_loss": val_loss,
+                    "val_perplexity": math.exp(min(val_loss, 700.0))})
+        row = checkpoint_observables(model, probe, data.frequencies)
+        row["loss"], row["val_loss"] = np.asarray(val_loss), np.asarray(val_loss)
+        rows.append(row)
+        if paper_model:
+            params.append(model.flowsim_params())
+
+    started, last_save = time.perf_counter(), time.perf_counter()
+    if step == 0 and not log:
+        record(evaluate())
+        save("running")
+    bar = tqdm(total=config.optim.steps, initial=step, disable=not progress, desc="train", unit="step")
+    end = config.optim.steps if stop_at_step is None else min(stop_at_step, config.optim.steps)
+    while step < end:
+        tokens = data.batch(step).to(device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            loss = batch_loss(model, tokens)
+        stepper.zero_grad()
+        loss.backward()
+        stepper.step()
+        scheduler.step()
+        step += 1
+        bar.update(1)
+        if not math.isfinite(loss.item()):
+            save("non_finite")
+            raise FloatingPointError(f"the training loss became {loss.item()} at step {step}; lower optim.lr")
+        if step in checkpoints:
+            record(loss.item())
+            bar.set_postfix(val_loss=f"{log[-1]['val_loss']:.4f}")
+            save("running")
+            last_save = time.perf_counter()
+        elif time.perf_counter() - last_save > CHECKPOINT_EVERY_S:
+            save("running")
+            last_save = time.perf_counter()
+    bar.close()
+    finished = step >= config.optim.steps
+    meta["wall_time_s"] = time.perf_counter() - started
+    save("finished" if finished else "stopped")
+    write_outputs(run_dir, config, data, log, rows, params)
+    return TrainResult(run_dir, step, finished, log)
+
+
+def write_outputs(run_dir: Path, config: BridgeConfig, data: DataSource, log: list[dict], rows: list[dict],
+                  params: list[dict]) -> None:
+    """log.csv, observables.npz, trajectory.npz (paper models), stages and summary.png (one-layer)."""
+    from flowsim.plots import plot_run_summary
+    from flowsim.stages import detect_stages
+
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(log[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(log)
+    write_atomic_bytes(run_dir / LOG_FILE, text.getvalue().encode())
+    t = np.array([entry["t"] for entry in log])
+    probe_pi = np.bincount(data.fold(), weights=data.frequencies, minlength=int(data.fold().max()) + 1)
+    observables = stack_observables(t, rows, probe_pi / probe_pi.sum())
+    observables.constants["type_names"] = np.array(type_names(data))
+    observables.save(run_dir)
+    if params:
+        loss = np.array([entry["val_loss"] for entry in log])
+        Trajectory(t, loss, {name: np.stack([p[name] for p in params]) for name in params[0]}).save(run_dir / TRAJECTORY_FILE)
+    if config.model.kind == "one_layer" and np.count_nonzero(t > 0) >= 3:
+        stages = detect_stages(observables)
+        stages.save(run_dir)
+        plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=f"bridge: {config.data.kind}", stages=stages)
+
+
+def type_names(data: DataSource) -> list[str]:
+    """Names of the folded token types (the tracked tokens, then 'other' when folded)."""
+    fold, names = data.fold(), data.token_names
+    n_types = int(fold.max()) + 1
+    by_type = ["other"] * n_types
+    for token in np.argsort(-data.frequencies, kind="stable"):
+        if fold[token] < n_types and by_type[fold[token]] == "other" and (data.corpus is None or fold[token] < data.config.log.fold_d):
+            by_type[fold[token]] = names[token]
+    return by_type
