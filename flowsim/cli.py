@@ -148,6 +148,53 @@ def compare_runs(
     typer.echo("\n".join(probe_lines + [""] + factor_lines))
 
 
+bridge_app = typer.Typer(no_args_is_help=True, help="PyTorch pretraining runs beside the ODE (needs the bridge extra: torch).")
+app.add_typer(bridge_app, name="bridge")
+
+
+@bridge_app.command("train")
+def bridge_train(
+    config: Optional[Path] = typer.Argument(None, help="Bridge TOML config; the default Markov run when omitted."),
+    set_: List[str] = typer.Option([], "--set", help="Override a key: section.key=TOML-literal (repeatable)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory; an existing one with the same config resumes."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+) -> None:
+    """Train a torch model (seeded, resumable) and write a run directory flowsim can label."""
+    from flowsim.config import ConfigError
+    from flowsim.rundir import new_run_dir
+
+    try:
+        from flowsim.bridge.config import load_bridge_config
+        from flowsim.bridge.train import train
+
+        resolved = load_bridge_config(config, set_)
+        run_dir = out if out is not None else new_run_dir(Path("runs"), f"bridge-{config.stem if config else 'markov'}")
+        result = train(resolved, run_dir, progress=not quiet)
+    except (ConfigError, ImportError, FileNotFoundError, FloatingPointError) as error:
+        _fail(str(error))
+    if (run_dir / "stages.txt").is_file():
+        typer.echo((run_dir / "stages.txt").read_text().rstrip())
+    last = result.log[-1]
+    typer.echo(f"{'finished' if result.finished else 'stopped'} at step {result.steps_done}: validation loss "
+               f"{last['val_loss']:.4f} (perplexity {last['val_perplexity']:.4g}) at t = {last['t']:g}\n  run directory: {run_dir}")
+
+
+@bridge_app.command("compare")
+def bridge_compare(run_dir: Path = typer.Argument(..., help="A run directory written by `flowsim bridge train`.")) -> None:
+    """Stage times of the ODE (same chain and start, or the text's Markov surrogate) beside the run's."""
+    from flowsim.config import ConfigError
+
+    try:
+        from flowsim.bridge.compare import BRIDGE_COMPARE_JSON, bridge_table, compare_bridge_run
+
+        rows, agreement, description = compare_bridge_run(run_dir, progress=True)
+    except (ConfigError, ImportError, FileNotFoundError) as error:
+        _fail(str(error))
+    typer.echo(f"ODE: {description['ode']}")
+    typer.echo(bridge_table(rows, agreement))
+    typer.echo(f"written: {run_dir / BRIDGE_COMPARE_JSON}")
+
+
 @app.command()
 def version() -> None:
     """Print the versions of flowsim and its numerical libraries."""

@@ -25,6 +25,7 @@ from flowsim.stages import StageReport, detect_stages
 
 
 MIN_SAMPLES_FOR_STAGES = 3
+ONE_LAYER_COLUMNS = {"sv_W0", "attention_entropy", "loss"}
 
 
 def observables_of_run(run_dir: Path) -> Observables:
@@ -47,8 +48,8 @@ def stages_apply(model: Model) -> bool:
 def label_run(run_dir: Path) -> StageReport:
     """Detect the stages of a run directory and write stages.json and stages.txt."""
     observables = observables_of_run(run_dir)
-    kind = load_config(Path(run_dir) / CONFIG_FILE).model.kind
-    if kind != "one_layer":
+    if not ONE_LAYER_COLUMNS <= set(observables.columns):  # the detectors read the one-layer observables
+        kind = "two_layer" if "attention_entropy_2" in observables.columns else "unknown"
         raise ConfigError(f"stage detection is defined for the one-layer model; this run has model.kind = {kind!r}")
     report = detect_stages(observables)
     report.save(run_dir)

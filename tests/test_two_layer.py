@@ -116,7 +116,7 @@ def test_two_layer_runs_through_the_command_line(tmp_path):
     row = table.output.strip().splitlines()[1].split()
     assert row[0] == "two" and row[1] == "mlp" and float(row[2]) == 0.25
     assert float(row[6]) == 0.0  # a loss target above the initial loss is met at t = 0
-    factors = table.output.strip().splitlines()[3].split()
+    factors = table.output.strip().splitlines()[4].split()  # after the probes table and a blank line
     assert factors[0] == "two" and float(factors[1]) == 0.25  # the step-size factor at t = 0 is rho
     assert (run_dir / "pathwise.npz").is_file()
 

@@ -59,21 +59,26 @@ class FlowsimTorchModel(nn.Module):
 
 
 class OneLayerTorch(FlowsimTorchModel):
-    """The paper's one-layer model: logits = Σ_j a_j M[x_j] (+ W0 W1[x_s]), a = softmax_j Φ[x_s, x_j]."""
+    """The paper's one-layer model: logits = Σ_j a_j M[x_j] (+ W0 W1[x_s]), a = softmax_j Φ[x_s, x_j].
 
-    def attention_logits(self) -> torch.Tensor:
-        scale = 1.0 if self.spec.logit_scale == "one" else 1.0 / math.sqrt(self.spec.k)
-        return scale * (self.W0 @ self.W_Q) @ (self.W0 @ self.W_K).T
+    Computed through the embeddings (Φ[x_s, x_j] = (W0[x_s] W_Q)·(W0[x_j] W_K) and
+    Σ_j a_j M[x_j] = (Σ_j a_j W0[x_j]) (W_V) W1), never forming the d x d maps."""
 
-    def value_map(self) -> torch.Tensor:
-        return self.W0 @ self.W_V @ self.W1 if self.spec.value_matrix else self.W0 @ self.W1
+    @property
+    def _scale(self) -> float:
+        return 1.0 if self.spec.logit_scale == "one" else 1.0 / math.sqrt(self.spec.k)
 
     def forward(self, tokens: torch.Tensor, return_attention: bool = False):
-        query = tokens[:, -1]
-        weights = torch.softmax(self.attention_logits()[query[:, None], tokens], dim=-1)  # (batch, s)
-        logits = torch.einsum("bs,bsd->bd", weights, self.value_map()[tokens])
+        embedded = self.W0[tokens]  # (batch, s, m)
+        query = embedded[:, -1, :]
+        scores = self._scale * torch.einsum("bk,bsk->bs", query @ self.W_Q, embedded @ self.W_K)
+        weights = torch.softmax(scores, dim=-1)
+        value = torch.einsum("bs,bsm->bm", weights, embedded)
+        if self.spec.value_matrix:
+            value = value @ self.W_V
+        logits = value @ self.W1
         if self.spec.residual:
-            logits = logits + (self.W0 @ self.W1)[query]
+            logits = logits + query @ self.W1
         return (logits, [weights]) if return_attention else logits
 
 
@@ -89,7 +94,7 @@ class TwoLayerTorch(FlowsimTorchModel):
 
     def forward(self, tokens: torch.Tensor, return_attention: bool = False):
         h0 = self.W_E[tokens]
-        A1 = torch.softmax((h0 @ self.W_Q1) @ (h0 @ self.W_K1).transpose(-1, -2), dim=-1)
+        A1 = torch.softmax((h0 @ self.W_Q1) @ (h0 @ self.W_K1).transpose(-1, -2), dim=-1)  # every position sees all
         h1 = h0 + A1 @ (h0 @ self.W_V1 @ self.W_O1)
         h2 = h1 + self.feed_forward(h1)
         query = h2[:, -1, :]

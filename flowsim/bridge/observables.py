@@ -64,13 +64,12 @@ def folded_attention(weights: torch.Tensor, contexts: torch.Tensor, fold: np.nda
     return attention
 
 
-def _factored_singular_values(left: torch.Tensor, middle: torch.Tensor) -> np.ndarray:
-    """Singular values of left @ middle (@ left^T if middle is square in left's width)
-    through the QR factor of the tall ``left``: cheap for large vocabularies."""
+def _factored_singular_values(left: torch.Tensor, middle: torch.Tensor, symmetric: bool = False) -> np.ndarray:
+    """Singular values of left @ middle (@ left^T when ``symmetric``) through the R factor
+    of left = Q R (Q has orthonormal columns): cheap for large vocabularies."""
     _, R = torch.linalg.qr(left.detach().to(torch.float64))
     middle = middle.detach().to(torch.float64)
-    core = R @ middle @ R.T if middle.shape[1] == R.shape[0] and middle.shape[0] == R.shape[0] else R @ middle
-    return torch.linalg.svdvals(core).cpu().numpy()
+    return torch.linalg.svdvals(R @ middle @ R.T if symmetric else R @ middle).cpu().numpy()
 
 
 def _folded_norms(embedding: torch.Tensor, fold: np.ndarray, frequencies: np.ndarray, n_types: int) -> np.ndarray:
@@ -90,7 +89,7 @@ def checkpoint_observables(model: torch.nn.Module, probe: ProbeSet, frequencies:
         layers = {"": folded_attention(weights, contexts, probe.fold, n_types)}
         matrices = {"W0": model.W0, "W1": model.W1, "W_Q": model.W_Q, "W_K": model.W_K}
         columns["sv_M"] = _factored_singular_values(model.W0, model.W_V @ model.W1 if model.spec.value_matrix else model.W1)
-        columns["sv_Phi"] = _factored_singular_values(model.W0, model.W_Q @ model.W_K.T)
+        columns["sv_Phi"] = _factored_singular_values(model.W0, model._scale * model.W_Q @ model.W_K.T, symmetric=True)
         embedding = model.W0
     elif isinstance(model, TwoLayerTorch):
         _, (first, second) = model(contexts, return_attention=True)

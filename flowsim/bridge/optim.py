@@ -87,7 +87,6 @@ class WindowSmoothing:
                 raise ValueError("Window Smoothing stacks need at least two tensors of one shape")
         self.base, self.a, self.variant = base, a, variant
         self.stacks = [list(stack) for stack in stacks]
-        self._group_of = {id(p): group for group in base.param_groups for p in group["params"]}
 
     @property
     def param_groups(self):
@@ -102,17 +101,19 @@ class WindowSmoothing:
     def load_state_dict(self, state) -> None:
         self.base.load_state_dict(state)
 
-    def _decay(self, p: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
-        group = self._group_of[id(p)]
-        return -group["lr"] * group.get("weight_decay", 0.0) * before
-
     @torch.no_grad()
     def step(self) -> None:
+        # looked up at every step: load_state_dict and schedulers replace the group dicts
+        group_of = {id(p): group for group in self.base.param_groups for p in group["params"]}
         before = [[p.detach().clone() for p in stack] for stack in self.stacks]
         self.base.step()
+
+        def decay(p: torch.Tensor, p0: torch.Tensor) -> torch.Tensor:
+            return -group_of[id(p)]["lr"] * group_of[id(p)].get("weight_decay", 0.0) * p0
+
         for stack, old in zip(self.stacks, before):
             operator = torch.as_tensor(path_smoothing_operator(len(stack), self.a), dtype=stack[0].dtype, device=stack[0].device)
-            updates = torch.stack([p - p0 - self._decay(p, p0) for p, p0 in zip(stack, old)])  # decay taken out
+            updates = torch.stack([p - p0 - decay(p, p0) for p, p0 in zip(stack, old)])  # decay taken out
             smoothed = torch.einsum("lk,k...->l...", operator, updates)
             if self.variant == "norm_preserving":
                 dims = tuple(range(1, updates.dim()))

@@ -1,0 +1,216 @@
+"""The torch bridge: parity with flowsim, the optimizers, data, resumable runs and the
+comparison with the ODE (CPU only)."""
+
+import itertools
+import json
+import re
+from collections import Counter
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flowsim  # noqa: E402
+from flowsim.bridge.config import load_bridge_config  # noqa: E402
+from flowsim.bridge.data import default_data_dir, load_corpus  # noqa: E402
+from flowsim.bridge.models import GPT, GPTConfig, OneLayerTorch, TwoLayerTorch, torch_model_for  # noqa: E402
+from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer  # noqa: E402
+from flowsim.bridge.train import CHECKPOINT_FILE, train  # noqa: E402
+from flowsim.losses import population_loss_finite  # noqa: E402
+from flowsim.models import OneLayerTransformer, TwoLayerTransformer  # noqa: E402
+
+from conftest import random_params  # noqa: E402
+
+DATA_DIR = default_data_dir()
+needs_data = pytest.mark.skipif(DATA_DIR is None, reason="the shared WikiText-2 / TinyStories files are not beside the repository")
+
+SPECS = [
+    OneLayerTransformer(d=4, m=3, k=2),
+    OneLayerTransformer(d=3, m=4, k=3, value_matrix=True, residual=True, logit_scale="inv_sqrt_k"),
+    TwoLayerTransformer(d=3, m=4, k=3, ffn="mlp", ffn_width=5),
+    TwoLayerTransformer(d=3, m=4, k=2, ffn="glu", ffn_width=3),
+]
+
+
+def per_sequence_losses_flowsim(spec, params, contexts, targets):
+    logits = spec.forward(params, jnp.asarray(contexts))
+    return np.asarray(jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, jnp.asarray(targets)[:, None], axis=1)[:, 0])
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["one_layer", "one_layer_options", "two_layer_mlp", "two_layer_glu"])
+def test_torch_twin_matches_flowsim_per_sequence_and_in_the_exact_gradient(spec):
+    params = random_params(spec, 0.7, seed=3)
+    model = torch_model_for(spec).load_flowsim_params(params)
+    for name, value in model.flowsim_params().items():  # the round trip is exact
+        np.testing.assert_array_equal(value, np.asarray(params[name]))
+    rng = np.random.default_rng(0)
+    contexts, targets = rng.integers(0, spec.d, size=(64, 7)), rng.integers(0, spec.d, size=64)
+    torch_losses = torch.nn.functional.cross_entropy(model(torch.as_tensor(contexts)), torch.as_tensor(targets), reduction="none")
+    np.testing.assert_allclose(torch_losses.detach().numpy(), per_sequence_losses_flowsim(spec, params, contexts, targets), atol=1e-10, rtol=0)
+
+    # the finite-s exact loss by enumerating every context, weighted by its probability
+    P = rng.random((spec.d, spec.d)) + 0.3
+    chain = flowsim.MarkovChain(P=P / P.sum(axis=1, keepdims=True))
+    s = 4
+    contexts = np.array(list(itertools.product(range(spec.d), repeat=s)))
+    probability = chain.pi[contexts[:, 0]] * np.prod(chain.P[contexts[:, :-1], contexts[:, 1:]], axis=1)
+    log_softmax = torch.log_softmax(model(torch.as_tensor(contexts)), dim=-1)
+    loss = -(torch.as_tensor(probability)[:, None] * torch.as_tensor(chain.P[contexts[:, -1]]) * log_softmax).sum()
+    loss.backward()
+    expected_loss, expected_gradient = jax.value_and_grad(population_loss_finite)(params, chain, s, spec)
+    assert loss.item() == pytest.approx(float(expected_loss), abs=1e-10)
+    for name in spec.shapes:
+        np.testing.assert_allclose(getattr(model, name).grad.numpy(), np.asarray(expected_gradient[name]), atol=1e-10, rtol=0, err_msg=name)
+
+
+def test_window_smoothing_applies_the_formula_and_keeps_decay_and_other_tensors_out():
+    a, lr, decay = 0.3, 0.5, 0.1
+    torch.manual_seed(0)
+    stack = [torch.nn.Parameter(torch.randn(2, 3, dtype=torch.float64)) for _ in range(3)]
+    other = torch.nn.Parameter(torch.randn(4, dtype=torch.float64))
+    before = [p.detach().clone() for p in [*stack, other]]
+    gradients = [torch.randn_like(p) for p in [*stack, other]]
+    base = torch.optim.SGD([*stack, other], lr=lr, weight_decay=decay)
+    smoothing = WindowSmoothing(base, [stack], a)
+    for p, g in zip([*stack, other], gradients):
+        p.grad = g.clone()
+    smoothing.step()
+    u = [-lr * g for g in gradients]  # the update without its decay
+    expected = [(1 - a / 2) * u[0] + a / 2 * u[1], (1 - a) * u[1] + a / 2 * (u[0] + u[2]), a / 2 * u[1] + (1 - a / 2) * u[2]]
+    for p, p0, update in zip(stack, before, expected):
+        torch.testing.assert_close(p.detach(), p0 + update - lr * decay * p0, rtol=0, atol=1e-14)
+    torch.testing.assert_close(other.detach(), before[3] + u[3] - lr * decay * before[3], rtol=0, atol=1e-14)
+
+    # norm-preserving: each smoothed update keeps its own norm
+    for p, p0, g in zip(stack, before, gradients):
+        p.data.copy_(p0)
+        p.grad = g.clone()
+    WindowSmoothing(torch.optim.SGD(stack, lr=lr), [stack], a, "norm_preserving").step()
+    for p, p0, update, own in zip(stack, before, expected, u[:3]):
+        torch.testing.assert_close(p.detach() - p0, update * own.norm() / update.norm(), rtol=1e-12, atol=1e-14)
+
+
+def test_window_smoothing_with_a_zero_is_the_base_optimizer_exactly():
+    config = GPTConfig(vocab_size=11, n_layer=3, d_model=8, n_head=2, seq_len=6)
+    models = [GPT(config, seed=1).double() for _ in range(2)]
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1) for m in models]
+    named = dict(models[1].named_parameters())
+    wrapped = WindowSmoothing(optimizers[1], [[named[n] for n in stack] for stack in models[1].repeated_blocks], 0.0)
+    tokens = torch.randint(0, 11, (5, 6), generator=torch.Generator().manual_seed(0))
+    for _ in range(3):
+        for model, stepper in ((models[0], optimizers[0]), (models[1], wrapped)):
+            stepper.zero_grad()
+            model(tokens).sum().backward()
+            stepper.step()
+    for (name, p), q in zip(models[0].named_parameters(), models[1].parameters()):
+        assert torch.equal(p, q), name
+    assert all(name.startswith("blocks.") for stack in models[1].repeated_blocks for name in stack)
+
+
+def test_upper_qk_schedule_sets_the_effective_learning_rates():
+    model = GPT(GPTConfig(vocab_size=7, n_layer=4, d_model=8, n_head=2, seq_len=4))
+    schedule = QKSchedule(rho=0.25, hold_fraction=0.04, ramp_fraction=0.01, total_steps=1000)
+    optimizer, scheduler = build_optimizer(model, "sgd", 0.2, 0.0, model.slow_groups, schedule)
+    slow_ids = {id(p) for p in optimizer.param_groups[1]["params"]}
+    slowed = {name for name, p in model.named_parameters() if id(p) in slow_ids}
+    assert slowed == {f"blocks.{layer}.attn.{role}.weight" for layer in (2, 3) for role in ("W_Q", "W_K")}
+    rates = []
+    for _ in range(1000):
+        rates.append([group["lr"] for group in optimizer.param_groups])
+        optimizer.step()
+        scheduler.step()
+    rates = np.array(rates)
+    np.testing.assert_allclose(rates[:, 0], 0.2)
+    np.testing.assert_allclose(rates[:40, 1], 0.05)  # hold: 4% of the steps at 0.25 x lr
+    np.testing.assert_allclose(rates[45, 1], 0.2 * (0.25 + 0.75 * 0.5))  # half-way up the 1% ramp
+    np.testing.assert_allclose(rates[50:, 1], 0.2)
+
+
+@pytest.mark.parametrize("kind", ["markov_one_layer", "markov_gpt"])
+def test_a_stopped_run_resumes_to_the_same_parameters(tmp_path, kind):
+    overrides = ["optim.steps=30", "log.n_checkpoints=8", "data.batch_size=64", "data.s=16", "log.probe_per_type=8"]
+    if kind == "markov_gpt":
+        overrides += ["model.kind='gpt'", "model.n_layer=2", "model.d_model=8", "model.n_head=2", "optim.name='adamw'",
+                      "optim.lr=0.01", "optim.weight_decay=0.1", "optim.qk_rho=0.25", "optim.qk_hold=0.2", "optim.qk_ramp=0.1",
+                      "optim.smoothing_a=0.2"]
+    config = load_bridge_config(None, overrides)
+    whole = train(config, tmp_path / "whole", progress=False)
+    stopped = train(config, tmp_path / "resumed", progress=False, stop_at_step=13)
+    assert not stopped.finished and stopped.steps_done == 13
+    assert json.loads((tmp_path / "resumed" / "meta.json").read_text())["status_name"] == "stopped"
+    resumed = train(config, tmp_path / "resumed", progress=False)
+    assert resumed.finished and resumed.log == whole.log  # no logged point lost or changed
+    states = [torch.load(tmp_path / name / CHECKPOINT_FILE, weights_only=False)["model"] for name in ("whole", "resumed")]
+    for name, value in states[0].items():
+        assert torch.equal(value, states[1][name]), name
+    with pytest.raises(flowsim.config.ConfigError, match="different configuration"):
+        train(load_bridge_config(None, [*overrides, "optim.lr=0.3"]), tmp_path / "whole", progress=False)
+
+
+@needs_data
+def test_corpus_statistics_match_independent_counts():
+    corpus = load_corpus("wikitext2", 500, DATA_DIR)
+    words = (DATA_DIR / "wikitext-2" / "valid.txt").read_text(encoding="utf-8").split()
+    counts = Counter(words)
+    top = [word for word, _ in counts.most_common(501) if word != "<unk>"][:500]
+    assert len(corpus.train) == len(words) and len(corpus.vocabulary) == 501
+    assert set(corpus.vocabulary[1:]) == set(top)
+    np.testing.assert_allclose(corpus.frequencies[1:4], [counts[w] / len(words) for w in corpus.vocabulary[1:4]])
+    assert corpus.frequencies[0] == pytest.approx(1 - sum(counts[w] for w in top) / len(words))
+
+    stories = load_corpus("tinystories", 300, DATA_DIR)
+    text = (DATA_DIR / "tinystories" / "valid-sample.txt").read_text(encoding="utf-8").lower()
+    vocabulary = list(stories.vocabulary)
+    both = np.concatenate([stories.train, stories.valid])
+    assert np.sum(both == vocabulary.index(".")) == text.count(".")
+    the = sum(1 for piece in re.split(r"[^a-z0-9']+", text) if piece == "the")
+    assert np.sum(both == vocabulary.index("the")) == the
+    assert stories.word_counts["the"] + np.sum(stories.valid == vocabulary.index("the")) == the
+
+
+@pytest.mark.slow
+def test_sgd_on_sampled_sequences_reproduces_the_finite_s_flow(tmp_path):
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+
+    run_dir = tmp_path / "markov"
+    settings = ["data.batch_size=1024", "optim.lr=0.25", "optim.steps=600", "log.n_checkpoints=40"]
+    runner = CliRunner()
+    result = runner.invoke(app, ["bridge", "train", "--quiet", "--out", str(run_dir), *[a for s in settings for a in ("--set", s)]])
+    assert result.exit_code == 0, result.output
+    labelled = runner.invoke(app, ["stages", str(run_dir)])
+    assert labelled.exit_code == 0 and "condensation" in labelled.output
+    compared = runner.invoke(app, ["bridge", "compare", str(run_dir)])
+    assert compared.exit_code == 0, compared.output
+    rows = json.loads((run_dir / "compare.json").read_text())["rows"]
+    first = {(row["stage"], row["query"]): row for row in rows if row["occurrence"] == 1}
+    for key in (("condensation", None), ("focus", 0)):
+        assert first[key]["rel_error"] is not None and first[key]["rel_error"] < 0.10, first[key]
+
+
+@needs_data
+@pytest.mark.slow
+@pytest.mark.parametrize("corpus", ["wikitext2", "tinystories"])
+def test_short_text_run_trains_is_labelled_and_meets_its_surrogate(tmp_path, corpus):
+    from flowsim.bridge.compare import compare_bridge_run
+    from flowsim.experiment import label_run
+
+    overrides = [f"data.kind='{corpus}'", "data.vocab_size=100", "data.s=16", "data.batch_size=64", "model.m=8", "model.k=8",
+                 "model.init_eps=1e-3", "optim.lr=1.0", "optim.steps=200", "log.n_checkpoints=20", "log.fold_d=4",
+                 "log.probe_per_type=16", "log.val_batches=2"]
+    result = train(load_bridge_config(None, overrides), tmp_path / corpus, progress=False)
+    assert result.log[-1]["val_loss"] < result.log[0]["val_loss"] - 0.5  # it learns
+    observables = flowsim.observables.Observables.load(tmp_path / corpus)
+    assert observables["attention"].shape[1:] == (5, 5)  # 4 tracked tokens and "other"
+    np.testing.assert_allclose(observables["attention"].sum(axis=2), 1.0, atol=1e-12)
+    report = label_run(tmp_path / corpus)
+    assert report.of("condensation")
+    rows, agreement, description = compare_bridge_run(tmp_path / corpus)
+    assert "surrogate" in description["ode"] and len(description["surrogate_pi"]) == 5
+    condensation = [row for row in rows if row.stage == "condensation"]
+    assert condensation and condensation[0].predicted is not None and condensation[0].measured is not None
+    assert (tmp_path / corpus / "compare.json").is_file()
