@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 import flowsim  # noqa: E402
 from flowsim.bridge.config import load_bridge_config  # noqa: E402
 from flowsim.bridge.data import default_data_dir, load_corpus  # noqa: E402
-from flowsim.bridge.models import GPT, GPTConfig, OneLayerTorch, TwoLayerTorch, torch_model_for  # noqa: E402
+from flowsim.bridge.models import GPT, GPTConfig, torch_model_for  # noqa: E402
 from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer  # noqa: E402
 from flowsim.bridge.train import CHECKPOINT_FILE, train  # noqa: E402
 from flowsim.losses import population_loss_finite  # noqa: E402
@@ -129,9 +129,11 @@ def test_upper_qk_schedule_sets_the_effective_learning_rates():
     np.testing.assert_allclose(rates[50:, 1], 0.2)
 
 
-@pytest.mark.parametrize("kind", ["markov_one_layer", "markov_gpt"])
+@pytest.mark.parametrize("kind", ["markov_one_layer", "markov_two_layer", "markov_gpt"])
 def test_a_stopped_run_resumes_to_the_same_parameters(tmp_path, kind):
     overrides = ["optim.steps=30", "log.n_checkpoints=8", "data.batch_size=64", "data.s=16", "log.probe_per_type=8"]
+    if kind == "markov_two_layer":
+        overrides += ["model.kind='two_layer'", "model.m=4", "model.k=3", "model.ffn_width=5", "optim.smoothing_a=0.2"]
     if kind == "markov_gpt":
         overrides += ["model.kind='gpt'", "model.n_layer=2", "model.d_model=8", "model.n_head=2", "optim.name='adamw'",
                       "optim.lr=0.01", "optim.weight_decay=0.1", "optim.qk_rho=0.25", "optim.qk_hold=0.2", "optim.qk_ramp=0.1",
@@ -148,6 +150,23 @@ def test_a_stopped_run_resumes_to_the_same_parameters(tmp_path, kind):
         assert torch.equal(value, states[1][name]), name
     with pytest.raises(flowsim.config.ConfigError, match="different configuration"):
         train(load_bridge_config(None, [*overrides, "optim.lr=0.3"]), tmp_path / "whole", progress=False)
+    observables = flowsim.observables.Observables.load(tmp_path / "whole")
+    layers = {"markov_one_layer": [""], "markov_two_layer": ["_1", "_2"], "markov_gpt": ["_1", "_2"]}[kind]
+    for suffix in layers:  # per-layer attention over the 4 token types, rows summing to 1
+        np.testing.assert_allclose(observables[f"attention{suffix}"].sum(axis=2), 1.0, atol=1e-6)
+    if kind == "markov_gpt":
+        assert observables["ffn_write_1"].shape == (8,) and np.all(observables["ffn_write_1"] > 0)
+        assert observables["basis_drift_1"][0] == 0.0 and observables["basis_angle_2"][-1] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_bad_bridge_settings_are_named(tmp_path):
+    with pytest.raises(flowsim.config.ConfigError, match="optim.smoothing_a"):
+        load_bridge_config(None, ["optim.smoothing_a=0.7", "model.kind='gpt'"])
+    with pytest.raises(flowsim.config.ConfigError, match="data.kind"):
+        load_bridge_config(None, ["data.kind='shakespeare'"])
+    if not torch.cuda.is_available():
+        with pytest.raises(flowsim.config.ConfigError, match="no CUDA device"):
+            train(load_bridge_config(None, ["data.device='cuda'"]), tmp_path / "cuda", progress=False)
 
 
 @needs_data

@@ -77,6 +77,7 @@ class LogConfig:
     val_batches: int = 4
     probe_per_type: int = 64
     fold_d: int = 8  # text: the top-d tokens are tracked, the rest folded into "other"
+    track: list[str] = field(default_factory=list)  # text: further words tracked on their own (e.g. a mid-frequency one)
 
 
 @dataclass

@@ -127,14 +127,16 @@ def load_corpus(corpus: str, vocab_size: int, data_dir: Path | str | None = None
     return Corpus(corpus, vocabulary, ids(train_words), ids(valid_words), dict(counts))
 
 
-def folded_types(frequencies: np.ndarray, d: int) -> np.ndarray:
+def folded_types(frequencies: np.ndarray, d: int, tracked: tuple[int, ...] = ()) -> np.ndarray:
     """Map each vocabulary id to a folded type: the top-d ids by frequency keep 0..d-1
-    (in order of frequency), every other id becomes d ("other")."""
+    (in order of frequency), the ``tracked`` ids follow, every other id is the last
+    type ("other")."""
     if not isinstance(d, int) or not 2 <= d < len(frequencies):
-        raise ValueError(f"compare.d must be an integer in [2, {len(frequencies) - 1}], got {d!r}")
-    order = np.argsort(-frequencies, kind="stable")
-    fold = np.full(len(frequencies), d, dtype=np.int64)
-    fold[order[:d]] = np.arange(d)
+        raise ValueError(f"log.fold_d must be an integer in [2, {len(frequencies) - 1}], got {d!r}")
+    order = [int(i) for i in np.argsort(-frequencies, kind="stable")[:d]]
+    keep = order + [i for i in tracked if i not in order]
+    fold = np.full(len(frequencies), len(keep), dtype=np.int64)
+    fold[keep] = np.arange(len(keep))
     return fold
 
 

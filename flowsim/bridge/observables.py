@@ -26,7 +26,7 @@ import torch
 from scipy.linalg import subspace_angles
 
 from flowsim.bridge.models import GPT, OneLayerTorch, TwoLayerTorch
-from flowsim.observables import Observables, attention_entropy, singular_values, stable_rank
+from flowsim.observables import Observables, attention_entropy, stable_rank
 
 
 @dataclass(frozen=True)

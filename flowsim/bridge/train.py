@@ -20,8 +20,6 @@ import csv
 import datetime as _dt
 import io
 import math
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +76,11 @@ class DataSource:
     def fold(self) -> np.ndarray:
         if self.chain is not None:
             return np.arange(self.chain.d)
-        return folded_types(self.frequencies, self.config.log.fold_d)
+        vocabulary = list(self.corpus.vocabulary)
+        missing = [word for word in self.config.log.track if word not in vocabulary]
+        if missing:
+            raise ConfigError(f"log.track names words outside the vocabulary: {missing}")
+        return folded_types(self.frequencies, self.config.log.fold_d, tuple(vocabulary.index(w) for w in self.config.log.track))
 
     def batch(self, step: int, split: str = "train") -> torch.Tensor:
         data = self.config.data
@@ -148,14 +150,14 @@ class TrainResult:
 def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at_step: int | None = None) -> TrainResult:
     """Train (or resume) the configured run in ``run_dir``; ``stop_at_step`` stops early
     with everything saved, as an interrupted run would be (resume by calling again)."""
+    device = select_device(config.data.device)  # settings are checked before anything is written
+    data = build_data(config)
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     toml_text = config.to_toml()
     if (run_dir / CONFIG_FILE).is_file() and (run_dir / CONFIG_FILE).read_text() != toml_text:
         raise ConfigError(f"{run_dir} holds a run with a different configuration; resume with the same config or choose a new folder")
+    run_dir.mkdir(parents=True, exist_ok=True)
     write_config(run_dir, toml_text)
-    device = select_device(config.data.device)
-    data = build_data(config)
     model = build_model(config, data.vocab_size).to(device)
     slow = model.slow_groups if config.optim.qk_rho != 1.0 else ()
     schedule = QKSchedule(config.optim.qk_rho, config.optim.qk_hold, config.optim.qk_ramp, config.optim.steps) if slow else None
@@ -269,11 +271,11 @@ def write_outputs(run_dir: Path, config: BridgeConfig, data: DataSource, log: li
 
 
 def type_names(data: DataSource) -> list[str]:
-    """Names of the folded token types (the tracked tokens, then 'other' when folded)."""
+    """Names of the folded token types: the tracked tokens, then "other" when folded."""
     fold, names = data.fold(), data.token_names
     n_types = int(fold.max()) + 1
     by_type = ["other"] * n_types
-    for token in np.argsort(-data.frequencies, kind="stable"):
-        if fold[token] < n_types and by_type[fold[token]] == "other" and (data.corpus is None or fold[token] < data.config.log.fold_d):
-            by_type[fold[token]] = names[token]
+    for token, folded in enumerate(fold):
+        if np.count_nonzero(fold == folded) == 1:
+            by_type[folded] = names[token]
     return by_type
