@@ -188,7 +188,7 @@ def bridge_compare(run_dir: Path = typer.Argument(..., help="A run directory wri
         from flowsim.bridge.compare import BRIDGE_COMPARE_JSON, bridge_table, compare_bridge_run
 
         rows, agreement, description = compare_bridge_run(run_dir, progress=True)
-    except (ConfigError, ImportError, FileNotFoundError) as error:
+    except (ConfigError, ImportError, FileNotFoundError, ValueError) as error:
         _fail(str(error))
     typer.echo(f"ODE: {description['ode']}")
     typer.echo(bridge_table(rows, agreement))

@@ -78,7 +78,8 @@ def order_agreement(predicted: dict[tuple, float], measured: dict[tuple, float])
 def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress: bool = False) -> tuple[Observables, dict]:
     """Integrate the ODE beside the run and return its observables and a description."""
     data = build_data(config)
-    solver = {"method": config.compare.method, "rtol": config.compare.rtol, "atol": config.compare.atol}
+    method = config.compare.method or ("Tsit5" if data.chain is not None else "LSODA")
+    solver = {"method": method, "rtol": config.compare.rtol, "atol": config.compare.atol}
     model_keys = {"kind": config.model.kind, "m": config.model.m, "k": config.model.k}
     if config.model.kind == "one_layer":
         model_keys.update(value_matrix=config.model.value_matrix, residual=config.model.residual, logit_scale=config.model.logit_scale)

@@ -8,7 +8,7 @@
                qk_rho (1: off), qk_hold, qk_ramp (fractions of the steps); Window Smoothing
                smoothing_a (0: off), smoothing_variant
     [log]      n_checkpoints (log-spaced steps), val_batches, probe_per_type, fold_d
-    [compare]  method, rtol, atol of the ODE integrated beside the run
+    [compare]  method (default: Tsit5 on Markov data, LSODA on text), rtol, atol of the ODE beside the run
     device     under [data]: auto | cpu | cuda
 """
 
@@ -82,9 +82,11 @@ class LogConfig:
 
 @dataclass
 class CompareConfig:
-    method: str = "LSODA"
-    rtol: float = 1e-8
-    atol: float = 1e-12
+    # default: Tsit5 for the finite-s loss of Markov runs (its exact Hessian costs hundreds of
+    # gradients, so stiff solvers are slow there), LSODA for the mean-field surrogate of text runs
+    method: str | None = None
+    rtol: float = 1e-7
+    atol: float = 1e-10
 
 
 @dataclass
@@ -96,7 +98,7 @@ class BridgeConfig(Sections):
     log: LogConfig = field(default_factory=LogConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
 
-    nullable = {("data", "data_dir"), ("model", "norm"), ("model", "bias"), ("model", "dtype")}
+    nullable = {("data", "data_dir"), ("model", "norm"), ("model", "bias"), ("model", "dtype"), ("compare", "method")}
 
     def validate(self) -> None:
         checks = [

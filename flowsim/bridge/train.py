@@ -220,15 +220,15 @@ def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at
         tokens = data.batch(step).to(device)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             loss = batch_loss(model, tokens)
+        if not math.isfinite(loss.item()):  # saved before the bad step is taken
+            save("non_finite")
+            raise FloatingPointError(f"the training loss became {loss.item()} at step {step}; lower optim.lr")
         stepper.zero_grad()
         loss.backward()
         stepper.step()
         scheduler.step()
         step += 1
         bar.update(1)
-        if not math.isfinite(loss.item()):
-            save("non_finite")
-            raise FloatingPointError(f"the training loss became {loss.item()} at step {step}; lower optim.lr")
         if step in checkpoints:
             record(loss.item())
             bar.set_postfix(val_loss=f"{log[-1]['val_loss']:.4f}")
