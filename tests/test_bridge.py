@@ -233,3 +233,14 @@ def test_short_text_run_trains_is_labelled_and_meets_its_surrogate(tmp_path, cor
     condensation = [row for row in rows if row.stage == "condensation"]
     assert condensation and condensation[0].predicted is not None and condensation[0].measured is not None
     assert (tmp_path / corpus / "compare.json").is_file()
+
+
+def test_a_diverging_run_stops_with_a_clear_error_and_keeps_its_last_good_state(tmp_path):
+    config = load_bridge_config(None, ["optim.lr=1e12", "optim.steps=20", "data.batch_size=32", "data.s=8",
+                                       "model.init_eps=1.0", "log.n_checkpoints=5", "log.probe_per_type=4"])
+    with pytest.raises(FloatingPointError, match="lower optim.lr"):
+        train(config, tmp_path / "diverged", progress=False)
+    meta = json.loads((tmp_path / "diverged" / "meta.json").read_text())
+    assert meta["status_name"] == "non_finite"
+    state = torch.load(tmp_path / "diverged" / CHECKPOINT_FILE, weights_only=False)["model"]
+    assert all(torch.isfinite(value).all() for value in state.values())
