@@ -200,11 +200,19 @@ def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at
                                                         "log": log, "params": params})
         write_meta(run_dir, {**meta, "status_name": status, "steps_done": step, "steps": config.optim.steps})
 
+    def diverged(message: str) -> None:
+        """Stop; checkpoint.pt keeps the last saved (finite) state."""
+        write_meta(run_dir, {**meta, "status_name": "non_finite", "steps_done": step, "message": message})
+        raise FloatingPointError(f"{message}; lower optim.lr")
+
     def record(train_loss: float) -> None:
         val_loss = evaluate()
         log.append({"step": step, "t": config.optim.lr * step, "train_loss": train_loss, "val_loss": val_loss,
                     "val_perplexity": math.exp(min(val_loss, 700.0))})
-        row = checkpoint_observables(model, probe, data.frequencies)
+        try:
+            row = checkpoint_observables(model, probe, data.frequencies)
+        except torch.linalg.LinAlgError as error:  # parameters so large their SVD overflows
+            diverged(f"the observables at step {step} failed ({error})")
         row["loss"], row["val_loss"] = np.asarray(val_loss), np.asarray(val_loss)
         rows.append(row)
         if paper_model:
@@ -220,14 +228,15 @@ def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at
         tokens = data.batch(step).to(device)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             loss = batch_loss(model, tokens)
-        if not math.isfinite(loss.item()):  # saved before the bad step is taken
-            save("non_finite")
-            raise FloatingPointError(f"the training loss became {loss.item()} at step {step}; lower optim.lr")
+        if not math.isfinite(loss.item()):
+            diverged(f"the training loss became {loss.item()} at step {step}")
         stepper.zero_grad()
         loss.backward()
         stepper.step()
         scheduler.step()
         step += 1
+        if not all(torch.isfinite(p).all() for p in model.parameters()):
+            diverged(f"the parameters became non-finite at step {step}")
         bar.update(1)
         if step in checkpoints:
             record(loss.item())
