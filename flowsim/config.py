@@ -31,6 +31,9 @@ class ConfigError(ValueError):
     """A bad configuration: the message names the key, the value and what was expected."""
 
 
+CHAIN_NULLABLE = {("chain", "pi"), ("chain", "lam"), ("chain", "P")}  # keys a schema may leave unset: its ``nullable``
+
+
 @dataclass
 class ChainConfig:
     pi: list[float] | None = field(default_factory=lambda: [0.75, 0.19, 0.05, 0.01])
@@ -125,6 +128,8 @@ class RunConfig(Sections):
     solver: SolverConfig = field(default_factory=SolverConfig)
     time: TimeConfig = field(default_factory=TimeConfig)
 
+    nullable = CHAIN_NULLABLE | {("init", "file"), ("flow", "qk_groups")}
+
     def validate(self) -> None:
         _check_ranges(self)
 
@@ -173,7 +178,6 @@ class RunConfig(Sections):
         return np.unique(np.concatenate([[0.0], linear, logarithmic, [time.t_end]]))
 
 
-NULLABLE = {("chain", "pi"), ("chain", "lam"), ("chain", "P"), ("init", "file"), ("flow", "qk_groups")}
 
 
 def _expected_type(section: str, key: str, default: Any, schema: type = RunConfig) -> tuple[type, ...]:
@@ -195,7 +199,7 @@ def _expected_type(section: str, key: str, default: Any, schema: type = RunConfi
 
 def _check_value(section: str, key: str, value: Any, default: Any, schema: type = RunConfig) -> Any:
     expected = _expected_type(section, key, default, schema)
-    if value is None and ((section, key) in NULLABLE or (section, key) in getattr(schema, "nullable", ())):
+    if value is None and (section, key) in getattr(schema, "nullable", ()):
         return None
     ok = isinstance(value, expected) and not (isinstance(value, bool) and bool not in expected)
     if not ok:
@@ -266,6 +270,13 @@ def resolve_config(user: dict, schema: type = RunConfig):
     return config
 
 
+def raise_first_failed(checks: Sequence[tuple[bool, str, Any, str]]) -> None:
+    """Raise a ConfigError naming the key, value and expectation of the first failed (ok, key, value, expected)."""
+    for ok, key, value, expected in checks:
+        if not ok:
+            raise ConfigError(f"{key} = {value!r} is invalid; expected {expected}")
+
+
 def _check_ranges(config: RunConfig) -> None:
     checks = [
         (config.chain.start in ("stationary", "uniform"), "chain.start", config.chain.start, "'stationary' or 'uniform'"),
@@ -282,9 +293,7 @@ def _check_ranges(config: RunConfig) -> None:
         (config.time.n_log >= 0, "time.n_log", config.time.n_log, "an integer >= 0"),
         (0 < config.time.t_log_min < config.time.t_end, "time.t_log_min", config.time.t_log_min, "a number in (0, t_end)"),
     ]
-    for ok, key, value, expected in checks:
-        if not ok:
-            raise ConfigError(f"{key} = {value!r} is invalid; expected {expected}")
+    raise_first_failed(checks)
     if config.flow.smoothing_variant not in ("standard", "norm_preserving"):
         raise ConfigError(f"flow.smoothing_variant = {config.flow.smoothing_variant!r} is invalid; expected 'standard' or 'norm_preserving'")
     for group, rate in config.flow.rates.items():

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flowsim.config import ChainConfig, ConfigError, Sections, build_chain, load_config
+from flowsim.config import CHAIN_NULLABLE, ChainConfig, ConfigError, Sections, build_chain, load_config, raise_first_failed
 from flowsim.models import OneLayerTransformer, TwoLayerTransformer
 
 DATA_KINDS = ("markov", "wikitext2", "tinystories")
@@ -98,7 +98,8 @@ class BridgeConfig(Sections):
     log: LogConfig = field(default_factory=LogConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
 
-    nullable = {("data", "data_dir"), ("model", "norm"), ("model", "bias"), ("model", "dtype"), ("compare", "method")}
+    nullable = CHAIN_NULLABLE | {("data", "data_dir"), ("model", "norm"), ("model", "bias"), ("model", "dtype"),
+                                 ("compare", "method")}
 
     def validate(self) -> None:
         checks = [
@@ -117,9 +118,7 @@ class BridgeConfig(Sections):
             (self.log.n_checkpoints >= 3, "log.n_checkpoints", self.log.n_checkpoints, "an integer >= 3"),
             (self.log.probe_per_type >= 1, "log.probe_per_type", self.log.probe_per_type, "a positive integer"),
         ]
-        for ok, key, value, expected in checks:
-            if not ok:
-                raise ConfigError(f"{key} = {value!r} is invalid; expected {expected}")
+        raise_first_failed(checks)
         if self.optim.smoothing_a > 0 and self.model.kind == "one_layer":
             raise ConfigError("optim.smoothing_a > 0 needs repeated blocks (model.kind = 'two_layer' or 'gpt')")
 

@@ -250,12 +250,12 @@ def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at
     finished = step >= config.optim.steps
     meta["wall_time_s"] = time.perf_counter() - started
     save("finished" if finished else "stopped")
-    write_outputs(run_dir, config, data, log, rows, params)
+    write_outputs(run_dir, config, data, probe.pi, log, rows, params)
     return TrainResult(run_dir, step, finished, log)
 
 
-def write_outputs(run_dir: Path, config: BridgeConfig, data: DataSource, log: list[dict], rows: list[dict],
-                  params: list[dict]) -> None:
+def write_outputs(run_dir: Path, config: BridgeConfig, data: DataSource, pi: np.ndarray, log: list[dict],
+                  rows: list[dict], params: list[dict]) -> None:
     """log.csv, observables.npz, trajectory.npz (paper models), stages and summary.png (one-layer)."""
     from flowsim.plots import plot_run_summary
     from flowsim.stages import detect_stages
@@ -266,8 +266,7 @@ def write_outputs(run_dir: Path, config: BridgeConfig, data: DataSource, log: li
     writer.writerows(log)
     write_atomic_bytes(run_dir / LOG_FILE, text.getvalue().encode())
     t = np.array([entry["t"] for entry in log])
-    probe_pi = np.bincount(data.fold(), weights=data.frequencies, minlength=int(data.fold().max()) + 1)
-    observables = stack_observables(t, rows, probe_pi / probe_pi.sum())
+    observables = stack_observables(t, rows, pi)
     observables.constants["type_names"] = np.array(type_names(data))
     observables.save(run_dir)
     if params:
@@ -282,9 +281,8 @@ def write_outputs(run_dir: Path, config: BridgeConfig, data: DataSource, log: li
 def type_names(data: DataSource) -> list[str]:
     """Names of the folded token types: the tracked tokens, then "other" when folded."""
     fold, names = data.fold(), data.token_names
-    n_types = int(fold.max()) + 1
-    by_type = ["other"] * n_types
-    for token, folded in enumerate(fold):
-        if np.count_nonzero(fold == folded) == 1:
-            by_type[folded] = names[token]
+    members = np.bincount(fold)
+    by_type = ["other"] * len(members)
+    for token in np.flatnonzero(members[fold] == 1):  # a type with one token is that token
+        by_type[fold[token]] = names[token]
     return by_type
