@@ -1,0 +1,53 @@
+"""The paper figures, one module per figure, rebuilt from run directories.
+
+Each module has ``NAME`` and ``build(cache, out, tiny=False) -> FigureResult``: it reads
+the run directories it needs from ``cache`` (running the simulations that are missing,
+so a second call only redraws), draws the figure in the common style, writes
+``NAME.png``, ``NAME.pdf`` and ``NAME.txt`` (its caption) in ``out``, and returns the
+plotted data. ``tiny`` swaps in short runs (tests). ``flowsim figures`` builds them all.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from figures.style import FigureResult
+
+FIGURE_MODULES = (
+    "fig01_loss_stages",
+    "fig02_singular_values",
+    "fig03_attention_snapshots",
+    "fig04_attention_entropy",
+    "fig05_embedding_trajectory",
+    "fig06_embedding_norms",
+    "fig07_transition_matrices",
+    "fig08_symmetry_breaking",
+    "fig10_premature_specialisation",
+    "fig11_pathwise_factors",
+    "fig12_depth_smoothing",
+)
+
+
+def figure_names() -> list[str]:
+    return [importlib.import_module(f"figures.{module}").NAME for module in FIGURE_MODULES]
+
+
+def build_figures(out: Path, cache: Path, only: Sequence[str] = (), tiny: bool = False,
+                  report: Callable[[str], None] = print) -> list[FigureResult]:
+    """Build every figure (or those named in ``only``), reporting each one's time."""
+    modules = {importlib.import_module(f"figures.{m}").NAME: importlib.import_module(f"figures.{m}") for m in FIGURE_MODULES}
+    unknown = sorted(set(only) - set(modules))
+    if unknown:
+        raise ValueError(f"unknown figure(s) {unknown}; known: {sorted(modules)}")
+    results = []
+    for name, module in modules.items():
+        if only and name not in only:
+            continue
+        started = time.perf_counter()
+        result = module.build(Path(cache), Path(out), tiny=tiny)
+        report(f"{name}: {time.perf_counter() - started:.1f} s  {result.caption}")
+        results.append(result)
+    return results
