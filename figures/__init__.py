@@ -25,9 +25,13 @@ FIGURE_MODULES = (
     "fig06_embedding_norms",
     "fig07_transition_matrices",
     "fig08_symmetry_breaking",
+    "fig09_predicted_vs_measured",
     "fig10_premature_specialisation",
     "fig11_pathwise_factors",
     "fig12_depth_smoothing",
+    "fig13_text_attention",
+    "fig14_sgd_against_the_flow",
+    "fig15_phase_diagram",
 )
 
 

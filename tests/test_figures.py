@@ -2,6 +2,7 @@
 run directory's arrays, cached runs reused, corrupt inputs refused clearly."""
 
 import importlib
+import json
 
 import numpy as np
 import pytest
@@ -34,6 +35,9 @@ def test_plotted_data_is_the_run_directorys(built):
             run, column = key.split(":")
             if column == "t":
                 continue
+            if column.startswith("compare.") or column == "onsets":  # stage times, not time series
+                check_stage_times(root / "cache" / run, column, value)
+                continue
             times = result.data[f"{run}:t"]
             if column.startswith("pathwise."):  # theory.pathwise's arrays, cached beside the run
                 with np.load(root / "cache" / run / "pathwise.npz") as stored:
@@ -44,6 +48,21 @@ def test_plotted_data_is_the_run_directorys(built):
             rows = np.flatnonzero(np.isin(all_times, times))
             assert len(rows) == len(times), name
             np.testing.assert_array_equal(value, stored_value[rows], err_msg=f"{name}: {key}")
+
+
+def check_stage_times(run_dir, column, value):
+    """Figure 9's (predicted, measured) against compare.json; figure 15's onsets against stages.json."""
+    if column.startswith("compare."):
+        rows = json.loads((run_dir / "compare.json").read_text())["rows"]
+        stage = column.split(".", 1)[1]
+        row = next(r for r in rows if r["stage"] == stage and r["query"] in (None, 0))
+        np.testing.assert_array_equal(value, [row["predicted"], np.nan if row["measured"] is None else row["measured"]])
+        return
+    intervals = json.loads((run_dir / "stages.json").read_text())["intervals"]
+    condensation = [i["t_end"] for i in intervals if i["stage"] == "condensation"]
+    focus = [i["t_start"] for i in intervals if i["stage"] == "focus" and i["query"] == 0]
+    expected = [condensation[0] if condensation and condensation[0] else np.nan, focus[0] if focus else np.nan]
+    np.testing.assert_allclose(value, expected, rtol=1e-12)
 
 
 def test_a_second_build_only_redraws_and_corrupt_inputs_are_refused(built):
