@@ -27,11 +27,15 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
         figure, axis = plt.subplots(figsize=(6.5, 3.2))
         shade_stages(axis, report, t[-1], ("condensation", "plateau"))
         axis.plot(t, loss, marker="", label="population loss L(θ(t))")
+        placed: list[float] = []
         for interval in report.intervals[:12]:  # the first onsets; later ones crowd the axis
             if interval.stage in ("focus", "dilution", "restart"):
                 label = f"{interval.stage} " + (f"q{interval.query}" if interval.query is not None else f"σ{interval.direction}")
                 axis.axvline(interval.t_start, color="0.3", lw=0.6, ls=":")
-                axis.text(interval.t_start, 0.98, label, rotation=90, fontsize=6, va="top", ha="right",
+                # labels of onsets closer than 5% in log time go one row lower instead of on top of each other
+                row = sum(abs(np.log(interval.t_start / other)) < 0.05 for other in placed)
+                placed.append(interval.t_start)
+                axis.text(interval.t_start, 0.98 - 0.3 * row, label, rotation=90, fontsize=6, va="top", ha="right",
                           transform=axis.get_xaxis_transform())
         axis.set_xscale("log")
         axis.set_xlabel(T_LABEL)

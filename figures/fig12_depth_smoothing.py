@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 
 from figures.runs import read_observables
+from flowsim.config import load_config
+from flowsim.rundir import CONFIG_FILE
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure
 from figures.two_layer import two_layer_run
 
@@ -24,12 +27,14 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
             t, pi = observables.t, observables.constants["pi"]
             keep = t > 0
             loss, entropy, angle = observables["loss"], observables["attention_entropy_2"], observables["basis_angle"]
-            axes[0].plot(t[keep], loss[keep] - loss[keep].min() + 1e-6, label=f"a = {a}")
+            chain = load_config(run_dir / CONFIG_FILE).build_chain()
+            bayes = -np.sum(chain.pi[:, None] * chain.P * np.log(chain.P))  # H(x_next | x_last): the best loss
+            axes[0].plot(t[keep], loss[keep] - bayes, label=f"a = {a}")
             axes[1].plot(t[keep], (entropy @ (pi / pi.sum()))[keep], label=f"a = {a}")
             axes[2].plot(t[keep], angle[keep], label=f"a = {a}")
             data.update({f"{run_dir.name}:t": t, f"{run_dir.name}:loss": loss,
                          f"{run_dir.name}:attention_entropy_2": entropy, f"{run_dir.name}:basis_angle": angle})
-        axes[0].set(yscale="log", ylabel="loss − its final value (+1e-6)")
+        axes[0].set(yscale="log", ylabel="loss − Bayes loss H(P | π)")
         axes[1].set(ylabel="upper-layer attention entropy")
         axes[2].set(ylabel="basis angle to the final span (rad)")
         for axis in axes:
