@@ -7,15 +7,10 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from figures.runs import TINY, flowsim_run, observables_and_stages
+from figures.runs import default_run, observables_and_stages
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure, shade_stages
 
 NAME = "fig01_loss_stages"
-
-
-def default_run(cache: Path, tiny: bool) -> Path:
-    """The paper's default run (π = (0.75, 0.19, 0.05, 0.01), λ = 0.5, ε = 1e-3, t ≤ 6000)."""
-    return flowsim_run(cache, "default-tiny" if tiny else "default", TINY if tiny else ())
 
 
 def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:

@@ -7,9 +7,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from figures.runs import TINY, flowsim_run, observables_and_stages
+from figures.runs import default_run, observables_and_stages
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure, shade_stages
-from figures.fig01_loss_stages import default_run
 
 NAME = "fig03_attention_snapshots"
 STAGE_ORDER = ("condensation", "focus", "dilution", "restart")

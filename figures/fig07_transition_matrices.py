@@ -6,20 +6,21 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from figures.runs import TINY, flowsim_run, observables_and_stages
+from figures.runs import default_run, observables_and_stages
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure
 
 NAME = "fig07_transition_matrices"
 LAMBDAS = (0.2, 0.5, 0.8)
+LAMBDAS_TINY = (0.5, 0.8)
 
 
 def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
     data = {}
     with figure_style():
         figure, (top, bottom) = plt.subplots(2, 1, figsize=(6.5, 5.0), sharex=True)
-        for lam in LAMBDAS:
-            name = f"lambda-{lam}" + ("-tiny" if tiny else "")
-            run_dir = flowsim_run(cache, name, [f"chain.lam={lam}", *(TINY if tiny else ())])
+        for lam in LAMBDAS_TINY if tiny else LAMBDAS:
+            run_dir = default_run(cache, tiny, [f"chain.lam={lam}"])
+            name = run_dir.name
             observables, _ = observables_and_stages(run_dir)
             keep = observables.t > 0
             t = observables.t[keep]

@@ -11,6 +11,7 @@ from figures.style import T_LABEL, FigureResult, figure_style, save_figure
 
 NAME = "fig08_symmetry_breaking"
 DELTAS = (0.0, 0.05, 0.1, 0.2)
+DELTAS_TINY = (0.0, 0.2)
 
 
 def chain_pi(delta: float) -> list[float]:
@@ -22,10 +23,11 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
     data = {}
     with figure_style():
         figure, axis = plt.subplots(figsize=(6.5, 3.4))
-        for delta in DELTAS:
-            name = f"delta-{delta}" + ("-tiny" if tiny else "")
+        for delta in DELTAS_TINY if tiny else DELTAS:
             overrides = [f"chain.pi={chain_pi(delta)}", f"time.t_end={t_end}", f"time.n_linear={n_saved}", f"time.n_log={n_saved}"]
-            observables, report = observables_and_stages(flowsim_run(cache, name, overrides))
+            run_dir = flowsim_run(cache, overrides)
+            name = run_dir.name
+            observables, report = observables_and_stages(run_dir)
             keep = observables.t > 0
             t, sigma = observables.t[keep], observables["sv_W0"][keep]
             opened = [i.t_start for i in report.of("restart") if i.direction == 1]

@@ -8,12 +8,14 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from figures.runs import flowsim_run
+from figures.runs import onset_run
 from figures.style import FigureResult, figure_style, save_figure
 from theory.predict import COMPARE_JSON, compare_run
 
 NAME = "fig09_predicted_vs_measured"
 EPSILONS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
+EPSILONS_TINY = (1e-3,)
+LAMBDA = 0.5  # the default chain
 ROWS = (("condensation", None), ("focus", 0))
 
 
@@ -25,15 +27,14 @@ def compare_rows(run_dir: Path) -> list[dict]:
 
 
 def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
-    epsilons = EPSILONS[:2] if tiny else EPSILONS
+    epsilons = EPSILONS_TINY if tiny else EPSILONS
     data = {}
     with figure_style():
         figure, axis = plt.subplots(figsize=(6.0, 3.6))
         series = {row: ([], []) for row in ROWS}
         for eps in epsilons:
-            name = f"eps-{eps:g}" + ("-tiny" if tiny else "")
-            run_dir = flowsim_run(cache, name, [f"init.eps={eps}", "time.t_end=300.0", "time.n_linear=61", "time.n_log=200",
-                                                f"solver.atol={min(1e-12, 1e-4 * eps**2):g}"])
+            run_dir = onset_run(cache, eps, LAMBDA, tiny)
+            name = run_dir.name
             rows = compare_rows(run_dir)
             for stage, query in ROWS:
                 row = next(r for r in rows if r["stage"] == stage and r["query"] == query)

@@ -12,13 +12,14 @@ from figures.two_layer import two_layer_run
 
 NAME = "fig10_premature_specialisation"
 RUNS = ("baseline", "slowed", "glu", "glu_slowed")
+RUNS_TINY = ("baseline", "glu_slowed")  # both FFNs, both Q/K rates
 
 
 def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
     data = {}
     with figure_style():
         figure, (left, right) = plt.subplots(1, 2, figsize=(8.5, 3.4))
-        for name in RUNS:
+        for name in RUNS_TINY if tiny else RUNS:
             run_dir = two_layer_run(cache, name, tiny)
             observables = read_observables(run_dir)
             t, pi = observables.t, observables.constants["pi"]

@@ -13,6 +13,7 @@ from theory.pathwise import pathwise_of_run
 
 NAME = "fig11_pathwise_factors"
 RUNS = ("baseline", "slowed", "glu", "glu_slowed")
+RUNS_TINY = ("baseline", "glu_slowed")  # both FFNs, both Q/K rates
 PANELS = (("step", "step-size factor max(κ_Q, κ_K)"), ("residual_energy", "residual energy max‖h‖⁴"),
           ("coupling", "coupling ‖W_Q2‖² + ‖W_K2‖²"), ("mass", "attention-gradient mass Σ|G|"),
           ("bound", "bound (max over pairs)"), ("direct", "|direct-path ds/dt| (max over pairs)"))
@@ -22,7 +23,7 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
     data = {}
     with figure_style():
         figure, axes = plt.subplots(3, 2, figsize=(8.0, 7.0), sharex=True)
-        for name in RUNS:
+        for name in RUNS_TINY if tiny else RUNS:
             run_dir = two_layer_run(cache, name, tiny)
             factors = pathwise_of_run(run_dir)
             keep = factors.t > 0

@@ -15,13 +15,14 @@ from figures.two_layer import two_layer_run
 
 NAME = "fig12_depth_smoothing"
 RUNS = (("baseline", 0.0), ("smoothing_0.1", 0.1), ("smoothing_0.2", 0.2))
+RUNS_TINY = (RUNS[0], RUNS[2])
 
 
 def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
     data = {}
     with figure_style():
         figure, axes = plt.subplots(1, 3, figsize=(10.0, 3.2))
-        for name, a in RUNS:
+        for name, a in RUNS_TINY if tiny else RUNS:
             run_dir = two_layer_run(cache, name, tiny)
             observables = read_observables(run_dir)
             t, pi = observables.t, observables.constants["pi"]

@@ -24,9 +24,9 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
         figure, axes = plt.subplots(2, 2, figsize=(9.0, 5.5), sharex="col")
         for column, (corpus, word) in enumerate(CORPORA):
             word = "was" if tiny else word  # the tiny vocabulary has no mid-frequency words
-            name = f"bridge-{corpus}" + ("-tiny" if tiny else "")
-            overrides = [*(TINY if tiny else ()), f"log.track=['{word}']"]
-            observables, report = observables_and_stages(bridge_run(cache, name, f"{corpus}-onelayer", overrides))
+            run_dir = bridge_run(cache, f"{corpus}-onelayer", [*(TINY if tiny else ()), f"log.track=['{word}']"])
+            name = run_dir.name
+            observables, report = observables_and_stages(run_dir)
             names = [str(n) for n in observables.constants["type_names"]]
             query = names.index(word)
             keep = observables.t > 0

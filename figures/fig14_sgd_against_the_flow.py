@@ -12,7 +12,7 @@ from figures.style import T_LABEL, FigureResult, figure_style, save_figure
 from flowsim.observables import OBSERVABLES_NPZ, Observables
 
 NAME = "fig14_sgd_against_the_flow"
-TINY = ("optim.steps=120", "data.batch_size=256", "log.n_checkpoints=20", "log.probe_per_type=16")
+TINY = ("optim.steps=120", "data.batch_size=256", "data.s=16", "log.n_checkpoints=20", "log.probe_per_type=16")
 
 
 def ode_beside(run_dir: Path) -> Path:
@@ -31,8 +31,8 @@ def ode_beside(run_dir: Path) -> Path:
 
 
 def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
-    name = "bridge-markov" + ("-tiny" if tiny else "")
-    run_dir = bridge_run(cache, name, "markov-default", TINY if tiny else ())
+    run_dir = bridge_run(cache, "markov-default", TINY if tiny else ())
+    name = run_dir.name
     runs = {"SGD (torch)": (name, read_observables(run_dir)), "gradient flow (ODE)": (f"{name}/ode", read_observables(ode_beside(run_dir)))}
     data = {}
     with figure_style():

@@ -7,12 +7,13 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from figures.runs import flowsim_run, observables_and_stages
+from figures.runs import observables_and_stages, onset_run
 from figures.style import FigureResult, figure_style, save_figure
 
 NAME = "fig15_phase_diagram"
 EPSILONS = (1e-2, 1e-3, 1e-4, 1e-5)
 LAMBDAS = (0.1, 0.3, 0.5, 0.7, 0.9)
+EPSILONS_TINY, LAMBDAS_TINY = (1e-3,), (0.5, 0.8)  # the runs of the tiny figures 7 and 9
 
 
 def onsets(report) -> tuple[float, float]:
@@ -24,14 +25,13 @@ def onsets(report) -> tuple[float, float]:
 
 
 def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
-    epsilons, lambdas = (EPSILONS[:2], LAMBDAS[1::2][:2]) if tiny else (EPSILONS, LAMBDAS)
+    epsilons, lambdas = (EPSILONS_TINY, LAMBDAS_TINY) if tiny else (EPSILONS, LAMBDAS)
     grid = np.full((2, len(epsilons), len(lambdas)), np.nan)
     data = {}
     for i, eps in enumerate(epsilons):
         for j, lam in enumerate(lambdas):
-            name = f"sweep-eps{eps:g}-lam{lam}" + ("-tiny" if tiny else "")
-            run_dir = flowsim_run(cache, name, [f"init.eps={eps}", f"chain.lam={lam}", "time.t_end=400.0",
-                                                "time.n_linear=41", "time.n_log=120", f"solver.atol={min(1e-12, 1e-4 * eps**2):g}"])
+            run_dir = onset_run(cache, eps, lam, tiny)
+            name = run_dir.name
             grid[:, i, j] = onsets(observables_and_stages(run_dir)[1])
             data[f"{name}:onsets"] = grid[:, i, j].copy()
     with figure_style():

@@ -1,35 +1,57 @@
 """Run directories the figures read, computed once and cached.
 
-``flowsim_run(cache, name, overrides)`` returns ``cache/NAME`` after making sure it holds
-a finished run of the default configuration with ``overrides``: a missing or unfinished
-folder is (re)computed; a folder whose files cannot be read, or whose configuration is
-not the one asked for, is an error naming the folder (delete it to recompute).
+``flowsim_run(cache, overrides, config_path)`` returns the cache folder of that
+configuration, named by what it changes from its base (``default``, or the config file),
+so figures that ask for the same run share it. A missing or unfinished folder is
+(re)computed; a folder whose files cannot be read, or whose configuration is not the one
+asked for, is an error naming the folder (delete it to recompute).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Sequence
 
-from flowsim.config import load_config
+from flowsim.config import Sections, load_config
 from flowsim.experiment import execute_run, observables_of_run
 from flowsim.observables import Observables
 from flowsim.rundir import CONFIG_FILE, META_FILE, load_run
 from flowsim.stages import StageReport, detect_stages
 
 TINY = ("time.t_end=150.0", "time.n_linear=16", "time.n_log=30")  # condensation and the first focus
+ONSET_TIMES = ("time.t_end=400.0", "time.n_linear=41", "time.n_log=200")  # past the first focus for ε >= 1e-6
 
 
 class FigureInputError(RuntimeError):
     """A cached run directory that cannot be used."""
 
 
-def flowsim_run(cache: Path, name: str, overrides: Sequence[str] = (), config_path: Path | None = None) -> Path:
-    """The cached run ``cache/NAME`` of the given configuration, computed if missing."""
+def run_name(config: Sections, base: Sections, base_name: str) -> str:
+    """``BASE_NAME`` followed by each setting that differs from ``base``, e.g.
+    ``default_chain.lam=0.8_time.t_end=150.0`` (a long name is cut and given a hash)."""
+    wanted, reference = config.to_dict(), base.to_dict()
+    changes = []
+    for section, values in wanted.items():
+        for key, value in values.items():
+            if reference[section].get(key) != value:
+                shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+                changes.append(f"{section}.{key}={shown}")
+    name = re.sub(r"[^A-Za-z0-9._=,+-]", "", "_".join([base_name, *changes]))
+    if len(name) > 120:
+        name = name[:110] + "-" + hashlib.sha1(config.to_toml().encode()).hexdigest()[:8]
+    return name
+
+
+def flowsim_run(cache: Path, overrides: Sequence[str] = (), config_path: Path | None = None) -> Path:
+    """The cached run of ``config_path`` (the default configuration when None) with
+    ``overrides``, computed if missing."""
     config = load_config(config_path, list(overrides))
-    run_dir = Path(cache) / name
+    base_name = "default" if config_path is None else f"{Path(config_path).parent.name}-{Path(config_path).stem}"
+    run_dir = Path(cache) / run_name(config, load_config(config_path), base_name)
     meta_path = run_dir / META_FILE
     if meta_path.is_file():
         try:
@@ -46,6 +68,19 @@ def flowsim_run(cache: Path, name: str, overrides: Sequence[str] = (), config_pa
         shutil.rmtree(run_dir)  # an interrupted computation: start it again
     execute_run(config, run_dir, progress=False)
     return run_dir
+
+
+def default_run(cache: Path, tiny: bool, overrides: Sequence[str] = ()) -> Path:
+    """The paper's default run (π = (0.75, 0.19, 0.05, 0.01), λ = 0.5, ε = 1e-3, t <= 6000) with
+    ``overrides``; only its first t = 150 when ``tiny``."""
+    return flowsim_run(cache, [*overrides, *(TINY if tiny else ())])
+
+
+def onset_run(cache: Path, eps: float, lam: float, tiny: bool) -> Path:
+    """The default run at initial scale ε and chain λ up to the first focus, with atol
+    scaled to ε² (the loss moves by O(ε²) before condensation)."""
+    times = TINY if tiny else ONSET_TIMES
+    return flowsim_run(cache, [f"init.eps={eps}", f"chain.lam={lam}", *times, f"solver.atol={min(1e-12, 1e-4 * eps**2):g}"])
 
 
 def read_observables(run_dir: Path) -> Observables:

@@ -12,5 +12,4 @@ TINY_TWO_LAYER = ("time.t_end=20.0", "time.n_linear=21", "time.n_log=15")
 
 def two_layer_run(cache: Path, name: str, tiny: bool) -> Path:
     """The cached run of configs/two_layer/NAME.toml (its first t = 20 when ``tiny``)."""
-    return flowsim_run(cache, f"two_layer-{name}" + ("-tiny" if tiny else ""), TINY_TWO_LAYER if tiny else (),
-                       config_path=SHIPPED / f"{name}.toml")
+    return flowsim_run(cache, TINY_TWO_LAYER if tiny else (), config_path=SHIPPED / f"{name}.toml")

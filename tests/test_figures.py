@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from figures import FIGURE_MODULES, build_figures
-from figures.runs import FigureInputError
+from figures.runs import FigureInputError, default_run
 from flowsim.observables import Observables
 
 
@@ -67,7 +67,7 @@ def check_stage_times(run_dir, column, value):
 
 def test_a_second_build_only_redraws_and_corrupt_inputs_are_refused(built):
     root, _ = built
-    trajectory = root / "cache" / "default-tiny" / "trajectory.npz"
+    trajectory = default_run(root / "cache", tiny=True) / "trajectory.npz"
     before = trajectory.stat().st_mtime_ns
     build_figures(root / "again", root / "cache", only=["fig06_embedding_norms"], tiny=True, report=lambda line: None)
     assert trajectory.stat().st_mtime_ns == before  # the cached run was reused
