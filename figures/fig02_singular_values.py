@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import numpy as np
 
 from figures.runs import default_run, observables_and_stages
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure, shade_stages

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from figures.runs import default_run, observables_and_stages
-from figures.style import T_LABEL, FigureResult, figure_style, save_figure, shade_stages
+from figures.style import T_LABEL, FigureResult, figure_style, save_figure
 
 NAME = "fig05_embedding_trajectory"
 

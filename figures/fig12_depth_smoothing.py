@@ -8,10 +8,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from figures.runs import read_observables
-from flowsim.config import load_config
-from flowsim.rundir import CONFIG_FILE
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure
 from figures.two_layer import two_layer_run
+from flowsim.config import load_config
+from flowsim.rundir import CONFIG_FILE
 
 NAME = "fig12_depth_smoothing"
 RUNS = (("baseline", 0.0), ("smoothing_0.1", 0.1), ("smoothing_0.2", 0.2))

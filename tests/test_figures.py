@@ -22,9 +22,12 @@ def built(tmp_path_factory):
 def test_every_figure_is_written_with_its_caption(built):
     root, results = built
     assert sorted(results) == sorted(importlib.import_module(f"figures.{m}").NAME for m in FIGURE_MODULES)
+    manifest = json.loads((root / "out" / "manifest.json").read_text())
     for name, result in results.items():
         assert result.png.stat().st_size > 10_000 and result.pdf.stat().st_size > 1_000, name
         assert (root / "out" / f"{name}.txt").read_text().strip() == result.caption
+        assert manifest["figures"][name]["caption"] == result.caption
+        assert all((root / "cache" / run).is_dir() for run in manifest["figures"][name]["runs"]), name
 
 
 def test_plotted_data_is_the_run_directorys(built):
