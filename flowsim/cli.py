@@ -148,6 +148,23 @@ def compare_runs(
     typer.echo("\n".join(probe_lines + [""] + factor_lines))
 
 
+@app.command()
+def figures(
+    only: List[str] = typer.Option([], "--only", help="Build only this figure (repeatable); default: all."),
+    out: Path = typer.Option(Path("figures-out"), "--out", help="Where the PNG, PDF and caption files go."),
+    cache: Path = typer.Option(Path("runs/figures"), "--cache", help="Run directories the figures read (computed when missing)."),
+) -> None:
+    """Regenerate the paper figures (running the simulations they need once, then only redrawing)."""
+    from figures import build_figures
+    from figures.runs import FigureInputError
+
+    try:
+        build_figures(out, cache, only, report=typer.echo)
+    except (ValueError, FigureInputError) as error:
+        _fail(str(error))
+    typer.echo(f"written: {out}")
+
+
 bridge_app = typer.Typer(no_args_is_help=True, help="PyTorch pretraining runs beside the ODE (needs the bridge extra: torch).")
 app.add_typer(bridge_app, name="bridge")
 

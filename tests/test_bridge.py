@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 import flowsim  # noqa: E402
 from flowsim.bridge.config import load_bridge_config  # noqa: E402
-from flowsim.bridge.data import default_data_dir, load_corpus  # noqa: E402
+from flowsim.bridge.data import default_data_dir, folded_types, load_corpus  # noqa: E402
 from flowsim.bridge.models import GPT, GPTConfig, torch_model_for  # noqa: E402
 from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer  # noqa: E402
 from flowsim.bridge.train import CHECKPOINT_FILE, train  # noqa: E402
@@ -188,6 +188,24 @@ def test_corpus_statistics_match_independent_counts():
     the = sum(1 for piece in re.split(r"[^a-z0-9']+", text) if piece == "the")
     assert np.sum(both == vocabulary.index("the")) == the
     assert stories.word_counts["the"] + np.sum(stories.valid == vocabulary.index("the")) == the
+
+
+@needs_data
+def test_probe_windows_of_a_rare_word_come_from_the_whole_validation_split():
+    corpus = load_corpus("wikitext2", 500, DATA_DIR)
+    she = corpus.vocabulary.index("she")
+    fold = folded_types(corpus.frequencies, 4, tracked=(she,))
+    windows = corpus.windows_ending_in(fold, 200, 16, seed=0).numpy()
+    words = (DATA_DIR / "wikitext-2" / "test.txt").read_text(encoding="utf-8").split()
+    ends = [i for i, word in enumerate(words) if word == "she" and i >= 15]  # room for 15 words before
+    mine = windows[fold[windows[:, -1]] == fold[she]]
+    assert len(mine) == min(200, len(ends)) and len(ends) > 50
+    known = set(corpus.vocabulary)
+    mapped = [word if word in known else corpus.vocabulary[0] for word in words]  # out of vocabulary: <unk>
+    grams = {tuple(mapped[i - 15:i + 1]) for i in ends}
+    assert all(tuple(corpus.vocabulary[j] for j in window) in grams for window in mine)  # real 16-word windows
+    for folded in range(fold.max() + 1):  # every type gets its share, up to the cap
+        assert np.sum(fold[windows[:, -1]] == folded) == min(200, np.sum(fold[corpus.valid[15:]] == folded))
 
 
 @pytest.mark.slow

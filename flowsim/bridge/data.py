@@ -102,6 +102,19 @@ class Corpus:
         starts = np.random.default_rng(batch_seed(seed, step)).integers(0, len(ids) - length, size=batch_size)
         return torch.as_tensor(ids[starts[:, None] + np.arange(length)], dtype=torch.long)
 
+    def windows_ending_in(self, fold: np.ndarray, per_type: int, length: int, seed: int, split: str = "valid") -> torch.Tensor:
+        """Up to ``per_type`` windows of ``length`` tokens ending in each folded type, drawn from
+        every position of the split: a rare type gets as many probes as the split holds."""
+        ids = self.train if split == "train" else self.valid
+        last_type = fold[ids[length - 1:]]
+        rng = np.random.default_rng(batch_seed(seed, 0))
+        starts = []  # window i holds ids[i : i + length] and ends in last_type[i]
+        for folded in range(int(fold.max()) + 1):
+            positions = np.flatnonzero(last_type == folded)
+            starts.append(np.sort(rng.choice(positions, size=min(per_type, len(positions)), replace=False)))
+        starts = np.concatenate(starts)
+        return torch.as_tensor(ids[starts[:, None] + np.arange(length)], dtype=torch.long)
+
 
 def load_corpus(corpus: str, vocab_size: int, data_dir: Path | str | None = None, source: str = "files") -> Corpus:
     """Read, tokenise and index a corpus with a top-``vocab_size`` vocabulary plus <unk>."""

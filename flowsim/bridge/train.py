@@ -94,7 +94,7 @@ class DataSource:
         if self.chain is not None:
             pool = markov_batch(self.chain, PROBE_POOL, data.s, data.seed + 2 * VALIDATION_SEED_OFFSET, 0)
         else:
-            pool = self.corpus.batch(PROBE_POOL, data.s, data.seed, 0, "valid")
+            pool = self.corpus.windows_ending_in(self.fold(), self.config.log.probe_per_type, data.s, data.seed, "valid")
         return build_probe_set(pool, self.fold(), self.frequencies, self.config.log.probe_per_type)
 
 

@@ -1,0 +1,71 @@
+"""The paper figures, one module per figure, rebuilt from run directories.
+
+Each module has ``NAME`` and ``build(cache, out, tiny=False) -> FigureResult``: it reads
+the run directories it needs from ``cache`` (running the simulations that are missing,
+so a second call only redraws), draws the figure in the common style, writes
+``NAME.png``, ``NAME.pdf`` and ``NAME.txt`` (its caption) in ``out``, and returns the
+plotted data. ``tiny`` swaps in short runs (tests). ``flowsim figures`` builds them all
+and records, in ``out/manifest.json``, each figure's caption, build time and the run
+directories it read, with the library versions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from figures.style import FigureResult
+from flowsim.rundir import library_versions
+from flowsim.trajectory import write_atomic_bytes
+
+MANIFEST = "manifest.json"
+
+FIGURE_MODULES = (
+    "fig01_loss_stages",
+    "fig02_singular_values",
+    "fig03_attention_snapshots",
+    "fig04_attention_entropy",
+    "fig05_embedding_trajectory",
+    "fig06_embedding_norms",
+    "fig07_transition_matrices",
+    "fig08_symmetry_breaking",
+    "fig09_predicted_vs_measured",
+    "fig10_premature_specialisation",
+    "fig11_pathwise_factors",
+    "fig12_depth_smoothing",
+    "fig13_text_attention",
+    "fig14_sgd_against_the_flow",
+    "fig15_phase_diagram",
+)
+
+
+def figure_names() -> list[str]:
+    return [importlib.import_module(f"figures.{module}").NAME for module in FIGURE_MODULES]
+
+
+def build_figures(out: Path, cache: Path, only: Sequence[str] = (), tiny: bool = False,
+                  report: Callable[[str], None] = print) -> list[FigureResult]:
+    """Build every figure (or those named in ``only``), reporting each one's time."""
+    modules = {importlib.import_module(f"figures.{m}").NAME: importlib.import_module(f"figures.{m}") for m in FIGURE_MODULES}
+    unknown = sorted(set(only) - set(modules))
+    if unknown:
+        raise ValueError(f"unknown figure(s) {unknown}; known: {sorted(modules)}")
+    manifest_path = Path(out) / MANIFEST
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"figures": {}}
+    results = []
+    for name, module in modules.items():
+        if only and name not in only:
+            continue
+        started = time.perf_counter()
+        result = module.build(Path(cache), Path(out), tiny=tiny)
+        seconds = time.perf_counter() - started
+        report(f"{name}: {seconds:.1f} s  {result.caption}")
+        results.append(result)
+        runs = sorted({key.split(":")[0] for key in result.data})
+        manifest["figures"][name] = {"caption": result.caption, "seconds": round(seconds, 2), "cache": str(cache), "runs": runs}
+        manifest["versions"] = library_versions()
+        write_atomic_bytes(manifest_path, json.dumps(manifest, indent=1).encode())  # after each figure: nothing lost
+    return results

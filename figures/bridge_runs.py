@@ -1,0 +1,32 @@
+"""Bridge (torch) runs the figures read, trained once and cached like the flowsim runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from figures.runs import FigureInputError, run_name
+from flowsim.rundir import META_FILE
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "bridge"
+
+
+def bridge_run(cache: Path, config_name: str, overrides: Sequence[str] = ()) -> Path:
+    """A finished bridge run of configs/bridge/CONFIG_NAME.toml with ``overrides``, cached in a
+    folder named by its changes (as flowsim runs are); an unfinished one resumes, a foreign
+    one is refused."""
+    from flowsim.bridge.config import load_bridge_config
+    from flowsim.bridge.train import train
+    from flowsim.config import ConfigError
+
+    config_path = CONFIGS / f"{config_name}.toml"
+    config = load_bridge_config(config_path, list(overrides))
+    run_dir = Path(cache) / run_name(config, load_bridge_config(config_path), f"bridge-{config_name}")
+    if (run_dir / META_FILE).is_file() and json.loads((run_dir / META_FILE).read_text()).get("status_name") == "finished":
+        return run_dir
+    try:
+        train(config, run_dir, progress=False)
+    except ConfigError as error:
+        raise FigureInputError(f"cached bridge run {run_dir}: {error}") from None
+    return run_dir

@@ -1,0 +1,47 @@
+"""Figure 13: attention of a tracked mid-frequency word over training on WikiText-2 and TinyStories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from figures.bridge_runs import bridge_run
+from figures.runs import observables_and_stages
+from figures.style import T_LABEL, FigureResult, figure_style, save_figure, shade_stages
+
+NAME = "fig13_text_attention"
+CORPORA = (("wikitext2", "she"), ("tinystories", "friend"))
+TINY = ("data.vocab_size=100", "data.s=16", "data.batch_size=64", "model.m=8", "model.k=8", "model.init_eps=1e-3",
+        "optim.lr=1.0", "optim.steps=200", "log.n_checkpoints=20", "log.fold_d=4", "log.probe_per_type=16",
+        "log.val_batches=2")
+
+
+def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
+    data = {}
+    with figure_style():
+        figure, axes = plt.subplots(2, 2, figsize=(9.0, 5.5), sharex="col")
+        for column, (corpus, word) in enumerate(CORPORA):
+            word = "was" if tiny else word  # the tiny vocabulary has no mid-frequency words
+            run_dir = bridge_run(cache, f"{corpus}-onelayer", [*(TINY if tiny else ()), f"log.track=['{word}']"])
+            name = run_dir.name
+            observables, report = observables_and_stages(run_dir)
+            names = [str(n) for n in observables.constants["type_names"]]
+            query = names.index(word)
+            keep = observables.t > 0
+            t, attention = observables.t[keep], observables["attention"][keep]
+            entropy = observables["attention_entropy"][keep]
+            top, bottom = axes[0, column], axes[1, column]
+            shade_stages(top, report, t[-1], ("focus", "dilution"), query=query)
+            bottom.stackplot(t, attention[:, query, :].T, labels=names, colors=[str(g) for g in np.linspace(0.1, 0.9, len(names))])
+            top.plot(t, entropy[:, query], color="black", marker="")
+            top.set(xscale="log", title=f"{corpus}: query '{word}' (π = {observables.constants['pi'][query]:.2g})",
+                    ylabel="attention entropy (nats)")
+            bottom.set(xscale="log", xlabel=T_LABEL, ylabel="attention mass on each key type", ylim=(0, 1))
+            bottom.legend(fontsize=5, ncol=2, loc="lower left")
+            data.update({f"{name}:t": t, f"{name}:attention": attention, f"{name}:attention_entropy": entropy})
+    caption = ("A tracked mid-frequency word's attention over training (one-layer model, SGD, t = lr × steps): "
+               "its entropy alternates between falls (focus, grey) and rises (dilution, hatched) as the mass on "
+               "the frequent tokens comes and goes.")
+    return save_figure(figure, out, NAME, caption, data)

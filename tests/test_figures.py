@@ -1,0 +1,81 @@
+"""The figure modules on a tiny configuration: files written, plotted data equal to the
+run directory's arrays, cached runs reused, corrupt inputs refused clearly."""
+
+import importlib
+import json
+
+import numpy as np
+import pytest
+
+from figures import FIGURE_MODULES, build_figures
+from figures.runs import FigureInputError, default_run
+from flowsim.observables import Observables
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("figures")
+    results = build_figures(root / "out", root / "cache", tiny=True, report=lambda line: None)
+    return root, {result.name: result for result in results}
+
+
+def test_every_figure_is_written_with_its_caption(built):
+    root, results = built
+    assert sorted(results) == sorted(importlib.import_module(f"figures.{m}").NAME for m in FIGURE_MODULES)
+    manifest = json.loads((root / "out" / "manifest.json").read_text())
+    for name, result in results.items():
+        assert result.png.stat().st_size > 10_000 and result.pdf.stat().st_size > 1_000, name
+        assert (root / "out" / f"{name}.txt").read_text().strip() == result.caption
+        assert manifest["figures"][name]["caption"] == result.caption
+        assert all((root / "cache" / run).is_dir() for run in manifest["figures"][name]["runs"]), name
+
+
+def test_plotted_data_is_the_run_directorys(built):
+    root, results = built
+    for name, result in results.items():
+        assert result.data, name
+        for key, value in result.data.items():
+            run, column = key.split(":")
+            if column == "t":
+                continue
+            if column.startswith("compare.") or column == "onsets":  # stage times, not time series
+                check_stage_times(root / "cache" / run, column, value)
+                continue
+            times = result.data[f"{run}:t"]
+            if column.startswith("pathwise."):  # theory.pathwise's arrays, cached beside the run
+                with np.load(root / "cache" / run / "pathwise.npz") as stored:
+                    all_times, stored_value = stored["t"], stored[column.split(".", 1)[1]]
+            else:
+                observables = Observables.load(root / "cache" / run)
+                all_times, stored_value = observables.t, observables[column]
+            rows = np.flatnonzero(np.isin(all_times, times))
+            assert len(rows) == len(times), name
+            np.testing.assert_array_equal(value, stored_value[rows], err_msg=f"{name}: {key}")
+
+
+def check_stage_times(run_dir, column, value):
+    """Figure 9's (predicted, measured) against compare.json; figure 15's onsets against stages.json."""
+    if column.startswith("compare."):
+        rows = json.loads((run_dir / "compare.json").read_text())["rows"]
+        stage = column.split(".", 1)[1]
+        row = next(r for r in rows if r["stage"] == stage and r["query"] in (None, 0))
+        np.testing.assert_array_equal(value, [row["predicted"], np.nan if row["measured"] is None else row["measured"]])
+        return
+    intervals = json.loads((run_dir / "stages.json").read_text())["intervals"]
+    condensation = [i["t_end"] for i in intervals if i["stage"] == "condensation"]
+    focus = [i["t_start"] for i in intervals if i["stage"] == "focus" and i["query"] == 0]
+    expected = [condensation[0] if condensation and condensation[0] else np.nan, focus[0] if focus else np.nan]
+    np.testing.assert_allclose(value, expected, rtol=1e-12)
+
+
+def test_a_second_build_only_redraws_and_corrupt_inputs_are_refused(built):
+    root, _ = built
+    trajectory = default_run(root / "cache", tiny=True) / "trajectory.npz"
+    before = trajectory.stat().st_mtime_ns
+    build_figures(root / "again", root / "cache", only=["fig06_embedding_norms"], tiny=True, report=lambda line: None)
+    assert trajectory.stat().st_mtime_ns == before  # the cached run was reused
+    trajectory.write_bytes(b"not an npz file")
+    with pytest.raises(FigureInputError, match="delete the folder"):
+        build_figures(root / "again", root / "cache", only=["fig01_loss_stages"], tiny=True, report=lambda line: None)
+    with pytest.raises(ValueError, match="unknown figure"):
+        build_figures(root / "again", root / "cache", only=["fig99"], tiny=True)
