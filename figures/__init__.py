@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from figures.runs import FigureInputError
 from figures.style import FigureResult
 from flowsim.rundir import library_versions
 from flowsim.trajectory import write_atomic_bytes
@@ -48,19 +49,26 @@ def figure_names() -> list[str]:
 
 def build_figures(out: Path, cache: Path, only: Sequence[str] = (), tiny: bool = False,
                   report: Callable[[str], None] = print) -> list[FigureResult]:
-    """Build every figure (or those named in ``only``), reporting each one's time."""
+    """Build every figure (or those named in ``only``), reporting each one's time. A figure
+    whose inputs are unusable is reported and skipped; the others are still built, and a
+    FigureInputError naming every skipped figure is raised at the end."""
     modules = {importlib.import_module(f"figures.{m}").NAME: importlib.import_module(f"figures.{m}") for m in FIGURE_MODULES}
     unknown = sorted(set(only) - set(modules))
     if unknown:
         raise ValueError(f"unknown figure(s) {unknown}; known: {sorted(modules)}")
     manifest_path = Path(out) / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"figures": {}}
-    results = []
+    results, failed = [], []
     for name, module in modules.items():
         if only and name not in only:
             continue
         started = time.perf_counter()
-        result = module.build(Path(cache), Path(out), tiny=tiny)
+        try:
+            result = module.build(Path(cache), Path(out), tiny=tiny)
+        except FigureInputError as error:
+            report(f"{name}: not built: {error}")
+            failed.append(f"{name}: {error}")
+            continue
         seconds = time.perf_counter() - started
         report(f"{name}: {seconds:.1f} s  {result.caption}")
         results.append(result)
@@ -68,4 +76,6 @@ def build_figures(out: Path, cache: Path, only: Sequence[str] = (), tiny: bool =
         manifest["figures"][name] = {"caption": result.caption, "seconds": round(seconds, 2), "cache": str(cache), "runs": runs}
         manifest["versions"] = library_versions()
         write_atomic_bytes(manifest_path, json.dumps(manifest, indent=1).encode())  # after each figure: nothing lost
+    if failed:
+        raise FigureInputError(f"{len(failed)} figure(s) not built: " + "; ".join(failed))
     return results

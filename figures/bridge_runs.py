@@ -16,8 +16,11 @@ def bridge_run(cache: Path, config_name: str, overrides: Sequence[str] = ()) -> 
     """A finished bridge run of configs/bridge/CONFIG_NAME.toml with ``overrides``, cached in a
     folder named by its changes (as flowsim runs are); an unfinished one resumes, a foreign
     one is refused."""
-    from flowsim.bridge.config import load_bridge_config
-    from flowsim.bridge.train import train
+    try:
+        from flowsim.bridge.config import load_bridge_config
+        from flowsim.bridge.train import train
+    except ImportError as error:
+        raise FigureInputError(f"this figure trains a torch model: install the bridge extra ({error})") from None
     from flowsim.config import ConfigError
 
     config_path = CONFIGS / f"{config_name}.toml"
@@ -29,4 +32,6 @@ def bridge_run(cache: Path, config_name: str, overrides: Sequence[str] = ()) -> 
         train(config, run_dir, progress=False)
     except ConfigError as error:
         raise FigureInputError(f"cached bridge run {run_dir}: {error}") from None
+    except FileNotFoundError as error:  # no corpora on this machine
+        raise FigureInputError(str(error)) from None
     return run_dir

@@ -1,27 +1,31 @@
 """The figure modules on a tiny configuration: files written, plotted data equal to the
 run directory's arrays, cached runs reused, corrupt inputs refused clearly."""
 
-import importlib
 import json
+import shutil
 
 import numpy as np
 import pytest
 
-from figures import FIGURE_MODULES, build_figures
+from figures import build_figures, figure_names
 from figures.runs import FigureInputError, default_run
+from flowsim.bridge.data import default_data_dir
 from flowsim.observables import Observables
+
+TEXT_FIGURE = "fig13_text_attention"  # reads the WikiText-2 and TinyStories files
+BUILT = [name for name in figure_names() if name != TEXT_FIGURE or default_data_dir() is not None]
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("figures")
-    results = build_figures(root / "out", root / "cache", tiny=True, report=lambda line: None)
+    results = build_figures(root / "out", root / "cache", only=BUILT, tiny=True, report=lambda line: None)
     return root, {result.name: result for result in results}
 
 
 def test_every_figure_is_written_with_its_caption(built):
     root, results = built
-    assert sorted(results) == sorted(importlib.import_module(f"figures.{m}").NAME for m in FIGURE_MODULES)
+    assert sorted(results) == sorted(BUILT) and len(BUILT) >= 14
     manifest = json.loads((root / "out" / "manifest.json").read_text())
     for name, result in results.items():
         assert result.png.stat().st_size > 10_000 and result.pdf.stat().st_size > 1_000, name
@@ -68,14 +72,27 @@ def check_stage_times(run_dir, column, value):
     np.testing.assert_allclose(value, expected, rtol=1e-12)
 
 
-def test_a_second_build_only_redraws_and_corrupt_inputs_are_refused(built):
+def test_a_second_build_only_redraws_and_corrupt_inputs_are_refused(built, tmp_path):
     root, _ = built
     trajectory = default_run(root / "cache", tiny=True) / "trajectory.npz"
     before = trajectory.stat().st_mtime_ns
-    build_figures(root / "again", root / "cache", only=["fig06_embedding_norms"], tiny=True, report=lambda line: None)
+    build_figures(tmp_path / "again", root / "cache", only=["fig06_embedding_norms"], tiny=True, report=lambda line: None)
     assert trajectory.stat().st_mtime_ns == before  # the cached run was reused
-    trajectory.write_bytes(b"not an npz file")
-    with pytest.raises(FigureInputError, match="delete the folder"):
-        build_figures(root / "again", root / "cache", only=["fig01_loss_stages"], tiny=True, report=lambda line: None)
+    copied = tmp_path / "cache" / trajectory.parent.name  # damage a copy: the shared cache stays whole
+    shutil.copytree(trajectory.parent, copied)
+    (copied / "trajectory.npz").write_bytes(b"not an npz file")
+    with pytest.raises(FigureInputError, match=f"{copied}.*delete the folder"):
+        build_figures(tmp_path / "again", tmp_path / "cache", only=["fig01_loss_stages"], tiny=True, report=lambda line: None)
     with pytest.raises(ValueError, match="unknown figure"):
-        build_figures(root / "again", root / "cache", only=["fig99"], tiny=True)
+        build_figures(tmp_path / "again", root / "cache", only=["fig99"], tiny=True)
+
+
+def test_a_figure_without_its_inputs_is_named_and_the_others_are_still_built(built, tmp_path, monkeypatch):
+    root, _ = built
+    monkeypatch.setenv("FLOWSIM_DATA_DIR", str(tmp_path / "no-corpora-here"))
+    run = default_run(root / "cache", tiny=True)
+    shutil.copytree(run, tmp_path / "cache" / run.name)
+    with pytest.raises(FigureInputError, match=f"1 figure.*{TEXT_FIGURE}.*no-corpora-here"):
+        build_figures(tmp_path / "out", tmp_path / "cache", only=[TEXT_FIGURE, "fig06_embedding_norms"], tiny=True,
+                      report=lambda line: None)
+    assert (tmp_path / "out" / "fig06_embedding_norms.png").stat().st_size > 10_000
