@@ -174,6 +174,33 @@ class GradientFlow:
 
         self._descend_jit = jax.jit(descend)
 
+        def jacobian_eigensystem(t, theta, loss):
+            """(V, V^-1, λ) with J = V diag(λ) V^-1 (see ``eigensystem_is_real``)."""
+            if self.eigensystem_is_real:
+                # J = -D H = -D^½ (D^½ H D^½) D^-½: one symmetric eigenproblem.
+                root = jnp.sqrt(self._rate_vector(t))
+                curvature, basis = jnp.linalg.eigh(root[:, None] * jax.hessian(flat_loss)(theta, loss) * root[None, :])
+                return root[:, None] * basis, basis.T / root[None, :], -curvature
+            values, vectors = jnp.linalg.eig(jacobian(t, theta, loss))
+            return vectors, jnp.linalg.inv(vectors), values
+
+        self.jacobian_eigensystem_traceable = jacobian_eigensystem
+        self.vector_field_pure = vector_field
+
+    @property
+    def eigensystem_is_real(self) -> bool:
+        """J = -diag(r) H is similar to a symmetric matrix when every rate is positive and
+        the gradient is not smoothed; otherwise its eigensystem is computed in complex."""
+        return self.smoothing is None and all(rate > 0 for rate in self.rates.constant.values())
+
+    @property
+    def structure_key(self) -> str:
+        """Equal for flows that differ only in the loss's data (the chain) and the start:
+        such flows share compiled solvers and can be batched together."""
+        treedef = jax.tree_util.tree_structure(self.loss)
+        shapes = [(leaf.shape, str(leaf.dtype)) for leaf in jax.tree_util.tree_leaves(self.loss)]
+        return repr((treedef, shapes, self.groups, self.size, self.rates, self.smoothing))
+
     def _smoother(self, params_like: Params) -> Callable[[jax.Array], jax.Array]:
         """The map g -> (S ⊗ I) g on flat gradients (the identity without smoothing)."""
         if self.smoothing is None:

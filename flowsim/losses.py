@@ -19,7 +19,6 @@ All losses are the expected next-token cross-entropy
 
 from __future__ import annotations
 
-import functools
 import itertools
 from dataclasses import dataclass
 from typing import Literal
@@ -271,6 +270,18 @@ def loss_monte_carlo(
     return MonteCarloEstimate(mean=float(losses.mean()), stderr=float(losses.std(ddof=1) / np.sqrt(n_samples)), n=n_samples)
 
 
+@dataclass(frozen=True)
+class ModelLoss:
+    """``core`` with ``model`` bound: compares by value, so the losses of equal models
+    share one treedef and hence one compiled flow (functools.partial compares by identity)."""
+
+    core: object
+    model: Model
+
+    def __call__(self, params: Params, **data) -> jax.Array:
+        return self.core(self.model, params, **data)
+
+
 def make_loss_function(
     model: Model,
     chain: MarkovChain,
@@ -291,17 +302,17 @@ def make_loss_function(
     if kind not in LOSS_KINDS:
         raise ValueError(f"loss.kind must be one of {LOSS_KINDS}, got {kind!r}")
     if kind == "mean_field":
-        return Partial(functools.partial(_mean_field_core, model), pi=jnp.asarray(chain.pi), P=jnp.asarray(chain.P))
+        return Partial(ModelLoss(_mean_field_core, model), pi=jnp.asarray(chain.pi), P=jnp.asarray(chain.P))
     if s is None or not isinstance(s, (int, np.integer)) or s < 1:
         raise ValueError(f"loss.kind = {kind!r} needs a positive integer context length loss.s, got {s!r}")
     if kind == "finite":
         P, log_counts, query, probability = _count_law_arrays(chain, context_count_law(chain, s))
-        core = functools.partial(_count_law_core, model)
+        core = ModelLoss(_count_law_core, model)
         return Partial(core, P=P, log_counts=log_counts, query=query, probability=probability)
     if not isinstance(mc_samples, (int, np.integer)) or mc_samples < 2:
         raise ValueError(f"loss.mc_samples must be an integer >= 2, got {mc_samples!r}")
     sequences = chain.sample(mc_samples, s + 1, mc_seed)
-    core = functools.partial(_sampled_loss_core, model)
+    core = ModelLoss(_sampled_loss_core, model)
     return Partial(core, contexts=jnp.asarray(sequences[:, :-1]), targets=jnp.asarray(sequences[:, -1]))
 
 

@@ -6,8 +6,14 @@ Methods:
   exact Jacobian -diag(r) Hessian(L) from JAX, dense output on the save times.
 * ``Kvaerno5`` (implicit), ``Tsit5``, ``Dopri8`` (explicit): diffrax, with a PID step
   controller that steps exactly onto the kinks of the rate schedule.
+* ``JaxRadau``: Radau IIA of order 5 compiled end to end in JAX (``flowsim.stiff``),
+  with the Jacobian diagonalised so step-size changes cost nothing; it alone can
+  integrate a batch of flows at once (``solve_flow_batch``).
 * ``gradient_descent``: θ_{n+1} = θ_n - η r(nη) ∇L(θ_n), step n at time t = nη, saved at
   the steps nearest the save times.
+
+Every method reports its compile time (JAX tracing and XLA compilation, zero when the
+compiled code is reused) apart from its solve time after compilation.
 
 Every method returns a ``FlowResult`` with a status: a run that hits its step limit,
 meets a non-finite state, or fails inside the solver keeps every point computed
@@ -21,18 +27,20 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 import diffrax
+import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.integrate
 from tqdm.auto import tqdm
 
+from flowsim import stiff
 from flowsim.flow import GradientFlow
 from flowsim.models import Params
 from flowsim.trajectory import Trajectory
 
 SCIPY_METHODS = {"LSODA": scipy.integrate.LSODA, "BDF": scipy.integrate.BDF, "Radau": scipy.integrate.Radau}
 DIFFRAX_METHODS = {"Kvaerno5": diffrax.Kvaerno5, "Tsit5": diffrax.Tsit5, "Dopri8": diffrax.Dopri8}
-METHODS: tuple[str, ...] = (*SCIPY_METHODS, *DIFFRAX_METHODS, "gradient_descent")
+METHODS: tuple[str, ...] = (*SCIPY_METHODS, *DIFFRAX_METHODS, "JaxRadau", "gradient_descent")
 DEFAULT_METHOD = "LSODA"
 
 FINISHED, STEP_LIMIT, NON_FINITE, SOLVER_FAILED, RUNNING = 0, 1, 2, -1, 3
@@ -48,7 +56,8 @@ CHECKPOINT_EVERY_S = 20.0
 class SolverStats:
     """Work done: steps taken (accepted; rejected where the method reports them),
     vector-field and Jacobian evaluations (None where the library does not count
-    them), LU decompositions, and wall time."""
+    them), LU decompositions (eigendecompositions for JaxRadau), wall time in all, and
+    of it the compile time and the solve time after compilation."""
 
     n_steps: int
     n_rejected: int | None
@@ -56,6 +65,8 @@ class SolverStats:
     njev: int | None
     nlu: int | None
     wall_time_s: float
+    compile_seconds: float = 0.0
+    solve_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,25 @@ def check_save_times(t_eval) -> np.ndarray:
     return times
 
 
+def _check_options(method: str, rtol: float, atol: float, max_steps: int, lr: float | None) -> None:
+    if method not in METHODS:
+        raise ValueError(f"unknown solver method {method!r}; expected one of {METHODS}")
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if not (np.isfinite(value) and value > 0):
+            raise ValueError(f"solver.{name} must be a positive number, got {value!r}")
+    if not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
+        raise ValueError(f"solver.max_steps must be a positive integer, got {max_steps!r}")
+    if method == "gradient_descent" and (lr is None or not (np.isfinite(lr) and lr > 0)):
+        raise ValueError(f"gradient_descent needs a positive learning rate solver.lr, got {lr!r}")
+
+
+def _initial_vector(flow: GradientFlow, params0: Params) -> np.ndarray:
+    theta0 = flow.flatten(params0)
+    if not np.all(np.isfinite(theta0)):
+        raise ValueError("the initial parameters contain non-finite values")
+    return theta0
+
+
 def solve_flow(
     flow: GradientFlow,
     params0: Params,
@@ -126,36 +156,120 @@ def solve_flow(
     ``rtol``/``atol`` are the error tolerances of the adaptive methods (with a small
     initialisation of scale ε, atol must sit well below ε²); ``lr`` is the step η of
     ``gradient_descent``. ``max_steps`` bounds the steps taken. ``on_checkpoint``, if
-    given, receives the partial result every ``checkpoint_every_s`` seconds (scipy
-    methods and gradient descent), so a long run can be saved as it goes.
+    given, receives the partial result every ``checkpoint_every_s`` seconds, so a long
+    run can be saved as it goes.
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown solver method {method!r}; expected one of {METHODS}")
-    for name, value in (("rtol", rtol), ("atol", atol)):
-        if not (np.isfinite(value) and value > 0):
-            raise ValueError(f"solver.{name} must be a positive number, got {value!r}")
-    if not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
-        raise ValueError(f"solver.max_steps must be a positive integer, got {max_steps!r}")
+    _check_options(method, rtol, atol, max_steps, lr)
     times = check_save_times(t_eval)
-    theta0 = flow.flatten(params0)
-    if not np.all(np.isfinite(theta0)):
-        raise ValueError("the initial parameters contain non-finite values")
-
-    if method in SCIPY_METHODS:
-        integrate = _solve_scipy
-    elif method in DIFFRAX_METHODS:
-        integrate = _solve_diffrax
-    else:
-        if lr is None or not (np.isfinite(lr) and lr > 0):
-            raise ValueError(f"gradient_descent needs a positive learning rate solver.lr, got {lr!r}")
-        integrate = _solve_gradient_descent
+    theta0 = _initial_vector(flow, params0)
+    if method == "JaxRadau":
+        return solve_flow_batch([flow], [params0], times, rtol=rtol, atol=atol, max_steps=max_steps, progress=progress,
+                                on_checkpoint=None if on_checkpoint is None else lambda results: on_checkpoint(results[0]),
+                                checkpoint_every_s=checkpoint_every_s)[0]
+    integrate = {**dict.fromkeys(SCIPY_METHODS, _solve_scipy), **dict.fromkeys(DIFFRAX_METHODS, _solve_diffrax),
+                 "gradient_descent": _solve_gradient_descent}[method]
     started = time.perf_counter()
     status, message, t_reached, saved_t, saved_theta, counts = integrate(
         flow, theta0, times, method=method, rtol=rtol, atol=atol, max_steps=int(max_steps), lr=lr,
         progress=progress, on_checkpoint=on_checkpoint, checkpoint_every_s=checkpoint_every_s, started=started,
     )
-    stats = SolverStats(**counts, wall_time_s=time.perf_counter() - started)
+    wall = time.perf_counter() - started
+    stats = SolverStats(**counts, wall_time_s=wall, solve_seconds=wall - counts["compile_seconds"])
     return _result(flow, method, status, message, t_reached, saved_t, saved_theta, stats)
+
+
+# Compiled JaxRadau integrators, shared by flows of one structure, batch size and save grid.
+_RADAU_COMPILED: dict[tuple, stiff.RadauFunctions] = {}
+RADAU_PROGRESS_CHUNKS = 20
+RADAU_STATUS = {
+    stiff.DONE: (FINISHED, "reached the last save time"),
+    stiff.STEP_LIMIT: (STEP_LIMIT, "step limit max_steps = {max_steps} reached at t = {t:.6g}"),
+    stiff.STEP_TOO_SMALL: (SOLVER_FAILED, "JaxRadau failed at t = {t:.6g}: the step size fell below its floor"),
+    stiff.NON_FINITE: (NON_FINITE, "the state became non-finite at t = {t:.6g}"),
+    stiff.ACTIVE: (RUNNING, "running"),
+}
+
+
+def _radau_functions(flow: GradientFlow, batch: int, n_save: int, loss_batch) -> tuple[stiff.RadauFunctions, float]:
+    """The compiled integrator for this structure (built on first use) and the seconds spent compiling now."""
+    key = (flow.structure_key, batch, n_save)
+    if key in _RADAU_COMPILED:
+        return _RADAU_COMPILED[key], 0.0
+    functions = stiff.build_radau(
+        flow.vector_field_pure, flow.jacobian_eigensystem_traceable, flow.rates.kinks, batch, n_save, flow.size,
+        loss_batch, complex_eigensystem=not flow.eigensystem_is_real,
+    )
+    _RADAU_COMPILED[key] = functions
+    return functions, functions.compile_seconds
+
+
+def solve_flow_batch(
+    flows: list[GradientFlow],
+    params0: list[Params],
+    t_eval,
+    *,
+    rtol: float = 1e-8,
+    atol: float = 1e-12,
+    max_steps: int = 200_000,
+    progress: bool = False,
+    on_checkpoint: Callable[[list[FlowResult]], None] | None = None,
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S,
+) -> list[FlowResult]:
+    """Integrate several flows of one structure together with ``JaxRadau`` (one compiled
+    loop over the batch), each from its own start, all saved at ``t_eval``.
+
+    The flows must share ``GradientFlow.structure_key`` (same model, rates and loss
+    kind; the chains may differ). Each member takes the steps it takes alone, so the
+    results equal those of ``solve_flow(..., method="JaxRadau")`` run one by one.
+    """
+    _check_options("JaxRadau", rtol, atol, max_steps, None)
+    if not flows or len(flows) != len(params0):
+        raise ValueError(f"need one start per flow, got {len(flows)} flows and {len(params0)} starts")
+    keys = {flow.structure_key for flow in flows}
+    if len(keys) > 1:
+        raise ValueError("flows batched together must share one structure (model, rates, loss kind); "
+                         f"got {len(keys)} different structures")
+    times = check_save_times(t_eval)
+    thetas0 = np.stack([_initial_vector(flow, start) for flow, start in zip(flows, params0)])
+    loss = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *[flow.loss for flow in flows])
+    started = time.perf_counter()
+    functions, compile_seconds = _radau_functions(flows[0], len(flows), len(times), loss)
+    solve_started = time.perf_counter()
+    times_device = jnp.asarray(times)
+    state = functions.init(jnp.asarray(thetas0), loss, times_device, rtol, atol)
+    bar = _Progress(progress, times[-1], "JaxRadau")
+    last_checkpoint = time.perf_counter()
+    stops = times[np.unique(np.linspace(0, len(times) - 1, RADAU_PROGRESS_CHUNKS + 1).astype(int))[1:]]
+    try:
+        for t_stop in stops:
+            state = functions.advance(state, loss, times_device, t_stop, rtol, atol, np.int32(min(max_steps, 2**31 - 1)))
+            active = np.asarray(state.status) == stiff.ACTIVE
+            bar.update(float(np.min(np.where(active, state.t, times[-1]))))
+            if not active.any():
+                break
+            if on_checkpoint is not None and time.perf_counter() - last_checkpoint >= checkpoint_every_s:
+                on_checkpoint(_radau_results(flows, state, times, max_steps, started, compile_seconds, solve_started))
+                last_checkpoint = time.perf_counter()
+    finally:
+        bar.close()
+    return _radau_results(flows, state, times, max_steps, started, compile_seconds, solve_started)
+
+
+def _radau_results(flows, state, times, max_steps, started, compile_seconds, solve_started) -> list[FlowResult]:
+    state = jax.device_get(state)
+    wall, solve_seconds = time.perf_counter() - started, time.perf_counter() - solve_started
+    results = []
+    for i, flow in enumerate(flows):
+        status, message = RADAU_STATUS[int(state.status[i])]
+        message = message.format(max_steps=max_steps, t=float(state.t[i]))
+        n_saved = int(state.n_saved[i])
+        stats = SolverStats(
+            n_steps=int(state.n_steps[i]), n_rejected=int(state.n_rejected[i]), nfev=int(state.nfev[i]),
+            njev=int(state.njev[i]), nlu=int(state.njev[i]), wall_time_s=wall, compile_seconds=compile_seconds,
+            solve_seconds=solve_seconds,
+        )
+        results.append(_result(flow, "JaxRadau", status, message, state.t[i], times[:n_saved], state.saved[i, :n_saved], stats))
+    return results
 
 
 def _result(flow, method, status, message, t_reached, saved_t, saved_theta, stats) -> FlowResult:
@@ -181,6 +295,8 @@ class _Progress:
 
 
 def _solve_scipy(flow, theta0, times, *, method, rtol, atol, max_steps, progress, on_checkpoint, checkpoint_every_s, started, **_):
+    flow.vector_field(0.0, theta0), flow.jacobian(0.0, theta0)  # compiles both on first use
+    compile_seconds = time.perf_counter() - started
     solver = SCIPY_METHODS[method](
         flow.vector_field, 0.0, theta0, times[-1], rtol=rtol, atol=atol, jac=flow.jacobian
     )
@@ -207,21 +323,21 @@ def _solve_scipy(flow, theta0, times, *, method, rtol, atol, max_steps, progress
                 saved_theta.append(interpolant(saved_t[-1]))
             bar.update(solver.t)
             if on_checkpoint is not None and time.perf_counter() - last_checkpoint >= checkpoint_every_s:
-                counts = _scipy_counts(solver, steps)
+                counts = _scipy_counts(solver, steps, compile_seconds)
                 stats = SolverStats(**counts, wall_time_s=time.perf_counter() - started)
                 on_checkpoint(_result(flow, method, RUNNING, "running", solver.t, saved_t, saved_theta, stats))
                 last_checkpoint = time.perf_counter()
     finally:
         bar.close()
-    return status, message, solver.t, saved_t, saved_theta, _scipy_counts(solver, steps)
+    return status, message, solver.t, saved_t, saved_theta, _scipy_counts(solver, steps, compile_seconds)
 
 
-def _scipy_counts(solver, steps: int) -> dict:
+def _scipy_counts(solver, steps: int, compile_seconds: float) -> dict:
     return {"n_steps": steps, "n_rejected": None, "nfev": int(solver.nfev), "njev": int(solver.njev),
-            "nlu": int(getattr(solver, "nlu", 0))}
+            "nlu": int(getattr(solver, "nlu", 0)), "compile_seconds": compile_seconds}
 
 
-def _solve_diffrax(flow, theta0, times, *, method, rtol, atol, max_steps, progress, **_):
+def _solve_diffrax(flow, theta0, times, *, method, rtol, atol, max_steps, progress, started, **_):
     term = diffrax.ODETerm(lambda t, y, args: flow.vector_field_traceable(t, y))
     # PI coefficients of diffrax's advice for stiff problems: far fewer rejected implicit steps.
     gains = {"pcoeff": 0.3, "icoeff": 0.4} if method == "Kvaerno5" else {}
@@ -230,16 +346,23 @@ def _solve_diffrax(flow, theta0, times, *, method, rtol, atol, max_steps, progre
     if kinks:
         controller = diffrax.ClipStepSizeController(controller, step_ts=jnp.asarray(kinks, dtype=float))
     meter = diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter()
-    solution = diffrax.diffeqsolve(
-        term, DIFFRAX_METHODS[method](), t0=0.0, t1=float(times[-1]), dt0=None, y0=jnp.asarray(theta0),
-        saveat=diffrax.SaveAt(ts=jnp.asarray(times)), stepsize_controller=controller, max_steps=max_steps,
-        throw=False, progress_meter=meter,
-    )
+
+    def integrate(y0, save_times):
+        return diffrax.diffeqsolve(
+            term, DIFFRAX_METHODS[method](), t0=0.0, t1=save_times[-1], dt0=None, y0=y0,
+            saveat=diffrax.SaveAt(ts=save_times), stepsize_controller=controller, max_steps=max_steps,
+            throw=False, progress_meter=meter,
+        )
+
+    arguments = (jnp.asarray(theta0), jnp.asarray(times))
+    compiled = jax.jit(integrate).lower(*arguments).compile()
+    compile_seconds = time.perf_counter() - started
+    solution = compiled(*arguments)
     ys = np.asarray(solution.ys)
     reached = np.all(np.isfinite(ys), axis=1)
     n_saved = len(times) if reached.all() else int(np.argmin(reached))
     counts = {"n_steps": int(solution.stats["num_accepted_steps"]), "n_rejected": int(solution.stats["num_rejected_steps"]),
-              "nfev": None, "njev": None, "nlu": None}
+              "nfev": None, "njev": None, "nlu": None, "compile_seconds": compile_seconds}
     result = solution.result
     if result == diffrax.RESULTS.successful:
         status, message = FINISHED, "reached the last save time"
@@ -259,6 +382,8 @@ def _solve_gradient_descent(
     # Save at the step nearest each save time; steps are distinct, so times stay ascending.
     save_steps = np.unique(np.rint(times / lr).astype(np.int64))
     theta = jnp.asarray(theta0)
+    flow.gradient_descent(theta, 0, 0, lr).block_until_ready()  # compiles on first use
+    compile_seconds = time.perf_counter() - started
     saved_steps, saved_theta = [0], [np.asarray(theta)]
     status, message = FINISHED, "reached the last save time"
     bar = _Progress(progress, save_steps[-1] * lr, method)
@@ -277,12 +402,12 @@ def _solve_gradient_descent(
             saved_theta.append(np.asarray(theta))
             bar.update(target * lr)
             if on_checkpoint is not None and time.perf_counter() - last_checkpoint >= checkpoint_every_s:
-                stats = SolverStats(saved_steps[-1], None, saved_steps[-1], 0, 0, time.perf_counter() - started)
+                stats = SolverStats(saved_steps[-1], None, saved_steps[-1], 0, 0, time.perf_counter() - started, compile_seconds)
                 t_now = saved_steps[-1] * lr
                 on_checkpoint(_result(flow, method, RUNNING, "running", t_now, np.array(saved_steps) * lr, saved_theta, stats))
                 last_checkpoint = time.perf_counter()
     finally:
         bar.close()
     n = saved_steps[-1]
-    counts = {"n_steps": n, "n_rejected": None, "nfev": n, "njev": 0, "nlu": 0}
+    counts = {"n_steps": n, "n_rejected": None, "nfev": n, "njev": 0, "nlu": 0, "compile_seconds": compile_seconds}
     return status, message, n * lr, np.array(saved_steps) * lr, saved_theta, counts

@@ -1,0 +1,343 @@
+"""Radau IIA of order 5, compiled end to end in JAX, for a batch of gradient flows.
+
+The implicit Runge-Kutta method of Hairer & Wanner (RADAU5, the method of scipy's
+``Radau``), with one change that suits gradient flows: the Jacobian
+J = -diag(r) ∇²L is diagonalised, J = V diag(λ) V⁻¹, instead of LU-factorised. Each
+simplified-Newton system (μ/h - J) x = b then costs two matrix products, for any step
+size h, so h changes freely and J is recomputed only when the Newton iteration
+converges slowly. The three stage evaluations of a Newton iteration run as one batch.
+
+The whole integration runs in ``lax.while_loop``: steps, Newton iterations, Jacobian
+refreshes and the dense output onto the save times (Radau's collocation polynomial),
+with no host round trip. ``advance`` stops once every member has reached a given time,
+so a caller can show progress and checkpoint between calls without changing the steps.
+
+A batch is B flows of one structure (``GradientFlow.structure_key``: the same model and
+rates, different chains and starts). Each member keeps its own t, h and Jacobian and
+takes exactly the steps it takes alone; a Jacobian is recomputed only for the members
+that need one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Status of a member: still integrating, or why it stopped.
+ACTIVE, DONE, STEP_LIMIT, STEP_TOO_SMALL, NON_FINITE = 0, 1, 2, 3, 4
+
+S6 = 6**0.5
+C = np.array([(4 - S6) / 10, (4 + S6) / 10, 1.0])  # collocation nodes
+E = np.array([-13 - 7 * S6, -13 + 7 * S6, -1.0]) / 3  # error estimator weights
+MU_REAL = 3 + 3 ** (2 / 3) - 3 ** (1 / 3)  # eigenvalues of the inverse Butcher matrix
+MU_COMPLEX = 3 + 0.5 * (3 ** (1 / 3) - 3 ** (2 / 3)) - 0.5j * (3 ** (5 / 6) + 3 ** (7 / 6))
+T = np.array([
+    [0.09443876248897524, -0.14125529502095421, 0.03002919410514742],
+    [0.25021312296533332, 0.20412935229379994, -0.38294211275726192],
+    [1.0, 1.0, 0.0],
+])
+TI = np.array([
+    [4.17871859155190428, 0.32768282076106237, 0.52337644549944951],
+    [-4.17871859155190428, -0.32768282076106237, 0.47662355450055044],
+    [0.50287263494578682, -2.57192694985560522, 0.59603920482822492],
+])
+# Dense output: y(t_old + x h) = y_old + Z^T P [x, x², x³].
+P = np.array([
+    [13 / 3 + 7 * S6 / 3, -23 / 3 - 22 * S6 / 3, 10 / 3 + 5 * S6],
+    [13 / 3 - 7 * S6 / 3, -23 / 3 + 22 * S6 / 3, 10 / 3 - 5 * S6],
+    [1 / 3, -8 / 3, 10 / 3],
+])
+NEWTON_MAXITER = 6
+# A Jacobian costs about 150 stage evaluations here (Hessian plus eigendecomposition), so
+# it is recomputed only after a slow Newton solve, not after every mildly slow one
+# (scipy: more than 2 iterations at rate 1e-3).
+RECOMPUTE_AFTER_ITERATIONS, RECOMPUTE_ABOVE_RATE = 4, 0.1
+MIN_FACTOR, MAX_FACTOR = 0.2, 10.0
+
+
+class RadauState(NamedTuple):
+    """Everything the loop carries, each with a leading batch axis B."""
+
+    t: jax.Array  # (B,)
+    y: jax.Array  # (B, n)
+    f: jax.Array  # (B, n)  f(t, y)
+    h: jax.Array  # (B,)    next step size to try
+    h_old: jax.Array  # (B,) last accepted step (nan before the first)
+    error_old: jax.Array  # (B,) its error norm (nan before the first)
+    rejected: jax.Array  # (B,) the last attempt was rejected
+    t_old: jax.Array  # (B,)   start of the last accepted step
+    y_old: jax.Array  # (B, n) state there
+    Z: jax.Array  # (B, 3, n) its stage increments (dense output and Newton guesses)
+    V: jax.Array  # (B, n, n) eigenvectors of J
+    V_inv: jax.Array  # (B, n, n)
+    lam: jax.Array  # (B, n)  eigenvalues of J
+    jacobian_is_current: jax.Array  # (B,) J was computed at the current (t, y)
+    saved: jax.Array  # (B, n_save, n)
+    n_saved: jax.Array  # (B,)
+    status: jax.Array  # (B,)
+    n_steps: jax.Array  # (B,) accepted
+    n_rejected: jax.Array  # (B,)
+    nfev: jax.Array  # (B,)
+    njev: jax.Array  # (B,)
+
+
+def _rms(x: jax.Array, axes) -> jax.Array:
+    return jnp.sqrt(jnp.mean(jnp.square(x), axis=axes))
+
+
+def _batched_matvec(matrix: jax.Array, vectors: jax.Array) -> jax.Array:
+    """(B, n, n) times (B, n, k) -> (B, n, k)."""
+    return jnp.einsum("bij,bjk->bik", matrix, vectors)
+
+
+def _solve_real(V, V_inv, lam, b, m_real):
+    """(m - J)^-1 b per member, J = V diag(λ) V^-1; b (B, n), m (B,)."""
+    x = _batched_matvec(V, (_batched_matvec(V_inv, b[..., None])[..., 0] / (m_real[:, None] - lam))[..., None])[..., 0]
+    return x.real if jnp.iscomplexobj(x) else x
+
+
+def _solve_newton(V, V_inv, lam, b_real, b_complex, m_real, m_complex):
+    """The two Newton systems of Radau IIA: (m_real - J) x = b_real, (m_complex - J) z = b_complex."""
+    if jnp.iscomplexobj(lam):
+        return _solve_real(V, V_inv, lam, b_real, m_real), _batched_matvec(
+            V, (_batched_matvec(V_inv, b_complex[..., None])[..., 0] / (m_complex[:, None] - lam))[..., None]
+        )[..., 0]
+    # Real eigensystem: one product with V^-1 and one with V for all three right-hand sides.
+    coefficients = _batched_matvec(V_inv, jnp.stack([b_real, b_complex.real, b_complex.imag], axis=-1))
+    c_real = coefficients[..., 0] / (m_real[:, None] - lam)
+    c_complex = (coefficients[..., 1] + 1j * coefficients[..., 2]) / (m_complex[:, None] - lam)
+    x = _batched_matvec(V, jnp.stack([c_real, c_complex.real, c_complex.imag], axis=-1))
+    return x[..., 0], x[..., 1] + 1j * x[..., 2]
+
+
+def _predict_factor(h, h_old, error, error_old):
+    """Step-size factor of Hairer's predictive (Gustafsson) controller, as in scipy."""
+    multiplier = jnp.where(jnp.isnan(h_old) | jnp.isnan(error_old) | (error == 0), 1.0,
+                           h / h_old * (error_old / jnp.where(error == 0, 1.0, error)) ** 0.25)
+    return jnp.minimum(1.0, multiplier) * jnp.where(error == 0, jnp.inf, error) ** -0.25
+
+
+class RadauFunctions(NamedTuple):
+    """The compiled entry points for one flow structure, batch size and number of save times."""
+
+    init: Callable
+    advance: Callable
+    compile_seconds: float
+
+
+def build_radau(
+    vector_field: Callable, eigensystem: Callable, kinks: tuple[float, ...], batch: int, n_save: int, size: int,
+    loss_batch, complex_eigensystem: bool,
+) -> RadauFunctions:
+    """Compile ``init(y0, loss, times, rtol, atol)`` and ``advance(state, loss, times,
+    t_stop, rtol, atol, max_attempts)`` for ``batch`` flows of ``size`` parameters.
+
+    ``vector_field(t, θ, loss)`` and ``eigensystem(t, θ, loss) -> (V, V^-1, λ)`` are pure
+    functions of one member; ``loss_batch`` is an example batched loss (its shapes).
+    ``kinks`` are the rate schedule's kinks: steps end exactly on them.
+    """
+    field_batch = jax.vmap(vector_field)
+    field_stages = jax.vmap(jax.vmap(vector_field, in_axes=(0, 0, None)))
+    kink_times = jnp.asarray(sorted(kinks), dtype=float).reshape(-1)
+    c_nodes, e_weights = jnp.asarray(C), jnp.asarray(E)
+    t_matrix, ti_real, ti_complex = jnp.asarray(T), jnp.asarray(TI[0]), jnp.asarray(TI[1] + 1j * TI[2])
+    p_matrix = jnp.asarray(P)
+    member = jnp.arange(batch)
+
+    def next_stop(t, t_end):
+        later = jnp.where(kink_times[None, :] > t[:, None], kink_times[None, :], jnp.inf)
+        return jnp.minimum(t_end, later.min(axis=1, initial=jnp.inf))
+
+    def refresh_jacobians(state: RadauState, need: jax.Array, loss) -> RadauState:
+        """Recompute the eigensystem of J at (t, y) for the members flagged in ``need``, one by one."""
+
+        def one(carry):
+            state, need = carry
+            i = jnp.argmax(need)
+            loss_i = jax.tree_util.tree_map(lambda leaf: leaf[i], loss)
+            V, V_inv, lam = eigensystem(state.t[i], state.y[i], loss_i)
+            state = state._replace(V=state.V.at[i].set(V), V_inv=state.V_inv.at[i].set(V_inv), lam=state.lam.at[i].set(lam),
+                                   jacobian_is_current=state.jacobian_is_current.at[i].set(True), njev=state.njev.at[i].add(1))
+            return state, need.at[i].set(False)
+
+        # The cond keeps XLA from paying for the loop on the (most) steps that need no Jacobian.
+        return jax.lax.cond(jnp.any(need), lambda s: jax.lax.while_loop(lambda c: jnp.any(c[1]), one, (s, need))[0],
+                            lambda s: s, state)
+
+    def init(y0, loss, times, rtol, atol):
+        t0 = jnp.zeros(batch)
+        f0 = field_batch(t0, y0, loss)
+        # Initial step as in scipy's select_initial_step, for a method of order 5.
+        scale = atol + jnp.abs(y0) * rtol
+        d0, d1 = _rms(y0 / scale, 1), _rms(f0 / scale, 1)
+        h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / jnp.where(d1 > 0, d1, 1.0))
+        f1 = field_batch(t0 + h0, y0 + h0[:, None] * f0, loss)
+        d2 = _rms((f1 - f0) / scale, 1) / h0
+        h1 = jnp.where((d1 <= 1e-15) & (d2 <= 1e-15), jnp.maximum(1e-6, h0 * 1e-3),
+                       (0.01 / jnp.maximum(d1, d2)) ** (1 / 6))
+        h = jnp.minimum(jnp.minimum(100 * h0, h1), times[-1])
+        cdtype = jnp.complex128 if complex_eigensystem else jnp.float64
+        nan = jnp.full(batch, jnp.nan)
+        zeros = jnp.zeros(batch, dtype=jnp.int32)
+        state = RadauState(
+            t=t0, y=y0, f=f0, h=h, h_old=nan, error_old=nan, rejected=jnp.zeros(batch, bool), t_old=t0, y_old=y0,
+            Z=jnp.zeros((batch, 3, size)), V=jnp.zeros((batch, size, size), cdtype), V_inv=jnp.zeros((batch, size, size), cdtype),
+            lam=jnp.zeros((batch, size), cdtype), jacobian_is_current=jnp.zeros(batch, bool),
+            saved=jnp.zeros((batch, n_save, size)).at[:, 0].set(y0), n_saved=jnp.ones(batch, jnp.int32),
+            status=jnp.where(jnp.all(jnp.isfinite(f0), axis=1), ACTIVE, NON_FINITE).astype(jnp.int32),
+            n_steps=zeros, n_rejected=zeros, nfev=zeros + 2, njev=zeros,
+        )
+        return refresh_jacobians(state, state.status == ACTIVE, loss)
+
+    def newton(state: RadauState, active, h, Z0, scale, newton_tol, loss):
+        """Simplified Newton on the collocation system, as scipy's solve_collocation_system."""
+        m_real, m_complex = MU_REAL / h, MU_COMPLEX / h
+        stage_times = state.t[:, None] + h[:, None] * c_nodes[None, :]
+
+        def body(carry):
+            k, W, Z, norm_old, rate, iterating, converged, n_iter, nfev = carry
+            F = field_stages(stage_times, state.y[:, None, :] + Z, loss)
+            finite = jnp.all(jnp.isfinite(F), axis=(1, 2))
+            f_real = jnp.einsum("bsn,s->bn", F, ti_real) - m_real[:, None] * W[:, 0]
+            f_complex = jnp.einsum("bsn,s->bn", F, ti_complex) - m_complex[:, None] * (W[:, 1] + 1j * W[:, 2])
+            dW_real, dW_complex = _solve_newton(state.V, state.V_inv, state.lam, f_real, f_complex, m_real, m_complex)
+            dW = jnp.stack([dW_real, dW_complex.real, dW_complex.imag], axis=1)
+            norm = _rms(dW / scale[:, None, :], (1, 2))
+            new_rate = jnp.where(jnp.isnan(norm_old), jnp.nan, norm / norm_old)
+            diverging = ~jnp.isnan(new_rate) & (
+                (new_rate >= 1) | (new_rate ** (NEWTON_MAXITER - k) / (1 - new_rate) * norm > newton_tol))
+            update = iterating & finite & ~diverging
+            W = jnp.where(update[:, None, None], W + dW, W)
+            Z = jnp.where(update[:, None, None], jnp.einsum("ij,bjn->bin", t_matrix, W), Z)
+            done = (norm == 0) | (~jnp.isnan(new_rate) & (new_rate / (1 - new_rate) * norm < newton_tol))
+            converged = converged | (update & done)
+            n_iter = jnp.where(iterating, k + 1, n_iter)
+            nfev = nfev + 3 * iterating
+            rate = jnp.where(iterating, new_rate, rate)
+            norm_old = jnp.where(update, norm, norm_old)
+            iterating = update & ~done
+            return k + 1, W, Z, norm_old, rate, iterating, converged, n_iter, nfev
+
+        W0 = jnp.einsum("ij,bjn->bin", jnp.asarray(TI), Z0)
+        nan = jnp.full(batch, jnp.nan)
+        start = (0, W0, Z0, nan, nan, active, jnp.zeros(batch, bool), jnp.zeros(batch, jnp.int32), state.nfev)
+        carry = jax.lax.while_loop(lambda c: (c[0] < NEWTON_MAXITER) & jnp.any(c[5]), body, start)
+        _, _, Z, _, rate, _, converged, n_iter, nfev = carry
+        return converged, n_iter, Z, rate, nfev
+
+    def save_dense(state: RadauState, accepted, t, y, h, t_new, Z, times):
+        """Write the save times in (t, t_new] of the accepted members from the collocation polynomial."""
+
+        def pending(carry):
+            saved, n_saved = carry
+            index = jnp.minimum(n_saved, n_save - 1)
+            return accepted & (n_saved < n_save) & (times[index] <= t_new)
+
+        def one(carry):
+            saved, n_saved = carry
+            write = pending(carry)
+            index = jnp.minimum(n_saved, n_save - 1)
+            x = (times[index] - t) / h
+            weights = jnp.einsum("ij,bj->bi", p_matrix, jnp.stack([x, x**2, x**3], axis=1))
+            value = y + jnp.einsum("bi,bin->bn", weights, Z)
+            value = jnp.where((times[index] == t_new)[:, None], y + Z[:, 2], value)  # the step's end exactly
+            saved = saved.at[member, jnp.where(write, index, n_save)].set(value, mode="drop")
+            return saved, n_saved + write
+
+        saved, n_saved = jax.lax.while_loop(lambda c: jnp.any(pending(c)), one, (state.saved, state.n_saved))
+        return state._replace(saved=saved, n_saved=n_saved)
+
+    def attempt(state: RadauState, loss, times, rtol, atol, max_attempts):
+        """One step attempt for every active member: accept, reject, or retry with a fresh J."""
+        active = state.status == ACTIVE
+        t, y = state.t, state.y
+        t_end = times[-1]
+        t_new = jnp.minimum(t + state.h, next_stop(t, t_end))
+        h = t_new - t
+        min_step = 10 * jnp.abs(jnp.nextafter(t, jnp.inf) - t)
+        too_small = active & (h < min_step)
+        active = active & ~too_small
+        h = jnp.where(active, h, 1.0)  # keeps the masked arithmetic finite
+
+        # Newton's first guess: the last step's collocation polynomial, extrapolated.
+        h_prev = jnp.where(state.n_steps > 0, t - state.t_old, 1.0)
+        x = (t[:, None] + h[:, None] * c_nodes[None, :] - state.t_old[:, None]) / h_prev[:, None]
+        weights = jnp.einsum("ij,bsj->bsi", p_matrix, jnp.stack([x, x**2, x**3], axis=-1))
+        Z0 = state.y_old[:, None, :] + jnp.einsum("bsi,bin->bsn", weights, state.Z) - y[:, None, :]
+        Z0 = jnp.where((state.n_steps > 0)[:, None, None], Z0, 0.0)
+
+        scale = atol + jnp.abs(y) * rtol
+        newton_tol = jnp.maximum(10 * jnp.finfo(float).eps / rtol, jnp.minimum(0.03, rtol**0.5))
+        converged, n_iter, Z, rate, nfev = newton(state, active, h, Z0, scale, newton_tol, loss)
+
+        # Not converged: retry with a fresh Jacobian if it was stale, else halve h.
+        failed = active & ~converged
+        retry_with_jacobian = failed & ~state.jacobian_is_current
+        halve = failed & state.jacobian_is_current
+
+        y_new = y + Z[:, 2]
+        ZE = jnp.einsum("bsn,s->bn", Z, e_weights) / h[:, None]
+        m_real = MU_REAL / h
+        error = _solve_real(state.V, state.V_inv, state.lam, state.f + ZE, m_real)
+        scale = atol + jnp.maximum(jnp.abs(y), jnp.abs(y_new)) * rtol
+        error_norm = _rms(error / scale, 1)
+        # After a rejection, refine the estimate with one more evaluation (Hairer's choice).
+        refine = converged & state.rejected & (error_norm > 1)
+
+        def refined(_):
+            error2 = _solve_real(state.V, state.V_inv, state.lam, field_batch(t, y + error, loss) + ZE, m_real)
+            return jnp.where(refine, _rms(error2 / scale, 1), error_norm)
+
+        error_norm = jax.lax.cond(jnp.any(refine), refined, lambda _: error_norm, None)
+        nfev = nfev + refine
+        error_norm = jnp.where(jnp.isfinite(error_norm), error_norm, jnp.inf)
+        safety = 0.9 * (2 * NEWTON_MAXITER + 1) / (2 * NEWTON_MAXITER + n_iter)
+        accept = converged & (error_norm <= 1)
+        reject = converged & (error_norm > 1)
+
+        factor = _predict_factor(h, state.h_old, error_norm, state.error_old)
+        h_rejected = h * jnp.maximum(MIN_FACTOR, safety * factor)
+        h_accepted = h * jnp.minimum(MAX_FACTOR, safety * factor)
+        next_h = jnp.where(accept, h_accepted, jnp.where(reject, h_rejected, jnp.where(halve, 0.5 * h, state.h)))
+
+        f_new = field_batch(t_new, y_new, loss)
+        nfev = nfev + accept
+        finite_new = jnp.all(jnp.isfinite(f_new), axis=1) & jnp.all(jnp.isfinite(y_new), axis=1)
+
+        state = save_dense(state, accept, t, y, h, t_new, Z, times)
+        keep = lambda new, old: jnp.where(accept.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)  # noqa: E731
+        attempts = state.n_steps + state.n_rejected + 1
+        status = jnp.where(too_small, STEP_TOO_SMALL, state.status)
+        status = jnp.where(accept & ~finite_new, NON_FINITE, status)
+        status = jnp.where(accept & finite_new & (t_new >= t_end), DONE, status)
+        status = jnp.where((status == ACTIVE) & (attempts >= max_attempts) & active, STEP_LIMIT, status)
+        recompute = accept & (n_iter > RECOMPUTE_AFTER_ITERATIONS) & (rate > RECOMPUTE_ABOVE_RATE)
+        state = state._replace(
+            t=keep(t_new, t), y=keep(y_new, y), f=keep(f_new, state.f), h=jnp.where(active, next_h, state.h),
+            h_old=keep(h, state.h_old), error_old=keep(error_norm, state.error_old),
+            rejected=jnp.where(accept, False, jnp.where(reject | halve, True, state.rejected)),
+            t_old=keep(t, state.t_old), y_old=keep(y, state.y_old), Z=keep(Z, state.Z),
+            jacobian_is_current=jnp.where(accept, False, state.jacobian_is_current),
+            status=status.astype(jnp.int32), n_steps=state.n_steps + accept,
+            n_rejected=state.n_rejected + (reject | halve), nfev=nfev.astype(jnp.int32),
+        )
+        need = (retry_with_jacobian | recompute) & (state.status == ACTIVE)
+        return refresh_jacobians(state, need, loss)
+
+    def advance(state, loss, times, t_stop, rtol, atol, max_attempts):
+        keep_going = lambda s: jnp.any((s.status == ACTIVE) & (s.t < t_stop))  # noqa: E731
+        return jax.lax.while_loop(keep_going, lambda s: attempt(s, loss, times, rtol, atol, max_attempts), state)
+
+    started = time.perf_counter()
+    y_example = jnp.zeros((batch, size))
+    times_example = jnp.zeros(n_save)
+    scalar = jnp.zeros(())
+    init_compiled = jax.jit(init).lower(y_example, loss_batch, times_example, scalar, scalar).compile()
+    state_example = jax.eval_shape(init, y_example, loss_batch, times_example, scalar, scalar)
+    advance_compiled = jax.jit(advance).lower(
+        state_example, loss_batch, times_example, scalar, scalar, scalar, jnp.zeros((), jnp.int32)).compile()
+    return RadauFunctions(init_compiled, advance_compiled, time.perf_counter() - started)
