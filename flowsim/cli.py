@@ -213,6 +213,34 @@ def bridge_compare(run_dir: Path = typer.Argument(..., help="A run directory wri
 
 
 @app.command()
+def sweep(
+    config: Optional[Path] = typer.Argument(None, help="TOML config; the paper default when omitted."),
+    grid: List[str] = typer.Option([], "--grid", help="section.key=[v1, v2, ...] (repeatable): the grid's axes."),
+    seeds: int = typer.Option(1, "--seeds", help="Seeds 0 .. N-1 of every grid point (init.seed)."),
+    set_: List[str] = typer.Option([], "--set", help="Override a key of every run: section.key=TOML-literal."),
+    out: Path = typer.Option(Path("sweeps/sweep"), "--out", help="Sweep folder; run again to resume it."),
+    backend: str = typer.Option("local", "--backend", help="local (processes here) or dask (a Dask cluster)."),
+    workers: int = typer.Option(1, "--workers", help="Worker processes (local pool or LocalCluster)."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address (default: a LocalCluster)."),
+    batch: int = typer.Option(16, "--batch", help="Runs integrated together as one JaxRadau batch."),
+) -> None:
+    """Run a grid of configurations x seeds, label every run's stages, and write a table and a phase diagram."""
+    from flowsim.config import ConfigError
+    from flowsim.sweep import parse_grid, run_sweep
+
+    try:
+        rows = run_sweep(config, parse_grid(grid), seeds, out, base_overrides=set_, backend=backend, workers=workers,
+                         scheduler=scheduler, batch=batch, progress=lambda message: typer.echo(f"flowsim: {message}", err=True))
+    except ConfigError as error:
+        _fail(str(error))
+    failed = [row["name"] for row in rows if row["status"] != "finished"]
+    typer.echo(f"{len(rows)} rows: {out / 'sweep.csv'}, {out / 'phase_diagram.png'}")
+    if failed:
+        typer.echo(f"runs that did not finish: {', '.join(failed)}", err=True)
+        raise typer.Exit(code=1)
+
+
+@app.command()
 def version() -> None:
     """Print the versions of flowsim and its numerical libraries."""
     from flowsim.rundir import library_versions

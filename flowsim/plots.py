@@ -77,3 +77,36 @@ def plot_run_summary(observables: Observables, path: Path, title: str = "", stag
     plt.close(figure)
     temporary.replace(path)
     return path
+
+
+def plot_sweep_phase_diagram(rows: list[dict], grid_keys: list[str], path: Path,
+                             stages: tuple[str, ...] = ("condensation", "focus", "dilution", "restart")) -> Path:
+    """One panel per stage: its onset time (mean over seeds, log colour scale) over the
+    first two grid keys (a single row for a one-key grid); cells where no seed reached
+    the stage are hatched."""
+    x_key = grid_keys[0]
+    y_key = grid_keys[1] if len(grid_keys) > 1 else None
+    xs = sorted({row[x_key] for row in rows}, key=float) if rows else []
+    ys = sorted({row[y_key] for row in rows}, key=float) if (rows and y_key) else [None]
+    figure, axes = plt.subplots(1, len(stages), figsize=(3.2 * len(stages), 2.8), constrained_layout=True, squeeze=False)
+    for axis, stage in zip(axes[0], stages):
+        grid = np.full((len(ys), len(xs)), np.nan)
+        for j, y in enumerate(ys):
+            for i, x in enumerate(xs):
+                onsets = [row[f"onset_{stage}"] for row in rows
+                          if row[x_key] == x and (y_key is None or row[y_key] == y)]
+                finite = [value for value in onsets if value is not None and np.isfinite(value)]
+                grid[j, i] = np.log10(np.mean(finite)) if finite else np.nan
+        image = axis.imshow(grid, origin="lower", aspect="auto", cmap="viridis")
+        axis.imshow(np.where(np.isnan(grid), 1.0, np.nan), origin="lower", aspect="auto", cmap="Greys", vmin=0, vmax=4)
+        axis.set_xticks(range(len(xs)), [f"{x:g}" for x in xs], rotation=45)
+        axis.set_yticks(range(len(ys)), [f"{y:g}" for y in ys] if y_key else [""])
+        axis.set_xlabel(x_key)
+        if y_key:
+            axis.set_ylabel(y_key)
+        axis.set_title(f"{stage} onset")
+        colorbar = figure.colorbar(image, ax=axis, label="log10 t")
+        colorbar.ax.ticklabel_format(useOffset=False)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return Path(path)

@@ -1,0 +1,267 @@
+"""Sweeps: a grid of configurations × seeds, each run labelled by the stage detectors,
+collected into one table and a phase diagram.
+
+    OUT/rows/NAME.json    one finished run: its parameters, stage onsets, cycles, final loss
+    OUT/sweep.csv         every finished row, in grid order
+    OUT/sweep.json        the grid, the base configuration, versions, and the backend used
+    OUT/phase_diagram.png onset times over the first two grid keys (mean over seeds)
+
+A row is written atomically the moment its run finishes, so an interrupted sweep, run
+again with the same arguments, recomputes only the rows that are missing.
+
+Runs are grouped into chunks of flows of one structure; with ``solver.method =
+"JaxRadau"`` a chunk is integrated as one compiled batch (``solve_flow_batch``), with
+any other method run by run. Chunks run in this process, in a pool of processes
+(``backend="local"``, ``workers`` > 1), or on a Dask distributed cluster
+(``backend="dask"``: a LocalCluster, or the scheduler at ``scheduler``). Every worker
+process gets the same thread settings, so both backends compute identical rows.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import csv
+import io
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+import numpy as np
+
+from flowsim.config import ConfigError, load_config
+from flowsim.experiment import prepare, stages_apply
+from flowsim.observables import compute_observables
+from flowsim.rundir import library_versions
+from flowsim.solvers import solve_flow, solve_flow_batch
+from flowsim.stages import detect_stages
+from flowsim.trajectory import write_atomic_bytes
+
+BACKENDS = ("local", "dask")
+STAGES = ("condensation", "focus", "dilution", "restart")
+ROW_COLUMNS = ("name", "seed", "status", "final_loss", *(f"onset_{stage}" for stage in STAGES), "cycles",
+               "n_steps", "solve_seconds")
+# BLAS and OpenMP threads of every worker process, as Dask's nanny sets them: equal
+# settings give bit-identical results on either backend.
+WORKER_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of the sweep: its name, its grid values and the overrides that make it."""
+
+    name: str
+    values: dict
+    seed: int
+    overrides: tuple[str, ...]
+
+
+def parse_grid(entries: Sequence[str]) -> dict[str, list]:
+    """``section.key=[v1, v2, ...]`` (a TOML array) for each entry -> {key: values}."""
+    grid: dict[str, list] = {}
+    for entry in entries:
+        key, sep, literal = entry.partition("=")
+        key = key.strip()
+        if not sep or "." not in key:
+            raise ConfigError(f"--grid {entry!r}: expected section.key=[v1, v2, ...]")
+        try:
+            values = tomllib.loads(f"values = {literal.strip()}")["values"]
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"--grid {entry!r}: the values are not a TOML array: {error}") from None
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"--grid {entry!r}: expected a non-empty list of values, got {values!r}")
+        if len(set(map(repr, values))) != len(values):
+            raise ConfigError(f"--grid {entry!r}: the values repeat")
+        if key in grid:
+            raise ConfigError(f"--grid names {key!r} twice")
+        if key == "init.seed":
+            raise ConfigError("--grid init.seed: use --seeds N for seeds")
+        grid[key] = values
+    return grid
+
+
+def expand_grid(grid: dict[str, list], seeds: int) -> list[RunSpec]:
+    """Every combination of the grid's values, for seeds 0 .. seeds-1, in grid order."""
+    if not isinstance(seeds, int) or seeds < 1:
+        raise ConfigError(f"--seeds must be a positive integer, got {seeds!r}")
+    specs = []
+    for combination in itertools.product(*grid.values()):
+        values = dict(zip(grid, combination))
+        for seed in range(seeds):
+            overrides = tuple(f"{key}={json.dumps(value)}" for key, value in values.items()) + (f"init.seed={seed}",)
+            name = "_".join(f"{key}={value}" for key, value in values.items()) + f"_seed={seed}"
+            specs.append(RunSpec(name.replace("/", "-"), values, seed, overrides))
+    return specs
+
+
+def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: list[RunSpec], out: str) -> list[dict]:
+    """Integrate, observe and label ``specs``; write and return one row each.
+
+    Runs of one structure with the JaxRadau method are integrated as one batch.
+    """
+    configs = [load_config(config_path, (*base_overrides, *spec.overrides)) for spec in specs]
+    prepared = [prepare(config) for config in configs]
+    solver = configs[0].solver
+    times = prepared[0].times
+    if solver.method == "JaxRadau" and all(np.array_equal(p.times, times) for p in prepared):
+        results = solve_flow_batch([p.flow for p in prepared], [p.params0 for p in prepared], times,
+                                   rtol=solver.rtol, atol=solver.atol, max_steps=solver.max_steps)
+    else:
+        results = [solve_flow(p.flow, p.params0, p.times, method=c.solver.method, rtol=c.solver.rtol, atol=c.solver.atol,
+                              max_steps=c.solver.max_steps, lr=c.solver.lr) for p, c in zip(prepared, configs)]
+    rows = []
+    for spec, run, result in zip(specs, prepared, results):
+        row = {"name": spec.name, **spec.values, "seed": spec.seed, "status": result.status_name,
+               "final_loss": float(result.trajectory.loss[-1]), **{f"onset_{stage}": math.nan for stage in STAGES},
+               "cycles": None, "n_steps": result.stats.n_steps, "solve_seconds": result.stats.solve_seconds}
+        if stages_apply(run.model) and len(result.trajectory) >= 4:
+            report = detect_stages(compute_observables(result.trajectory, run.model, run.chain.pi, run.flow))
+            for stage in STAGES:
+                starts = [interval.t_start for interval in report.of(stage)]
+                row[f"onset_{stage}"] = float(min(starts)) if starts else math.nan
+            row["cycles"] = report.cycles
+        write_atomic_bytes(Path(out) / "rows" / f"{spec.name}.json", (json.dumps(row, indent=1) + "\n").encode())
+        rows.append(row)
+    return rows
+
+
+def chunk_specs(config_path: str | None, base_overrides: tuple[str, ...], specs: list[RunSpec], batch: int) -> list[list[RunSpec]]:
+    """Consecutive runs of one flow structure, at most ``batch`` to a chunk."""
+    if not isinstance(batch, int) or batch < 1:
+        raise ConfigError(f"--batch must be a positive integer, got {batch!r}")
+    chunks: list[list[RunSpec]] = []
+    last_key = None
+    for spec in specs:
+        key = prepare(load_config(config_path, (*base_overrides, *spec.overrides))).flow.structure_key
+        if chunks and key == last_key and len(chunks[-1]) < batch:
+            chunks[-1].append(spec)
+        else:
+            chunks.append([spec])
+        last_key = key
+    return chunks
+
+
+@contextlib.contextmanager
+def _worker_environment():
+    """Worker processes inherit the thread settings of WORKER_THREAD_ENV."""
+    saved = {key: os.environ.get(key) for key in WORKER_THREAD_ENV}
+    os.environ.update(WORKER_THREAD_ENV)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _run_local(tasks, workers: int, on_rows: Callable[[list[dict]], None]) -> None:
+    if workers == 1:
+        for task in tasks:
+            on_rows(run_chunk(*task))
+        return
+    # spawn: a forked child of a process that has started JAX's threads can deadlock.
+    with _worker_environment(), concurrent.futures.ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for future in concurrent.futures.as_completed([pool.submit(run_chunk, *task) for task in tasks]):
+            on_rows(future.result())
+
+
+def _run_dask(tasks, workers: int, scheduler: str | None, on_rows: Callable[[list[dict]], None]) -> None:
+    try:
+        from distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise ConfigError("--backend dask needs the 'distributed' package: pip install 'flowsim[dask]'") from None
+    with contextlib.ExitStack() as stack:
+        if scheduler is None:
+            cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                                       env=WORKER_THREAD_ENV, dashboard_address=None))
+            client = stack.enter_context(Client(cluster))
+        else:
+            client = stack.enter_context(Client(scheduler))
+        futures = [client.submit(run_chunk, *task, pure=False) for task in tasks]
+        for future in as_completed(futures):
+            on_rows(future.result())
+
+
+def write_table(out: Path, specs: list[RunSpec], grid_keys: Sequence[str]) -> list[dict]:
+    """sweep.csv from the row files present, in grid order; returns the rows."""
+    rows = []
+    for spec in specs:
+        path = out / "rows" / f"{spec.name}.json"
+        if path.is_file():
+            rows.append(json.loads(path.read_text()))
+    columns = ["name", *grid_keys, *[c for c in ROW_COLUMNS if c != "name"]]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({key: ("" if value is None else repr(value) if isinstance(value, float) else value)
+                      for key, value in row.items()} for row in rows)
+    write_atomic_bytes(out / "sweep.csv", buffer.getvalue().encode())
+    return rows
+
+
+def run_sweep(
+    config_path: Path | None,
+    grid: dict[str, list],
+    seeds: int,
+    out: Path,
+    *,
+    base_overrides: Sequence[str] = (),
+    backend: str = "local",
+    workers: int = 1,
+    scheduler: str | None = None,
+    batch: int = 16,
+    progress: Callable[[str], None] = lambda message: None,
+) -> list[dict]:
+    """Run every missing row of the sweep and write the table and the phase diagram.
+
+    Returns the rows in grid order. Raises ConfigError for a bad grid or configuration
+    (checked on every run before anything is computed).
+    """
+    from flowsim.plots import plot_sweep_phase_diagram
+
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend must be one of {BACKENDS}, got {backend!r}")
+    if not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"--workers must be a positive integer, got {workers!r}")
+    if not grid:
+        raise ConfigError("a sweep needs at least one --grid section.key=[values]")
+    config_text = None if config_path is None else str(config_path)
+    base = tuple(base_overrides)
+    specs = expand_grid(grid, seeds)
+    out = Path(out)
+    done = {spec.name for spec in specs if (out / "rows" / f"{spec.name}.json").is_file()}
+    pending = [spec for spec in specs if spec.name not in done]
+    chunks = chunk_specs(config_text, base, pending, batch)  # validates every run's configuration
+    meta = {"config": config_text, "overrides": list(base), "grid": grid, "seeds": seeds, "backend": backend,
+            "workers": workers, "scheduler": scheduler, "batch": batch, "versions": library_versions()}
+    write_atomic_bytes(out / "sweep.json", (json.dumps(meta, indent=2) + "\n").encode())
+    progress(f"{len(specs)} runs: {len(done)} already done, {len(pending)} to run in {len(chunks)} chunks")
+    started, finished = time.perf_counter(), 0
+
+    def on_rows(rows: list[dict]) -> None:
+        nonlocal finished
+        finished += len(rows)
+        progress(f"{finished}/{len(pending)} runs done, {time.perf_counter() - started:.1f} s")
+
+    tasks = [(config_text, base, chunk, str(out)) for chunk in chunks]
+    if backend == "local":
+        _run_local(tasks, workers, on_rows)
+    else:
+        _run_dask(tasks, workers, scheduler, on_rows)
+    rows = write_table(out, specs, list(grid))
+    plot_sweep_phase_diagram(rows, list(grid), out / "phase_diagram.png")
+    return rows
