@@ -190,6 +190,11 @@ RADAU_STATUS = {
 }
 
 
+def _save_slots(n_times: int) -> int:
+    """Save buffers come in powers of two (at least 64), so save grids of similar length share one compilation."""
+    return max(64, 1 << (n_times - 1).bit_length())
+
+
 def _radau_functions(flow: GradientFlow, batch: int, n_save: int, loss_batch) -> tuple[stiff.RadauFunctions, float]:
     """The compiled integrator for this structure (built on first use) and the seconds spent compiling now."""
     key = (flow.structure_key, batch, n_save)
@@ -233,16 +238,18 @@ def solve_flow_batch(
     thetas0 = np.stack([_initial_vector(flow, start) for flow, start in zip(flows, params0)])
     loss = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *[flow.loss for flow in flows])
     started = time.perf_counter()
-    functions, compile_seconds = _radau_functions(flows[0], len(flows), len(times), loss)
+    slots = _save_slots(len(times))
+    functions, compile_seconds = _radau_functions(flows[0], len(flows), slots, loss)
     solve_started = time.perf_counter()
-    times_device = jnp.asarray(times)
-    state = functions.init(jnp.asarray(thetas0), loss, times_device, rtol, atol)
+    times_device = jnp.asarray(np.concatenate([times, np.full(slots - len(times), np.inf)]))
+    t_end = times[-1]
+    state = functions.init(jnp.asarray(thetas0), loss, times_device, t_end, rtol, atol)
     bar = _Progress(progress, times[-1], "JaxRadau")
     last_checkpoint = time.perf_counter()
     stops = times[np.unique(np.linspace(0, len(times) - 1, RADAU_PROGRESS_CHUNKS + 1).astype(int))[1:]]
     try:
         for t_stop in stops:
-            state = functions.advance(state, loss, times_device, t_stop, rtol, atol, np.int32(min(max_steps, 2**31 - 1)))
+            state = functions.advance(state, loss, times_device, t_end, t_stop, rtol, atol, np.int32(min(max_steps, 2**31 - 1)))
             active = np.asarray(state.status) == stiff.ACTIVE
             bar.update(float(np.min(np.where(active, state.t, times[-1]))))
             if not active.any():

@@ -133,8 +133,9 @@ def build_radau(
     vector_field: Callable, eigensystem: Callable, kinks: tuple[float, ...], batch: int, n_save: int, size: int,
     loss_batch, complex_eigensystem: bool,
 ) -> RadauFunctions:
-    """Compile ``init(y0, loss, times, rtol, atol)`` and ``advance(state, loss, times,
-    t_stop, rtol, atol, max_attempts)`` for ``batch`` flows of ``size`` parameters.
+    """Compile ``init(y0, loss, times, t_end, rtol, atol)`` and ``advance(state, loss,
+    times, t_end, t_stop, rtol, atol, max_attempts)`` for ``batch`` flows of ``size``
+    parameters, saved at ``n_save`` times (ascending; entries after t_end are never reached).
 
     ``vector_field(t, θ, loss)`` and ``eigensystem(t, θ, loss) -> (V, V^-1, λ)`` are pure
     functions of one member; ``loss_batch`` is an example batched loss (its shapes).
@@ -168,7 +169,7 @@ def build_radau(
         return jax.lax.cond(jnp.any(need), lambda s: jax.lax.while_loop(lambda c: jnp.any(c[1]), one, (s, need))[0],
                             lambda s: s, state)
 
-    def init(y0, loss, times, rtol, atol):
+    def init(y0, loss, times, t_end, rtol, atol):
         t0 = jnp.zeros(batch)
         f0 = field_batch(t0, y0, loss)
         # Initial step as in scipy's select_initial_step, for a method of order 5.
@@ -179,7 +180,7 @@ def build_radau(
         d2 = _rms((f1 - f0) / scale, 1) / h0
         h1 = jnp.where((d1 <= 1e-15) & (d2 <= 1e-15), jnp.maximum(1e-6, h0 * 1e-3),
                        (0.01 / jnp.maximum(d1, d2)) ** (1 / 6))
-        h = jnp.minimum(jnp.minimum(100 * h0, h1), times[-1])
+        h = jnp.minimum(jnp.minimum(100 * h0, h1), t_end)
         cdtype = jnp.complex128 if complex_eigensystem else jnp.float64
         nan = jnp.full(batch, jnp.nan)
         zeros = jnp.zeros(batch, dtype=jnp.int32)
@@ -251,11 +252,10 @@ def build_radau(
         saved, n_saved = jax.lax.while_loop(lambda c: jnp.any(pending(c)), one, (state.saved, state.n_saved))
         return state._replace(saved=saved, n_saved=n_saved)
 
-    def attempt(state: RadauState, loss, times, rtol, atol, max_attempts):
+    def attempt(state: RadauState, loss, times, t_end, rtol, atol, max_attempts):
         """One step attempt for every active member: accept, reject, or retry with a fresh J."""
         active = state.status == ACTIVE
         t, y = state.t, state.y
-        t_end = times[-1]
         t_new = jnp.minimum(t + state.h, next_stop(t, t_end))
         h = t_new - t
         min_step = 10 * jnp.abs(jnp.nextafter(t, jnp.inf) - t)
@@ -328,16 +328,16 @@ def build_radau(
         need = (retry_with_jacobian | recompute) & (state.status == ACTIVE)
         return refresh_jacobians(state, need, loss)
 
-    def advance(state, loss, times, t_stop, rtol, atol, max_attempts):
+    def advance(state, loss, times, t_end, t_stop, rtol, atol, max_attempts):
         keep_going = lambda s: jnp.any((s.status == ACTIVE) & (s.t < t_stop))  # noqa: E731
-        return jax.lax.while_loop(keep_going, lambda s: attempt(s, loss, times, rtol, atol, max_attempts), state)
+        return jax.lax.while_loop(keep_going, lambda s: attempt(s, loss, times, t_end, rtol, atol, max_attempts), state)
 
     started = time.perf_counter()
     y_example = jnp.zeros((batch, size))
     times_example = jnp.zeros(n_save)
     scalar = jnp.zeros(())
-    init_compiled = jax.jit(init).lower(y_example, loss_batch, times_example, scalar, scalar).compile()
-    state_example = jax.eval_shape(init, y_example, loss_batch, times_example, scalar, scalar)
+    init_compiled = jax.jit(init).lower(y_example, loss_batch, times_example, scalar, scalar, scalar).compile()
+    state_example = jax.eval_shape(init, y_example, loss_batch, times_example, scalar, scalar, scalar)
     advance_compiled = jax.jit(advance).lower(
-        state_example, loss_batch, times_example, scalar, scalar, scalar, jnp.zeros((), jnp.int32)).compile()
+        state_example, loss_batch, times_example, scalar, scalar, scalar, scalar, jnp.zeros((), jnp.int32)).compile()
     return RadauFunctions(init_compiled, advance_compiled, time.perf_counter() - started)

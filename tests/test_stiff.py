@@ -1,0 +1,78 @@
+"""JaxRadau (flowsim.stiff): against a tight LSODA reference on both models, on a stiff
+variant and with a complex eigensystem; batched runs against the same runs one by one."""
+
+import numpy as np
+import pytest
+
+from flowsim import stiff
+from flowsim.config import load_config
+from flowsim.experiment import prepare
+from flowsim.solvers import solve_flow, solve_flow_batch
+
+# One save grid size for every test here: the compiled integrator is shared.
+SAVE_GRID = ["time.n_linear=41", "time.n_log=20", "time.t_log_min=0.5"]
+CONFIGS = "configs/two_layer"
+
+
+def _reference_error(prepared, rtol=1e-8, atol=1e-12):
+    """JaxRadau at (rtol, atol) against LSODA at rtol 1e-12: largest relative loss and parameter errors."""
+    reference = solve_flow(prepared.flow, prepared.params0, prepared.times, method="LSODA", rtol=1e-12, atol=atol * 1e-3)
+    result = solve_flow(prepared.flow, prepared.params0, prepared.times, method="JaxRadau", rtol=rtol, atol=atol)
+    assert reference.success and result.success, (reference.message, result.message)
+    np.testing.assert_array_equal(result.trajectory.t, prepared.times)
+    loss_error = np.max(np.abs(result.trajectory.loss / reference.trajectory.loss - 1))
+    theta = np.stack([prepared.flow.flatten(result.trajectory.at(i)) for i in range(len(prepared.times))])
+    theta_ref = np.stack([prepared.flow.flatten(reference.trajectory.at(i)) for i in range(len(prepared.times))])
+    param_error = np.max(np.abs(theta - theta_ref)) / np.max(np.abs(theta_ref))
+    return loss_error, param_error, result, reference
+
+
+@pytest.mark.parametrize("overrides", [
+    ["time.t_end=400"],  # condensation, focus of q0, the next direction opening
+    ["time.t_end=400", "init.eps=1e-6", "chain.lam=0.9", "solver.atol=1e-18"],  # the stiff variant
+])
+def test_one_layer_matches_tight_reference(overrides):
+    prepared = prepare(load_config(None, [*SAVE_GRID, *overrides]))
+    loss_error, param_error, result, reference = _reference_error(prepared, atol=load_config(None, overrides).solver.atol)
+    assert loss_error < 1e-6 and param_error < 1e-5, (loss_error, param_error)
+    # the loss moved: agreement is not agreement on a plateau
+    assert reference.trajectory.loss[-1] < 0.9 * reference.trajectory.loss[0]
+    assert result.stats.njev >= 1 and result.stats.n_steps > 10
+
+
+@pytest.mark.parametrize("config", ["baseline.toml", "smoothing_0.2.toml"])
+def test_two_layer_matches_tight_reference(config):
+    """baseline: J = -H, a real eigensystem; depth smoothing makes J non-symmetric (complex route)."""
+    prepared = prepare(load_config(f"{CONFIGS}/{config}", [*SAVE_GRID, "time.t_end=20"]))
+    assert prepared.flow.eigensystem_is_real == (config == "baseline.toml")
+    loss_error, param_error, _, reference = _reference_error(prepared)
+    assert loss_error < 1e-6 and param_error < 1e-5, (loss_error, param_error)
+    assert reference.trajectory.loss[-1] < reference.trajectory.loss[0] - 1e-3
+
+
+def test_batch_equals_runs_one_by_one():
+    prepared = [prepare(load_config(None, [*SAVE_GRID, "time.t_end=200", f"chain.lam={lam}", f"init.seed={seed}"]))
+                for lam, seed in [(0.3, 0), (0.7, 1), (0.5, 2)]]
+    batch = solve_flow_batch([p.flow for p in prepared], [p.params0 for p in prepared], prepared[0].times)
+    losses = [result.trajectory.loss for result in batch]
+    assert np.ptp([loss[-1] for loss in losses]) > 1e-2  # the members really differ
+    for p, batched in zip(prepared, batch):
+        alone = solve_flow(p.flow, p.params0, p.times, method="JaxRadau")
+        assert batched.success and alone.success
+        assert (batched.stats.n_steps, batched.stats.njev) == (alone.stats.n_steps, alone.stats.njev)
+        np.testing.assert_allclose(batched.trajectory.loss, alone.trajectory.loss, rtol=1e-12)
+        for name in p.params0:
+            np.testing.assert_allclose(batched.trajectory.params[name], alone.trajectory.params[name], rtol=0, atol=1e-10)
+
+
+def test_batch_rejects_mixed_structures():
+    one = prepare(load_config(None, SAVE_GRID))
+    two = prepare(load_config(None, [*SAVE_GRID, "model.m=4"]))
+    with pytest.raises(ValueError, match="share one structure"):
+        solve_flow_batch([one.flow, two.flow], [one.params0, two.params0], one.times)
+
+
+def test_dense_output_reproduces_the_step_end():
+    """The collocation polynomial at x = 1 is y_old + Z[2], the step's end: P @ [1, 1, 1] = e_3."""
+    np.testing.assert_allclose(stiff.P @ np.ones(3), [0.0, 0.0, 1.0], atol=1e-12)
+    np.testing.assert_allclose(stiff.T @ stiff.TI, np.eye(3), atol=1e-12)
