@@ -174,23 +174,18 @@ class GradientFlow:
 
         self._descend_jit = jax.jit(descend)
 
-        def jacobian_eigensystem(t, theta, loss):
-            """(V, V^-1, λ) with J = V diag(λ) V^-1 (see ``eigensystem_is_real``)."""
-            if self.eigensystem_is_real:
-                # J = -D H = -D^½ (D^½ H D^½) D^-½: one symmetric eigenproblem.
-                root = jnp.sqrt(self._rate_vector(t))
-                curvature, basis = jnp.linalg.eigh(root[:, None] * jax.hessian(flat_loss)(theta, loss) * root[None, :])
-                return root[:, None] * basis, basis.T / root[None, :], -curvature
-            values, vectors = jnp.linalg.eig(jacobian(t, theta, loss))
-            return vectors, jnp.linalg.inv(vectors), values
-
-        self.jacobian_eigensystem_traceable = jacobian_eigensystem
+        # Pure pieces of the Jacobian for compiled integrators (flowsim.stiff).
+        self.jacobian_pure = jacobian
+        self.hessian_pure = jax.hessian(flat_loss)
+        self.hessian_vector_product_pure = lambda theta, vector, loss: jax.jvp(
+            lambda x: jax.grad(flat_loss)(x, loss), (theta,), (vector,))[1]
+        self.rate_vector_pure = self._rate_vector
         self.vector_field_pure = vector_field
 
     @property
     def eigensystem_is_real(self) -> bool:
-        """J = -diag(r) H is similar to a symmetric matrix when every rate is positive and
-        the gradient is not smoothed; otherwise its eigensystem is computed in complex."""
+        """J = -diag(r) H = -D^½ (D^½ H D^½) D^-½ is similar to a symmetric matrix when every
+        rate is positive and the gradient is not smoothed; otherwise J has no such form."""
         return self.smoothing is None and all(rate > 0 for rate in self.rates.constant.values())
 
     @property

@@ -181,6 +181,7 @@ def solve_flow(
 # Compiled JaxRadau integrators, shared by flows of one structure, batch size and save grid.
 _RADAU_COMPILED: dict[tuple, stiff.RadauFunctions] = {}
 RADAU_PROGRESS_CHUNKS = 20
+STIFF_RANK = 8  # eigenpairs of the Jacobian JaxRadau keeps: the stiff directions (8 beat 4, 16, 32 and 64 here)
 RADAU_STATUS = {
     stiff.DONE: (FINISHED, "reached the last save time"),
     stiff.STEP_LIMIT: (STEP_LIMIT, "step limit max_steps = {max_steps} reached at t = {t:.6g}"),
@@ -197,13 +198,18 @@ def _save_slots(n_times: int) -> int:
 
 def _radau_functions(flow: GradientFlow, batch: int, n_save: int, loss_batch) -> tuple[stiff.RadauFunctions, float]:
     """The compiled integrator for this structure (built on first use) and the seconds spent compiling now."""
-    key = (flow.structure_key, batch, n_save)
+    key = (flow.structure_key, batch, n_save, STIFF_RANK)
     if key in _RADAU_COMPILED:
         return _RADAU_COMPILED[key], 0.0
-    functions = stiff.build_radau(
-        flow.vector_field_pure, flow.jacobian_eigensystem_traceable, flow.rates.kinks, batch, n_save, flow.size,
-        loss_batch, complex_eigensystem=not flow.eigensystem_is_real,
-    )
+    if not flow.eigensystem_is_real:
+        eigensystem, rank = stiff.general_eigensystem(flow.jacobian_pure), flow.size
+    elif flow.size <= STIFF_RANK:
+        eigensystem, rank = stiff.symmetric_eigensystem(flow.rate_vector_pure, flow.hessian_pure), flow.size
+    else:
+        eigensystem = stiff.low_rank_eigensystem(flow.rate_vector_pure, flow.hessian_vector_product_pure, flow.size, STIFF_RANK)
+        rank = STIFF_RANK
+    functions = stiff.build_radau(flow.vector_field_pure, eigensystem, flow.rates.kinks, batch, n_save, flow.size,
+                                  loss_batch, rank, complex_eigensystem=not flow.eigensystem_is_real)
     _RADAU_COMPILED[key] = functions
     return functions, functions.compile_seconds
 

@@ -72,10 +72,11 @@ class RadauState(NamedTuple):
     t_old: jax.Array  # (B,)   start of the last accepted step
     y_old: jax.Array  # (B, n) state there
     Z: jax.Array  # (B, 3, n) its stage increments (dense output and Newton guesses)
-    V: jax.Array  # (B, n, n) eigenvectors of J
-    V_inv: jax.Array  # (B, n, n)
-    lam: jax.Array  # (B, n)  eigenvalues of J
+    V: jax.Array  # (B, n, k) eigenvectors of J (k = n, or the stiff directions only)
+    V_inv: jax.Array  # (B, k, n)
+    lam: jax.Array  # (B, k)  eigenvalues of J
     jacobian_is_current: jax.Array  # (B,) J was computed at the current (t, y)
+    contraction: jax.Array  # (B,) θ/(1-θ) of the last Newton solve (θ its contraction rate)
     saved: jax.Array  # (B, n_save, n)
     n_saved: jax.Array  # (B,)
     status: jax.Array  # (B,)
@@ -95,23 +96,76 @@ def _batched_matvec(matrix: jax.Array, vectors: jax.Array) -> jax.Array:
 
 
 def _solve_real(V, V_inv, lam, b, m_real):
-    """(m - J)^-1 b per member, J = V diag(λ) V^-1; b (B, n), m (B,)."""
-    x = _batched_matvec(V, (_batched_matvec(V_inv, b[..., None])[..., 0] / (m_real[:, None] - lam))[..., None])[..., 0]
+    """(m - J)^-1 b per member, for J = V diag(λ) V^-1 on the range of V and 0 on its
+    complement (exact when V is square); b (B, n), m (B,)."""
+    m = m_real[:, None]
+    x = b / m + _batched_matvec(V, (_batched_matvec(V_inv, b[..., None])[..., 0] * (1 / (m - lam) - 1 / m))[..., None])[..., 0]
     return x.real if jnp.iscomplexobj(x) else x
 
 
 def _solve_newton(V, V_inv, lam, b_real, b_complex, m_real, m_complex):
     """The two Newton systems of Radau IIA: (m_real - J) x = b_real, (m_complex - J) z = b_complex."""
     if jnp.iscomplexobj(lam):
-        return _solve_real(V, V_inv, lam, b_real, m_real), _batched_matvec(
-            V, (_batched_matvec(V_inv, b_complex[..., None])[..., 0] / (m_complex[:, None] - lam))[..., None]
-        )[..., 0]
-    # Real eigensystem: one product with V^-1 and one with V for all three right-hand sides.
+        m = m_complex[:, None]
+        z = b_complex / m + _batched_matvec(
+            V, (_batched_matvec(V_inv, b_complex[..., None])[..., 0] * (1 / (m - lam) - 1 / m))[..., None])[..., 0]
+        return _solve_real(V, V_inv, lam, b_real, m_real), z
+    # Real eigensystem: one product with V^-1 and one with V for all three real right-hand sides.
     coefficients = _batched_matvec(V_inv, jnp.stack([b_real, b_complex.real, b_complex.imag], axis=-1))
-    c_real = coefficients[..., 0] / (m_real[:, None] - lam)
-    c_complex = (coefficients[..., 1] + 1j * coefficients[..., 2]) / (m_complex[:, None] - lam)
+    m_r, m_c = m_real[:, None], m_complex[:, None]
+    c_real = coefficients[..., 0] * (1 / (m_r - lam) - 1 / m_r)
+    c_complex = (coefficients[..., 1] + 1j * coefficients[..., 2]) * (1 / (m_c - lam) - 1 / m_c)
     x = _batched_matvec(V, jnp.stack([c_real, c_complex.real, c_complex.imag], axis=-1))
-    return x[..., 0], x[..., 1] + 1j * x[..., 2]
+    return b_real / m_r + x[..., 0], b_complex / m_c + x[..., 1] + 1j * x[..., 2]
+
+
+# ---------------------------------------------------------------------------------
+# Eigensystems of J: eigensystem(t, θ, loss, previous (V, V^-1, λ)) -> (V, V^-1, λ)
+
+
+def symmetric_eigensystem(rate_vector: Callable, hessian: Callable) -> Callable:
+    """All of J = -R K R^-1, K = R H R, R = diag(√r): one symmetric eigenproblem of size n."""
+
+    def eigensystem(t, theta, loss, previous):
+        root = jnp.sqrt(rate_vector(t))
+        curvature, basis = jnp.linalg.eigh(root[:, None] * hessian(theta, loss) * root[None, :])
+        return root[:, None] * basis, basis.T / root[None, :], -curvature
+
+    return eigensystem
+
+
+def general_eigensystem(jacobian: Callable) -> Callable:
+    """All of a general J, in complex arithmetic (depth smoothing, zero rates)."""
+
+    def eigensystem(t, theta, loss, previous):
+        values, vectors = jnp.linalg.eig(jacobian(t, theta, loss))
+        return vectors, jnp.linalg.inv(vectors), values
+
+    return eigensystem
+
+
+def low_rank_eigensystem(rate_vector: Callable, hessian_vector_product: Callable, size: int, rank: int,
+                         iterations: int = 3, first_iterations: int = 20) -> Callable:
+    """The ``rank`` eigenpairs of K = R H R largest in magnitude (J = -R K R^-1), by
+    subspace iteration on Hessian-vector products started from the previous basis, then
+    Rayleigh-Ritz. The Newton solves treat J as 0 off this subspace: exact for the stiff
+    directions, and the simplified Newton iteration absorbs the rest."""
+    start = jnp.asarray(np.linalg.qr(np.random.default_rng(0).standard_normal((size, rank)))[0])
+
+    def eigensystem(t, theta, loss, previous):
+        root = jnp.sqrt(rate_vector(t))
+        apply_k = jax.vmap(lambda v: root * hessian_vector_product(theta, root * v, loss), in_axes=1, out_axes=1)
+        warm = previous[1].T  # spans R_old^-1 U_old: the last basis, up to the change of rates
+        first = jnp.all(warm == 0)
+        basis = jnp.linalg.qr(jnp.where(first, start, warm))[0]
+        sweeps = jnp.where(first, first_iterations, iterations)
+        basis = jax.lax.fori_loop(0, sweeps, lambda _, basis: jnp.linalg.qr(apply_k(basis))[0], basis)
+        projected = basis.T @ apply_k(basis)
+        curvature, rotation = jnp.linalg.eigh(0.5 * (projected + projected.T))
+        vectors = basis @ rotation
+        return root[:, None] * vectors, vectors.T / root[None, :], -curvature
+
+    return eigensystem
 
 
 def _predict_factor(h, h_old, error, error_old):
@@ -131,14 +185,14 @@ class RadauFunctions(NamedTuple):
 
 def build_radau(
     vector_field: Callable, eigensystem: Callable, kinks: tuple[float, ...], batch: int, n_save: int, size: int,
-    loss_batch, complex_eigensystem: bool,
+    loss_batch, rank: int, complex_eigensystem: bool,
 ) -> RadauFunctions:
     """Compile ``init(y0, loss, times, t_end, rtol, atol)`` and ``advance(state, loss,
     times, t_end, t_stop, rtol, atol, max_attempts)`` for ``batch`` flows of ``size``
     parameters, saved at ``n_save`` times (ascending; entries after t_end are never reached).
 
-    ``vector_field(t, θ, loss)`` and ``eigensystem(t, θ, loss) -> (V, V^-1, λ)`` are pure
-    functions of one member; ``loss_batch`` is an example batched loss (its shapes).
+    ``vector_field(t, θ, loss)`` and ``eigensystem(t, θ, loss, previous) -> (V, V^-1, λ)``
+    (V of shape (size, rank)) are pure functions of one member; ``loss_batch`` is an example batched loss (its shapes).
     ``kinks`` are the rate schedule's kinks: steps end exactly on them.
     """
     field_batch = jax.vmap(vector_field)
@@ -160,7 +214,7 @@ def build_radau(
             state, need = carry
             i = jnp.argmax(need)
             loss_i = jax.tree_util.tree_map(lambda leaf: leaf[i], loss)
-            V, V_inv, lam = eigensystem(state.t[i], state.y[i], loss_i)
+            V, V_inv, lam = eigensystem(state.t[i], state.y[i], loss_i, (state.V[i], state.V_inv[i], state.lam[i]))
             state = state._replace(V=state.V.at[i].set(V), V_inv=state.V_inv.at[i].set(V_inv), lam=state.lam.at[i].set(lam),
                                    jacobian_is_current=state.jacobian_is_current.at[i].set(True), njev=state.njev.at[i].add(1))
             return state, need.at[i].set(False)
@@ -186,8 +240,8 @@ def build_radau(
         zeros = jnp.zeros(batch, dtype=jnp.int32)
         state = RadauState(
             t=t0, y=y0, f=f0, h=h, h_old=nan, error_old=nan, rejected=jnp.zeros(batch, bool), t_old=t0, y_old=y0,
-            Z=jnp.zeros((batch, 3, size)), V=jnp.zeros((batch, size, size), cdtype), V_inv=jnp.zeros((batch, size, size), cdtype),
-            lam=jnp.zeros((batch, size), cdtype), jacobian_is_current=jnp.zeros(batch, bool),
+            Z=jnp.zeros((batch, 3, size)), V=jnp.zeros((batch, size, rank), cdtype), V_inv=jnp.zeros((batch, rank, size), cdtype),
+            lam=jnp.zeros((batch, rank), cdtype), jacobian_is_current=jnp.zeros(batch, bool), contraction=jnp.ones(batch),
             saved=jnp.zeros((batch, n_save, size)).at[:, 0].set(y0), n_saved=jnp.ones(batch, jnp.int32),
             status=jnp.where(jnp.all(jnp.isfinite(f0), axis=1), ACTIVE, NON_FINITE).astype(jnp.int32),
             n_steps=zeros, n_rejected=zeros, nfev=zeros + 2, njev=zeros,
@@ -200,7 +254,7 @@ def build_radau(
         stage_times = state.t[:, None] + h[:, None] * c_nodes[None, :]
 
         def body(carry):
-            k, W, Z, norm_old, rate, iterating, converged, n_iter, nfev = carry
+            k, W, Z, norm_old, rate, contraction, iterating, converged, n_iter, nfev = carry
             F = field_stages(stage_times, state.y[:, None, :] + Z, loss)
             finite = jnp.all(jnp.isfinite(F), axis=(1, 2))
             f_real = jnp.einsum("bsn,s->bn", F, ti_real) - m_real[:, None] * W[:, 0]
@@ -214,21 +268,24 @@ def build_radau(
             update = iterating & finite & ~diverging
             W = jnp.where(update[:, None, None], W + dW, W)
             Z = jnp.where(update[:, None, None], jnp.einsum("ij,bjn->bin", t_matrix, W), Z)
-            done = (norm == 0) | (~jnp.isnan(new_rate) & (new_rate / (1 - new_rate) * norm < newton_tol))
+            # Hairer's test: the first iteration is judged by the last solve's contraction factor.
+            contraction = jnp.where(update & ~jnp.isnan(new_rate), new_rate / (1 - new_rate), contraction)
+            done = (norm == 0) | (contraction * norm < newton_tol)
             converged = converged | (update & done)
             n_iter = jnp.where(iterating, k + 1, n_iter)
             nfev = nfev + 3 * iterating
             rate = jnp.where(iterating, new_rate, rate)
             norm_old = jnp.where(update, norm, norm_old)
             iterating = update & ~done
-            return k + 1, W, Z, norm_old, rate, iterating, converged, n_iter, nfev
+            return k + 1, W, Z, norm_old, rate, contraction, iterating, converged, n_iter, nfev
 
         W0 = jnp.einsum("ij,bjn->bin", jnp.asarray(TI), Z0)
         nan = jnp.full(batch, jnp.nan)
-        start = (0, W0, Z0, nan, nan, active, jnp.zeros(batch, bool), jnp.zeros(batch, jnp.int32), state.nfev)
-        carry = jax.lax.while_loop(lambda c: (c[0] < NEWTON_MAXITER) & jnp.any(c[5]), body, start)
-        _, _, Z, _, rate, _, converged, n_iter, nfev = carry
-        return converged, n_iter, Z, rate, nfev
+        contraction = jnp.maximum(state.contraction, jnp.finfo(float).eps) ** 0.8
+        start = (0, W0, Z0, nan, nan, contraction, active, jnp.zeros(batch, bool), jnp.zeros(batch, jnp.int32), state.nfev)
+        carry = jax.lax.while_loop(lambda c: (c[0] < NEWTON_MAXITER) & jnp.any(c[6]), body, start)
+        _, _, Z, _, rate, contraction, _, converged, n_iter, nfev = carry
+        return converged, n_iter, Z, rate, contraction, nfev
 
     def save_dense(state: RadauState, accepted, t, y, h, t_new, Z, times):
         """Write the save times in (t, t_new] of the accepted members from the collocation polynomial."""
@@ -272,7 +329,7 @@ def build_radau(
 
         scale = atol + jnp.abs(y) * rtol
         newton_tol = jnp.maximum(10 * jnp.finfo(float).eps / rtol, jnp.minimum(0.03, rtol**0.5))
-        converged, n_iter, Z, rate, nfev = newton(state, active, h, Z0, scale, newton_tol, loss)
+        converged, n_iter, Z, rate, contraction, nfev = newton(state, active, h, Z0, scale, newton_tol, loss)
 
         # Not converged: retry with a fresh Jacobian if it was stale, else halve h.
         failed = active & ~converged
@@ -322,6 +379,7 @@ def build_radau(
             rejected=jnp.where(accept, False, jnp.where(reject | halve, True, state.rejected)),
             t_old=keep(t, state.t_old), y_old=keep(y, state.y_old), Z=keep(Z, state.Z),
             jacobian_is_current=jnp.where(accept, False, state.jacobian_is_current),
+            contraction=jnp.where(active, contraction, state.contraction),
             status=status.astype(jnp.int32), n_steps=state.n_steps + accept,
             n_rejected=state.n_rejected + (reject | halve), nfev=nfev.astype(jnp.int32),
         )
