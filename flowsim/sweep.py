@@ -126,7 +126,8 @@ def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: l
                "final_loss": float(result.trajectory.loss[-1]), **{f"onset_{stage}": math.nan for stage in STAGES},
                "cycles": None, "n_steps": result.stats.n_steps, "solve_seconds": result.stats.solve_seconds}
         if stages_apply(run.model) and len(result.trajectory) >= 4:
-            report = detect_stages(compute_observables(result.trajectory, run.model, run.chain.pi, run.flow))
+            # Without the flow: the detectors need no gradient norms, and those compile per flow.
+            report = detect_stages(compute_observables(result.trajectory, run.model, run.chain.pi))
             for stage in STAGES:
                 starts = [interval.t_start for interval in report.of(stage)]
                 row[f"onset_{stage}"] = float(min(starts)) if starts else math.nan
