@@ -80,20 +80,21 @@ def plot_run_summary(observables: Observables, path: Path, title: str = "", stag
 
 
 def plot_sweep_phase_diagram(rows: list[dict], grid_keys: list[str], path: Path,
-                             stages: tuple[str, ...] = ("condensation", "focus", "dilution", "restart")) -> Path:
-    """One panel per stage: its onset time (mean over seeds, log colour scale) over the
-    first two grid keys (a single row for a one-key grid); cells where no seed reached
-    the stage are hatched."""
+                             columns: tuple[str, ...] = ("onset_condensation", "onset_focus", "onset_dilution",
+                                                         "onset_restart")) -> Path:
+    """One panel per time column of the rows (e.g. a stage's onset): its mean over seeds,
+    on a log colour scale, over the first two grid keys (a single row for a one-key grid);
+    cells where no seed reached it are grey."""
     x_key = grid_keys[0]
     y_key = grid_keys[1] if len(grid_keys) > 1 else None
     xs = sorted({row[x_key] for row in rows}, key=float) if rows else []
     ys = sorted({row[y_key] for row in rows}, key=float) if (rows and y_key) else [None]
-    figure, axes = plt.subplots(1, len(stages), figsize=(3.2 * len(stages), 2.8), constrained_layout=True, squeeze=False)
-    for axis, stage in zip(axes[0], stages):
+    figure, axes = plt.subplots(1, len(columns), figsize=(3.2 * len(columns), 2.8), constrained_layout=True, squeeze=False)
+    for axis, column in zip(axes[0], columns):
         grid = np.full((len(ys), len(xs)), np.nan)
         for j, y in enumerate(ys):
             for i, x in enumerate(xs):
-                onsets = [row[f"onset_{stage}"] for row in rows
+                onsets = [row[column] for row in rows
                           if row[x_key] == x and (y_key is None or row[y_key] == y)]
                 finite = [value for value in onsets if value is not None and np.isfinite(value)]
                 grid[j, i] = np.log10(np.mean(finite)) if finite else np.nan
@@ -104,7 +105,7 @@ def plot_sweep_phase_diagram(rows: list[dict], grid_keys: list[str], path: Path,
         axis.set_xlabel(x_key)
         if y_key:
             axis.set_ylabel(y_key)
-        axis.set_title(f"{stage} onset")
+        axis.set_title(column.replace("_", " "))
         colorbar = figure.colorbar(image, ax=axis, label="log10 t")
         colorbar.ax.ticklabel_format(useOffset=False)
     figure.savefig(path, dpi=120)

@@ -1,10 +1,12 @@
 """Sweeps: a grid of configurations × seeds, each run labelled by the stage detectors,
 collected into one table and a phase diagram.
 
-    OUT/rows/NAME.json    one finished run: its parameters, stage onsets, cycles, final loss
+    OUT/rows/NAME.json    one finished run: its parameters, stage onsets, end of condensation,
+                          cycles, final loss
     OUT/sweep.csv         every finished row, in grid order
     OUT/sweep.json        the grid, the base configuration, versions, and the backend used
-    OUT/phase_diagram.png onset times over the first two grid keys (mean over seeds)
+    OUT/phase_diagram.png end of condensation and onsets of focus, dilution and restart over
+                          the first two grid keys (mean over seeds)
 
 A row is written atomically the moment its run finishes, so an interrupted sweep, run
 again with the same arguments, recomputes only the rows that are missing.
@@ -50,8 +52,8 @@ from flowsim.trajectory import write_atomic_bytes
 
 BACKENDS = ("local", "dask")
 STAGES = ("condensation", "focus", "dilution", "restart")
-ROW_COLUMNS = ("name", "seed", "status", "final_loss", *(f"onset_{stage}" for stage in STAGES), "cycles",
-               "n_steps", "solve_seconds")
+ROW_COLUMNS = ("name", "seed", "status", "final_loss", *(f"onset_{stage}" for stage in STAGES), "end_condensation",
+               "cycles", "n_steps", "solve_seconds")
 # BLAS and OpenMP threads of every worker process, as Dask's nanny sets them: equal
 # settings give bit-identical results on either backend.
 WORKER_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
@@ -124,6 +126,7 @@ def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: l
     for spec, run, result in zip(specs, prepared, results):
         row = {"name": spec.name, **spec.values, "seed": spec.seed, "status": result.status_name,
                "final_loss": float(result.trajectory.loss[-1]), **{f"onset_{stage}": math.nan for stage in STAGES},
+               "end_condensation": math.nan,
                "cycles": None, "n_steps": result.stats.n_steps, "solve_seconds": result.stats.solve_seconds}
         if stages_apply(run.model) and len(result.trajectory) >= 4:
             # Without the flow: the detectors need no gradient norms, and those compile per flow.
@@ -131,6 +134,8 @@ def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: l
             for stage in STAGES:
                 starts = [interval.t_start for interval in report.of(stage)]
                 row[f"onset_{stage}"] = float(min(starts)) if starts else math.nan
+            ends = [interval.t_end for interval in report.of("condensation") if interval.t_end is not None]
+            row["end_condensation"] = float(min(ends)) if ends else math.nan  # condensation starts at once; its end moves
             row["cycles"] = report.cycles
         write_atomic_bytes(Path(out) / "rows" / f"{spec.name}.json", (json.dumps(row, indent=1) + "\n").encode())
         rows.append(row)
@@ -264,5 +269,6 @@ def run_sweep(
     else:
         _run_dask(tasks, workers, scheduler, on_rows)
     rows = write_table(out, specs, list(grid))
-    plot_sweep_phase_diagram(rows, list(grid), out / "phase_diagram.png")
+    plot_sweep_phase_diagram(rows, list(grid), out / "phase_diagram.png",
+                             columns=("end_condensation", "onset_focus", "onset_dilution", "onset_restart"))
     return rows

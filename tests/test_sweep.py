@@ -31,7 +31,7 @@ def test_rows_equal_independent_runs_and_resume_recomputes_only_missing_rows(tmp
     prepared = prepare(load_config(None, [*SHORT, "chain.lam=0.7", "init.seed=1"]))
     alone = solve_flow(prepared.flow, prepared.params0, prepared.times, method="JaxRadau")
     assert row["final_loss"] == pytest.approx(alone.trajectory.loss[-1], rel=1e-12)
-    assert row["status"] == "finished" and 1 < row["onset_condensation"] < row["onset_focus"] < 150
+    assert row["status"] == "finished" and 1 < row["onset_condensation"] < row["end_condensation"] < row["onset_focus"] < 150
 
     # interrupt: one row lost; the rerun computes that row alone and the table comes back the same
     (out / "rows" / "chain.lam=0.3_seed=1.json").unlink()
