@@ -1,8 +1,14 @@
 """flowsim: exact gradient flows of small Transformers on Markov chains."""
 
+import os
+
 import jax
 
 jax.config.update("jax_enable_x64", True)  # small initialisations need float64 throughout
+if os.environ.get("FLOWSIM_COMPILATION_CACHE"):
+    # XLA executables kept on disk: a later process loads them instead of compiling again.
+    jax.config.update("jax_compilation_cache_dir", os.environ["FLOWSIM_COMPILATION_CACHE"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 from flowsim.chains import MarkovChain  # noqa: E402
 from flowsim.losses import (  # noqa: E402

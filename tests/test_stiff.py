@@ -76,3 +76,19 @@ def test_dense_output_reproduces_the_step_end():
     """The collocation polynomial at x = 1 is y_old + Z[2], the step's end: P @ [1, 1, 1] = e_3."""
     np.testing.assert_allclose(stiff.P @ np.ones(3), [0.0, 0.0, 1.0], atol=1e-12)
     np.testing.assert_allclose(stiff.T @ stiff.TI, np.eye(3), atol=1e-12)
+
+
+def test_compilation_cache_variable_keeps_compiled_code_on_disk(tmp_path):
+    """FLOWSIM_COMPILATION_CACHE=DIR: the integrator compiled in one process is written under DIR."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import numpy as np; from flowsim.config import load_config; from flowsim.experiment import prepare; "
+              "from flowsim.solvers import solve_flow; p = prepare(load_config(None, ['time.t_end=5'])); "
+              "print(solve_flow(p.flow, p.params0, p.times, method='JaxRadau').status_name)")
+    cache = tmp_path / "cache"
+    run = subprocess.run([sys.executable, "-c", script], env={**os.environ, "FLOWSIM_COMPILATION_CACHE": str(cache)},
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "finished", run.stderr[-2000:]
+    assert cache.is_dir() and sum(1 for path in cache.rglob("*") if path.is_file()) >= 2
