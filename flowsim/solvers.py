@@ -173,9 +173,13 @@ def solve_flow(
         flow, theta0, times, method=method, rtol=rtol, atol=atol, max_steps=int(max_steps), lr=lr,
         progress=progress, on_checkpoint=on_checkpoint, checkpoint_every_s=checkpoint_every_s, started=started,
     )
+    return _result(flow, method, status, message, t_reached, saved_t, saved_theta, _stats(counts, started))
+
+
+def _stats(counts: dict, started: float) -> SolverStats:
+    """Statistics from a method's counts (compile_seconds among them) and its start time."""
     wall = time.perf_counter() - started
-    stats = SolverStats(**counts, wall_time_s=wall, solve_seconds=wall - counts["compile_seconds"])
-    return _result(flow, method, status, message, t_reached, saved_t, saved_theta, stats)
+    return SolverStats(**counts, wall_time_s=wall, solve_seconds=wall - counts["compile_seconds"])
 
 
 # Compiled JaxRadau integrators, shared by flows of one structure, batch size and save grid.
@@ -336,8 +340,7 @@ def _solve_scipy(flow, theta0, times, *, method, rtol, atol, max_steps, progress
                 saved_theta.append(interpolant(saved_t[-1]))
             bar.update(solver.t)
             if on_checkpoint is not None and time.perf_counter() - last_checkpoint >= checkpoint_every_s:
-                counts = _scipy_counts(solver, steps, compile_seconds)
-                stats = SolverStats(**counts, wall_time_s=time.perf_counter() - started)
+                stats = _stats(_scipy_counts(solver, steps, compile_seconds), started)
                 on_checkpoint(_result(flow, method, RUNNING, "running", solver.t, saved_t, saved_theta, stats))
                 last_checkpoint = time.perf_counter()
     finally:
@@ -415,12 +418,15 @@ def _solve_gradient_descent(
             saved_theta.append(np.asarray(theta))
             bar.update(target * lr)
             if on_checkpoint is not None and time.perf_counter() - last_checkpoint >= checkpoint_every_s:
-                stats = SolverStats(saved_steps[-1], None, saved_steps[-1], 0, 0, time.perf_counter() - started, compile_seconds)
+                stats = _stats(_descent_counts(saved_steps[-1], compile_seconds), started)
                 t_now = saved_steps[-1] * lr
                 on_checkpoint(_result(flow, method, RUNNING, "running", t_now, np.array(saved_steps) * lr, saved_theta, stats))
                 last_checkpoint = time.perf_counter()
     finally:
         bar.close()
     n = saved_steps[-1]
-    counts = {"n_steps": n, "n_rejected": None, "nfev": n, "njev": 0, "nlu": 0, "compile_seconds": compile_seconds}
-    return status, message, n * lr, np.array(saved_steps) * lr, saved_theta, counts
+    return status, message, n * lr, np.array(saved_steps) * lr, saved_theta, _descent_counts(n, compile_seconds)
+
+
+def _descent_counts(steps: int, compile_seconds: float) -> dict:
+    return {"n_steps": steps, "n_rejected": None, "nfev": steps, "njev": 0, "nlu": 0, "compile_seconds": compile_seconds}

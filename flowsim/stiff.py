@@ -52,9 +52,9 @@ P = np.array([
     [1 / 3, -8 / 3, 10 / 3],
 ])
 NEWTON_MAXITER = 6
-# A Jacobian costs about 150 stage evaluations here (Hessian plus eigendecomposition), so
-# it is recomputed only after a slow Newton solve, not after every mildly slow one
-# (scipy: more than 2 iterations at rate 1e-3).
+# A Jacobian costs about 25 stage evaluations here (subspace iteration and Rayleigh-Ritz;
+# 200 with a full eigendecomposition), so it is recomputed only after a slow Newton
+# solve, not after every mildly slow one (scipy: more than 2 iterations at rate 1e-3).
 RECOMPUTE_AFTER_ITERATIONS, RECOMPUTE_ABOVE_RATE = 4, 0.1
 MIN_FACTOR, MAX_FACTOR = 0.2, 10.0
 
@@ -95,21 +95,23 @@ def _batched_matvec(matrix: jax.Array, vectors: jax.Array) -> jax.Array:
     return jnp.einsum("bij,bjk->bik", matrix, vectors)
 
 
-def _solve_real(V, V_inv, lam, b, m_real):
+def _apply_inverse(V, V_inv, lam, b, m):
     """(m - J)^-1 b per member, for J = V diag(λ) V^-1 on the range of V and 0 on its
     complement (exact when V is square); b (B, n), m (B,)."""
-    m = m_real[:, None]
-    x = b / m + _batched_matvec(V, (_batched_matvec(V_inv, b[..., None])[..., 0] * (1 / (m - lam) - 1 / m))[..., None])[..., 0]
+    m = m[:, None]
+    return b / m + _batched_matvec(V, (_batched_matvec(V_inv, b[..., None])[..., 0] * (1 / (m - lam) - 1 / m))[..., None])[..., 0]
+
+
+def _solve_real(V, V_inv, lam, b, m_real):
+    """(m - J)^-1 b for real b and m (a complex eigensystem leaves rounding in the imaginary part)."""
+    x = _apply_inverse(V, V_inv, lam, b, m_real)
     return x.real if jnp.iscomplexobj(x) else x
 
 
 def _solve_newton(V, V_inv, lam, b_real, b_complex, m_real, m_complex):
     """The two Newton systems of Radau IIA: (m_real - J) x = b_real, (m_complex - J) z = b_complex."""
     if jnp.iscomplexobj(lam):
-        m = m_complex[:, None]
-        z = b_complex / m + _batched_matvec(
-            V, (_batched_matvec(V_inv, b_complex[..., None])[..., 0] * (1 / (m - lam) - 1 / m))[..., None])[..., 0]
-        return _solve_real(V, V_inv, lam, b_real, m_real), z
+        return _solve_real(V, V_inv, lam, b_real, m_real), _apply_inverse(V, V_inv, lam, b_complex, m_complex)
     # Real eigensystem: one product with V^-1 and one with V for all three real right-hand sides.
     coefficients = _batched_matvec(V_inv, jnp.stack([b_real, b_complex.real, b_complex.imag], axis=-1))
     m_r, m_c = m_real[:, None], m_complex[:, None]
@@ -168,6 +170,11 @@ def low_rank_eigensystem(rate_vector: Callable, hessian_vector_product: Callable
     return eigensystem
 
 
+def _collocation_weights(x: jax.Array) -> jax.Array:
+    """w(x) = P [x, x², x³], so the collocation polynomial is y_old + Σ_i w_i(x) Z_i at t_old + x h."""
+    return jnp.stack([x, x**2, x**3], axis=-1) @ jnp.asarray(P).T
+
+
 def _predict_factor(h, h_old, error, error_old):
     """Step-size factor of Hairer's predictive (Gustafsson) controller, as in scipy."""
     multiplier = jnp.where(jnp.isnan(h_old) | jnp.isnan(error_old) | (error == 0), 1.0,
@@ -200,7 +207,6 @@ def build_radau(
     kink_times = jnp.asarray(sorted(kinks), dtype=float).reshape(-1)
     c_nodes, e_weights = jnp.asarray(C), jnp.asarray(E)
     t_matrix, ti_real, ti_complex = jnp.asarray(T), jnp.asarray(TI[0]), jnp.asarray(TI[1] + 1j * TI[2])
-    p_matrix = jnp.asarray(P)
     member = jnp.arange(batch)
 
     def next_stop(t, t_end):
@@ -300,8 +306,7 @@ def build_radau(
             write = pending(carry)
             index = jnp.minimum(n_saved, n_save - 1)
             x = (times[index] - t) / h
-            weights = jnp.einsum("ij,bj->bi", p_matrix, jnp.stack([x, x**2, x**3], axis=1))
-            value = y + jnp.einsum("bi,bin->bn", weights, Z)
+            value = y + jnp.einsum("bi,bin->bn", _collocation_weights(x), Z)
             value = jnp.where((times[index] == t_new)[:, None], y + Z[:, 2], value)  # the step's end exactly
             saved = saved.at[member, jnp.where(write, index, n_save)].set(value, mode="drop")
             return saved, n_saved + write
@@ -323,8 +328,7 @@ def build_radau(
         # Newton's first guess: the last step's collocation polynomial, extrapolated.
         h_prev = jnp.where(state.n_steps > 0, t - state.t_old, 1.0)
         x = (t[:, None] + h[:, None] * c_nodes[None, :] - state.t_old[:, None]) / h_prev[:, None]
-        weights = jnp.einsum("ij,bsj->bsi", p_matrix, jnp.stack([x, x**2, x**3], axis=-1))
-        Z0 = state.y_old[:, None, :] + jnp.einsum("bsi,bin->bsn", weights, state.Z) - y[:, None, :]
+        Z0 = state.y_old[:, None, :] + jnp.einsum("bsi,bin->bsn", _collocation_weights(x), state.Z) - y[:, None, :]
         Z0 = jnp.where((state.n_steps > 0)[:, None, None], Z0, 0.0)
 
         scale = atol + jnp.abs(y) * rtol
