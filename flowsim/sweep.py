@@ -40,7 +40,6 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-import numpy as np
 
 from flowsim.config import ConfigError, load_config
 from flowsim.experiment import prepare, stages_apply
@@ -110,14 +109,14 @@ def expand_grid(grid: dict[str, list], seeds: int) -> list[RunSpec]:
 def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: list[RunSpec], out: str) -> list[dict]:
     """Integrate, observe and label ``specs``; write and return one row each.
 
-    Runs of one structure with the JaxRadau method are integrated as one batch.
+    A chunk (``chunk_specs``) shares its flow structure, solver settings and save times,
+    so with the JaxRadau method it is integrated as one batch.
     """
     configs = [load_config(config_path, (*base_overrides, *spec.overrides)) for spec in specs]
     prepared = [prepare(config) for config in configs]
     solver = configs[0].solver
-    times = prepared[0].times
-    if solver.method == "JaxRadau" and all(np.array_equal(p.times, times) for p in prepared):
-        results = solve_flow_batch([p.flow for p in prepared], [p.params0 for p in prepared], times,
+    if solver.method == "JaxRadau":
+        results = solve_flow_batch([p.flow for p in prepared], [p.params0 for p in prepared], prepared[0].times,
                                    rtol=solver.rtol, atol=solver.atol, max_steps=solver.max_steps)
     else:
         results = [solve_flow(p.flow, p.params0, p.times, method=c.solver.method, rtol=c.solver.rtol, atol=c.solver.atol,
@@ -143,13 +142,16 @@ def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: l
 
 
 def chunk_specs(config_path: str | None, base_overrides: tuple[str, ...], specs: list[RunSpec], batch: int) -> list[list[RunSpec]]:
-    """Consecutive runs of one flow structure, at most ``batch`` to a chunk."""
+    """Consecutive runs of one flow structure, solver settings and save grid, at most
+    ``batch`` to a chunk. Preparing every run here also validates its configuration."""
     if not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"--batch must be a positive integer, got {batch!r}")
     chunks: list[list[RunSpec]] = []
     last_key = None
     for spec in specs:
-        key = prepare(load_config(config_path, (*base_overrides, *spec.overrides))).flow.structure_key
+        config = load_config(config_path, (*base_overrides, *spec.overrides))
+        prepared = prepare(config)
+        key = (prepared.flow.structure_key, repr(config.solver), prepared.times.tobytes())
         if chunks and key == last_key and len(chunks[-1]) < batch:
             chunks[-1].append(spec)
         else:

@@ -100,3 +100,12 @@ def test_expand_grid_orders_runs_and_names_them():
         "chain.lam=0.5_init.eps=0.001_seed=0", "chain.lam=0.5_init.eps=0.001_seed=1"]
     assert specs[3].overrides == ("chain.lam=0.5", "init.eps=0.001", "init.seed=1")
     assert np.isclose(load_config(None, specs[3].overrides).chain.lam, 0.5)
+
+
+def test_runs_with_other_solver_settings_or_save_times_are_not_batched_together():
+    """A batch shares one rtol and one save grid, so a grid over either splits the chunks."""
+    specs = sweep.expand_grid({"solver.rtol": [1e-8, 1e-6], "time.t_end": [100.0, 200.0]}, 1)
+    chunks = sweep.chunk_specs(None, ('solver.method="JaxRadau"',), specs, batch=8)
+    assert [len(chunk) for chunk in chunks] == [1, 1, 1, 1]
+    same = sweep.expand_grid({"chain.lam": [0.3, 0.5, 0.7]}, 2)
+    assert [len(chunk) for chunk in sweep.chunk_specs(None, (), same, batch=4)] == [4, 2]
