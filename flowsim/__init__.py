@@ -5,9 +5,21 @@ import os
 import jax
 
 jax.config.update("jax_enable_x64", True)  # small initialisations need float64 throughout
-if os.environ.get("FLOWSIM_COMPILATION_CACHE"):
-    # XLA executables kept on disk: a later process loads them instead of compiling again.
-    jax.config.update("jax_compilation_cache_dir", os.environ["FLOWSIM_COMPILATION_CACHE"])
+
+
+def _compilation_cache_dir() -> str | None:
+    """FLOWSIM_COMPILATION_CACHE: a directory, or "off"; by default the user's cache directory."""
+    chosen = os.environ.get("FLOWSIM_COMPILATION_CACHE")
+    if chosen is not None:
+        return None if chosen.strip().lower() in ("", "off", "0", "false") else chosen
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "flowsim", "xla")
+
+
+if _compilation_cache_dir() is not None:
+    # XLA executables kept on disk: a later process loads them (about 1 s) instead of
+    # compiling the stiff integrator again (5-15 s).
+    jax.config.update("jax_compilation_cache_dir", _compilation_cache_dir())
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 from flowsim.chains import MarkovChain  # noqa: E402

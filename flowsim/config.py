@@ -24,7 +24,7 @@ from flowsim.chains import MarkovChain
 from flowsim.flow import DepthSmoothing, RateSchedule, SlowWindow
 from flowsim.losses import LOSS_KINDS
 from flowsim.models import Model, OneLayerTransformer, TwoLayerTransformer
-from flowsim.solvers import METHODS
+from flowsim.solvers import DEFAULT_METHOD, METHODS, default_rtol
 
 
 class ConfigError(ValueError):
@@ -82,8 +82,8 @@ class FlowConfig:
 
 @dataclass
 class SolverConfig:
-    method: str = "LSODA"
-    rtol: float = 1e-8
+    method: str = DEFAULT_METHOD
+    rtol: float | None = None  # None: the method's default (flowsim.solvers.default_rtol)
     atol: float = 1e-12
     max_steps: int = 200_000
     lr: float = 0.1  # step of gradient_descent
@@ -128,9 +128,11 @@ class RunConfig(Sections):
     solver: SolverConfig = field(default_factory=SolverConfig)
     time: TimeConfig = field(default_factory=TimeConfig)
 
-    nullable = CHAIN_NULLABLE | {("init", "file"), ("flow", "qk_groups")}
+    nullable = CHAIN_NULLABLE | {("init", "file"), ("flow", "qk_groups"), ("solver", "rtol")}
 
     def validate(self) -> None:
+        if self.solver.rtol is None:
+            self.solver.rtol = default_rtol(self.solver.method)
         _check_ranges(self)
 
     # ---- building the objects the run needs

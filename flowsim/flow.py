@@ -177,8 +177,7 @@ class GradientFlow:
         # Pure pieces of the Jacobian for compiled integrators (flowsim.stiff).
         self.jacobian_pure = jacobian
         self.hessian_pure = jax.hessian(flat_loss)
-        self.hessian_vector_product_pure = lambda theta, vector, loss: jax.jvp(
-            lambda x: jax.grad(flat_loss)(x, loss), (theta,), (vector,))[1]
+        self.gradient_pure = jax.grad(flat_loss)
         self.rate_vector_pure = self._rate_vector
         self.vector_field_pure = vector_field
 

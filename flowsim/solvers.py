@@ -41,7 +41,17 @@ from flowsim.trajectory import Trajectory
 SCIPY_METHODS = {"LSODA": scipy.integrate.LSODA, "BDF": scipy.integrate.BDF, "Radau": scipy.integrate.Radau}
 DIFFRAX_METHODS = {"Kvaerno5": diffrax.Kvaerno5, "Tsit5": diffrax.Tsit5, "Dopri8": diffrax.Dopri8}
 METHODS: tuple[str, ...] = (*SCIPY_METHODS, *DIFFRAX_METHODS, "JaxRadau", "gradient_descent")
-DEFAULT_METHOD = "LSODA"
+DEFAULT_METHOD = "JaxRadau"
+# Each method's default relative tolerance: the loosest that keeps the relative loss error
+# below 1e-6 over the default runs of both models (benchmarks/RESULTS.md); JaxRadau's
+# order-5 error estimate is conservative here, LSODA's and the others' are not.
+DEFAULT_RTOL = {"JaxRadau": 3e-6}
+FALLBACK_RTOL = 1e-8
+
+
+def default_rtol(method: str) -> float:
+    """The relative tolerance ``method`` runs at when none is given."""
+    return DEFAULT_RTOL.get(method, FALLBACK_RTOL)
 
 FINISHED, STEP_LIMIT, NON_FINITE, SOLVER_FAILED, RUNNING = 0, 1, 2, -1, 3
 STATUS_NAMES = {
@@ -143,7 +153,7 @@ def solve_flow(
     t_eval,
     *,
     method: str = DEFAULT_METHOD,
-    rtol: float = 1e-8,
+    rtol: float | None = None,
     atol: float = 1e-12,
     max_steps: int = 200_000,
     lr: float | None = None,
@@ -153,12 +163,14 @@ def solve_flow(
 ) -> FlowResult:
     """Integrate ``flow`` from ``params0`` and save at ``t_eval`` (ascending, t_eval[0] = 0).
 
-    ``rtol``/``atol`` are the error tolerances of the adaptive methods (with a small
+    ``rtol``/``atol`` are the error tolerances of the adaptive methods (``rtol`` defaults
+    to the method's own, ``default_rtol(method)``; with a small
     initialisation of scale ε, atol must sit well below ε²); ``lr`` is the step η of
     ``gradient_descent``. ``max_steps`` bounds the steps taken. ``on_checkpoint``, if
     given, receives the partial result every ``checkpoint_every_s`` seconds, so a long
     run can be saved as it goes.
     """
+    rtol = default_rtol(method) if rtol is None else rtol
     _check_options(method, rtol, atol, max_steps, lr)
     times = check_save_times(t_eval)
     theta0 = _initial_vector(flow, params0)
@@ -210,7 +222,7 @@ def _radau_functions(flow: GradientFlow, batch: int, n_save: int, loss_batch) ->
     elif flow.size <= STIFF_RANK:
         eigensystem, rank = stiff.symmetric_eigensystem(flow.rate_vector_pure, flow.hessian_pure), flow.size
     else:
-        eigensystem = stiff.low_rank_eigensystem(flow.rate_vector_pure, flow.hessian_vector_product_pure, flow.size, STIFF_RANK)
+        eigensystem = stiff.low_rank_eigensystem(flow.rate_vector_pure, flow.gradient_pure, flow.size, STIFF_RANK)
         rank = STIFF_RANK
     functions = stiff.build_radau(flow.vector_field_pure, eigensystem, flow.rates.kinks, batch, n_save, flow.size,
                                   loss_batch, rank, complex_eigensystem=not flow.eigensystem_is_real)
@@ -223,7 +235,7 @@ def solve_flow_batch(
     params0: list[Params],
     t_eval,
     *,
-    rtol: float = 1e-8,
+    rtol: float | None = None,
     atol: float = 1e-12,
     max_steps: int = 200_000,
     progress: bool = False,
@@ -237,6 +249,7 @@ def solve_flow_batch(
     kind; the chains may differ). Each member takes the steps it takes alone, so the
     results equal those of ``solve_flow(..., method="JaxRadau")`` run one by one.
     """
+    rtol = default_rtol("JaxRadau") if rtol is None else rtol
     _check_options("JaxRadau", rtol, atol, max_steps, None)
     if not flows or len(flows) != len(params0):
         raise ValueError(f"need one start per flow, got {len(flows)} flows and {len(params0)} starts")
@@ -256,7 +269,9 @@ def solve_flow_batch(
     state = functions.init(jnp.asarray(thetas0), loss, times_device, t_end, rtol, atol)
     bar = _Progress(progress, times[-1], "JaxRadau")
     last_checkpoint = time.perf_counter()
-    stops = times[np.unique(np.linspace(0, len(times) - 1, RADAU_PROGRESS_CHUNKS + 1).astype(int))[1:]]
+    # Stopping to report costs a host round trip per chunk: chunks only when someone is listening.
+    chunks = RADAU_PROGRESS_CHUNKS if progress or on_checkpoint is not None else 1
+    stops = times[np.unique(np.linspace(0, len(times) - 1, chunks + 1).astype(int))[1:]]
     try:
         for t_stop in stops:
             state = functions.advance(state, loss, times_device, t_end, t_stop, rtol, atol, np.int32(min(max_steps, 2**31 - 1)))

@@ -51,7 +51,11 @@ P = np.array([
     [13 / 3 - 7 * S6 / 3, -23 / 3 + 22 * S6 / 3, 10 / 3 - 5 * S6],
     [1 / 3, -8 / 3, 10 / 3],
 ])
-NEWTON_MAXITER = 6
+# The Newton iteration runs until it converges, diverges (rate >= 1) or reaches this count.
+# Hairer's and scipy's early exit (a rate too slow to converge within 6 iterations) fails
+# half the steps of the stiff phase here, and each failure costs a Jacobian and a retried
+# step; a few more iterations are far cheaper (measured: 40% fewer evaluations in all).
+NEWTON_MAXITER = 10
 # A Jacobian costs about 25 stage evaluations here (subspace iteration and Rayleigh-Ritz;
 # 200 with a full eigendecomposition), so it is recomputed only after a slow Newton
 # solve, not after every mildly slow one (scipy: more than 2 iterations at rate 1e-3).
@@ -122,13 +126,13 @@ def _solve_newton(V, V_inv, lam, b_real, b_complex, m_real, m_complex):
 
 
 # ---------------------------------------------------------------------------------
-# Eigensystems of J: eigensystem(t, θ, loss, previous (V, V^-1, λ)) -> (V, V^-1, λ)
+# Eigensystems of J: eigensystem(t, θ, loss, previous (V, V^-1, λ), first) -> (V, V^-1, λ)
 
 
 def symmetric_eigensystem(rate_vector: Callable, hessian: Callable) -> Callable:
     """All of J = -R K R^-1, K = R H R, R = diag(√r): one symmetric eigenproblem of size n."""
 
-    def eigensystem(t, theta, loss, previous):
+    def eigensystem(t, theta, loss, previous, first=False):
         root = jnp.sqrt(rate_vector(t))
         curvature, basis = jnp.linalg.eigh(root[:, None] * hessian(theta, loss) * root[None, :])
         return root[:, None] * basis, basis.T / root[None, :], -curvature
@@ -139,29 +143,32 @@ def symmetric_eigensystem(rate_vector: Callable, hessian: Callable) -> Callable:
 def general_eigensystem(jacobian: Callable) -> Callable:
     """All of a general J, in complex arithmetic (depth smoothing, zero rates)."""
 
-    def eigensystem(t, theta, loss, previous):
+    def eigensystem(t, theta, loss, previous, first=False):
         values, vectors = jnp.linalg.eig(jacobian(t, theta, loss))
         return vectors, jnp.linalg.inv(vectors), values
 
     return eigensystem
 
 
-def low_rank_eigensystem(rate_vector: Callable, hessian_vector_product: Callable, size: int, rank: int,
-                         iterations: int = 3, first_iterations: int = 20) -> Callable:
+def low_rank_eigensystem(rate_vector: Callable, gradient: Callable, size: int, rank: int,
+                         iterations: int = 1, first_iterations: int = 20) -> Callable:
     """The ``rank`` eigenpairs of K = R H R largest in magnitude (J = -R K R^-1), by
     subspace iteration on Hessian-vector products started from the previous basis, then
     Rayleigh-Ritz. The Newton solves treat J as 0 off this subspace: exact for the stiff
-    directions, and the simplified Newton iteration absorbs the rest."""
+    directions, and the simplified Newton iteration absorbs the rest.
+
+    ``gradient(θ, loss)`` is ∇L; it is linearised once per call, so the products share
+    one forward pass. The first call (``first``) starts from a random basis."""
     start = jnp.asarray(np.linalg.qr(np.random.default_rng(0).standard_normal((size, rank)))[0])
 
-    def eigensystem(t, theta, loss, previous):
+    def eigensystem(t, theta, loss, previous, first=False):
         root = jnp.sqrt(rate_vector(t))
-        apply_k = jax.vmap(lambda v: root * hessian_vector_product(theta, root * v, loss), in_axes=1, out_axes=1)
-        warm = previous[1].T  # spans R_old^-1 U_old: the last basis, up to the change of rates
-        first = jnp.all(warm == 0)
-        basis = jnp.linalg.qr(jnp.where(first, start, warm))[0]
-        sweeps = jnp.where(first, first_iterations, iterations)
-        basis = jax.lax.fori_loop(0, sweeps, lambda _, basis: jnp.linalg.qr(apply_k(basis))[0], basis)
+        _, hessian_product = jax.linearize(lambda x: gradient(x, loss), theta)
+        apply_k = jax.vmap(lambda v: root * hessian_product(root * v), in_axes=1, out_axes=1)
+        # The last basis spans R_old^-1 U_old: the stiff directions, up to the change of rates.
+        basis = start if first else jnp.linalg.qr(previous[1].T)[0]
+        sweep = lambda _, basis: jnp.linalg.qr(apply_k(basis))[0]  # noqa: E731
+        basis = jax.lax.fori_loop(0, first_iterations if first else iterations, sweep, basis)
         projected = basis.T @ apply_k(basis)
         curvature, rotation = jnp.linalg.eigh(0.5 * (projected + projected.T))
         vectors = basis @ rotation
@@ -198,7 +205,7 @@ def build_radau(
     times, t_end, t_stop, rtol, atol, max_attempts)`` for ``batch`` flows of ``size``
     parameters, saved at ``n_save`` times (ascending; entries after t_end are never reached).
 
-    ``vector_field(t, θ, loss)`` and ``eigensystem(t, θ, loss, previous) -> (V, V^-1, λ)``
+    ``vector_field(t, θ, loss)`` and ``eigensystem(t, θ, loss, previous, first) -> (V, V^-1, λ)``
     (V of shape (size, rank)) are pure functions of one member; ``loss_batch`` is an example batched loss (its shapes).
     ``kinks`` are the rate schedule's kinks: steps end exactly on them.
     """
@@ -213,14 +220,14 @@ def build_radau(
         later = jnp.where(kink_times[None, :] > t[:, None], kink_times[None, :], jnp.inf)
         return jnp.minimum(t_end, later.min(axis=1, initial=jnp.inf))
 
-    def refresh_jacobians(state: RadauState, need: jax.Array, loss) -> RadauState:
+    def refresh_jacobians(state: RadauState, need: jax.Array, loss, first: bool = False) -> RadauState:
         """Recompute the eigensystem of J at (t, y) for the members flagged in ``need``, one by one."""
 
         def one(carry):
             state, need = carry
             i = jnp.argmax(need)
             loss_i = jax.tree_util.tree_map(lambda leaf: leaf[i], loss)
-            V, V_inv, lam = eigensystem(state.t[i], state.y[i], loss_i, (state.V[i], state.V_inv[i], state.lam[i]))
+            V, V_inv, lam = eigensystem(state.t[i], state.y[i], loss_i, (state.V[i], state.V_inv[i], state.lam[i]), first)
             state = state._replace(V=state.V.at[i].set(V), V_inv=state.V_inv.at[i].set(V_inv), lam=state.lam.at[i].set(lam),
                                    jacobian_is_current=state.jacobian_is_current.at[i].set(True), njev=state.njev.at[i].add(1))
             return state, need.at[i].set(False)
@@ -252,10 +259,11 @@ def build_radau(
             status=jnp.where(jnp.all(jnp.isfinite(f0), axis=1), ACTIVE, NON_FINITE).astype(jnp.int32),
             n_steps=zeros, n_rejected=zeros, nfev=zeros + 2, njev=zeros,
         )
-        return refresh_jacobians(state, state.status == ACTIVE, loss)
+        return refresh_jacobians(state, state.status == ACTIVE, loss, first=True)
 
     def newton(state: RadauState, active, h, Z0, scale, newton_tol, loss):
-        """Simplified Newton on the collocation system, as scipy's solve_collocation_system."""
+        """Simplified Newton on the collocation system, as scipy's solve_collocation_system but
+        without its early exit on a slow rate (see NEWTON_MAXITER)."""
         m_real, m_complex = MU_REAL / h, MU_COMPLEX / h
         stage_times = state.t[:, None] + h[:, None] * c_nodes[None, :]
 
@@ -269,8 +277,7 @@ def build_radau(
             dW = jnp.stack([dW_real, dW_complex.real, dW_complex.imag], axis=1)
             norm = _rms(dW / scale[:, None, :], (1, 2))
             new_rate = jnp.where(jnp.isnan(norm_old), jnp.nan, norm / norm_old)
-            diverging = ~jnp.isnan(new_rate) & (
-                (new_rate >= 1) | (new_rate ** (NEWTON_MAXITER - k) / (1 - new_rate) * norm > newton_tol))
+            diverging = ~jnp.isnan(new_rate) & (new_rate >= 1)
             update = iterating & finite & ~diverging
             W = jnp.where(update[:, None, None], W + dW, W)
             Z = jnp.where(update[:, None, None], jnp.einsum("ij,bjn->bin", t_matrix, W), Z)
@@ -400,6 +407,7 @@ def build_radau(
     scalar = jnp.zeros(())
     init_compiled = jax.jit(init).lower(y_example, loss_batch, times_example, scalar, scalar, scalar).compile()
     state_example = jax.eval_shape(init, y_example, loss_batch, times_example, scalar, scalar, scalar)
-    advance_compiled = jax.jit(advance).lower(
+    # The state is donated: each call updates it in place instead of copying the save buffer.
+    advance_compiled = jax.jit(advance, donate_argnums=0).lower(
         state_example, loss_batch, times_example, scalar, scalar, scalar, scalar, jnp.zeros((), jnp.int32)).compile()
     return RadauFunctions(init_compiled, advance_compiled, time.perf_counter() - started)

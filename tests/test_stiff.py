@@ -92,3 +92,20 @@ def test_compilation_cache_variable_keeps_compiled_code_on_disk(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "finished", run.stderr[-2000:]
     assert cache.is_dir() and sum(1 for path in cache.rglob("*") if path.is_file()) >= 2
+
+
+@pytest.mark.parametrize("setting, expected", [(None, "{xdg}/flowsim/xla"), ("off", "None"), ("{tmp}/mine", "{tmp}/mine")])
+def test_compilation_cache_location(tmp_path, setting, expected):
+    """By default compiled code goes under the user's cache directory; "off" turns the cache off."""
+    import os
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if key != "FLOWSIM_COMPILATION_CACHE"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    if setting is not None:
+        env["FLOWSIM_COMPILATION_CACHE"] = setting.format(tmp=tmp_path)
+    script = "import flowsim, jax; print(jax.config.jax_compilation_cache_dir)"
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == expected.format(xdg=tmp_path / "xdg", tmp=tmp_path)
