@@ -19,6 +19,7 @@ All losses are the expected next-token cross-entropy
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Literal
@@ -29,7 +30,7 @@ import numpy as np
 from jax.tree_util import Partial
 
 from flowsim.chains import MarkovChain
-from flowsim.models import Model, Params, model_for_params
+from flowsim.models import Model, Params, fused_small_matmuls, model_for_params
 
 LossKind = Literal["mean_field", "finite", "monte_carlo"]
 LOSS_KINDS: tuple[str, ...] = ("mean_field", "finite", "monte_carlo")
@@ -273,13 +274,29 @@ def loss_monte_carlo(
 @dataclass(frozen=True)
 class ModelLoss:
     """``core`` with ``model`` bound: compares by value, so the losses of equal models
-    share one treedef and hence one compiled flow (functools.partial compares by identity)."""
+    share one treedef and hence one compiled flow (functools.partial compares by identity).
+
+    ``fused_products`` evaluates the model's small matrix products in fusible form
+    (``models.fused_small_matmuls``): the same loss, faster inside one compiled loop. Being
+    part of the treedef, it also keeps JAX's trace caches of the two forms apart."""
 
     core: object
     model: Model
+    fused_products: bool = False
 
     def __call__(self, params: Params, **data) -> jax.Array:
-        return self.core(self.model, params, **data)
+        if not self.fused_products:
+            return self.core(self.model, params, **data)
+        with fused_small_matmuls():
+            return self.core(self.model, params, **data)
+
+
+def with_fused_products(loss: Partial) -> Partial:
+    """The same loss with its small matrix products in fusible form where that is faster
+    (``Model.fused_products_help``); other losses are returned unchanged."""
+    if not isinstance(loss.func, ModelLoss) or not loss.func.model.fused_products_help:
+        return loss
+    return Partial(dataclasses.replace(loss.func, fused_products=True), *loss.args, **loss.keywords)
 
 
 def make_loss_function(
