@@ -125,6 +125,9 @@ class DepthSmoothing:
             raise ValueError("depth smoothing needs repeated blocks: stacks of at least two same-role groups")
 
 
+_SHARED_JIT: dict[str, tuple] = {}  # structure_key -> the jitted functions of the first flow of that structure
+
+
 class GradientFlow:
     """dθ/dt = -r(t) ⊙ ∇L(θ) on the flat vector θ, with its exact Jacobian.
 
@@ -139,6 +142,7 @@ class GradientFlow:
         self.smoothing = smoothing
         self.groups: tuple[str, ...] = tuple(params_like)
         self.rates.check_groups(self.groups)
+        self._param_shapes = tuple((name, np.shape(params_like[name])) for name in self.groups)
         flat, self.unravel = ravel_pytree({name: jnp.asarray(value) for name, value in params_like.items()})
         self.size = flat.size
         # ravel_pytree lays dict entries out in sorted-key order: tag each flat entry with its group.
@@ -163,16 +167,17 @@ class GradientFlow:
             return -self._rate_vector(t)[:, None] * jax.hessian(flat_loss)(theta, loss)
 
         self._vector_field = vector_field
-        self._gradient_batch_jit = jax.jit(jax.vmap(jax.grad(flat_loss), in_axes=(0, None)))
-        self._loss_batch_jit = jax.jit(jax.vmap(flat_loss, in_axes=(0, None)))
-        self._vector_field_jit = jax.jit(vector_field)
-        self._jacobian_jit = jax.jit(jacobian)
 
         def descend(theta, first, last, lr, loss):
             step = lambda n, theta: theta + lr * vector_field(n * lr, theta, loss)  # noqa: E731
             return jax.lax.fori_loop(first, last, step, theta)
 
-        self._descend_jit = jax.jit(descend)
+        # Flows of one structure share their jitted functions (the loss is an argument), so
+        # a sweep compiles them once, not once per run.
+        (self._gradient_batch_jit, self._loss_batch_jit, self._vector_field_jit, self._jacobian_jit,
+         self._descend_jit) = _SHARED_JIT.setdefault(self.structure_key, (
+            jax.jit(jax.vmap(jax.grad(flat_loss), in_axes=(0, None))), jax.jit(jax.vmap(flat_loss, in_axes=(0, None))),
+            jax.jit(vector_field), jax.jit(jacobian), jax.jit(descend)))
 
         # Pure pieces of the Jacobian for compiled integrators (flowsim.stiff).
         self.jacobian_pure = jacobian
@@ -193,7 +198,7 @@ class GradientFlow:
         such flows share compiled solvers and can be batched together."""
         treedef = jax.tree_util.tree_structure(self.loss)
         shapes = [(leaf.shape, str(leaf.dtype)) for leaf in jax.tree_util.tree_leaves(self.loss)]
-        return repr((treedef, shapes, self.groups, self.size, self.rates, self.smoothing))
+        return repr((treedef, shapes, self.groups, self._param_shapes, self.rates, self.smoothing))
 
     def _smoother(self, params_like: Params) -> Callable[[jax.Array], jax.Array]:
         """The map g -> (S ⊗ I) g on flat gradients (the identity without smoothing)."""
@@ -270,6 +275,6 @@ class GradientFlow:
 
     def unflatten_batch(self, thetas: np.ndarray) -> dict[str, np.ndarray]:
         """Split rows of flat vectors into a dict of arrays with a leading time axis."""
-        unravel_batch = jax.vmap(self.unravel)
-        batch = unravel_batch(jnp.asarray(thetas).reshape(-1, self.size))
-        return {name: np.asarray(batch[name]) for name in self.groups}
+        thetas = np.asarray(thetas).reshape(-1, self.size)
+        shapes = dict(self._param_shapes)
+        return {name: thetas[:, self.entries_of(name)].reshape(len(thetas), *shapes[name]) for name in self.groups}

@@ -111,11 +111,24 @@ class StageReport:
 
 
 def smooth_in_log_time(t: np.ndarray, values: np.ndarray, half_width_decades: float) -> np.ndarray:
-    """Running median over samples with |log10 t' - log10 t| <= half_width (t > 0 only)."""
+    """Running median over samples with |log10 t' - log10 t| <= half_width (t > 0 only).
+
+    All windows at once: each is padded to the widest with +inf, sorted, and its median
+    read at the middle of its own count (NaN where the window holds a NaN, as np.median)."""
+    values = np.asarray(values, dtype=float)
     log_t = np.log10(t)
     lower = np.searchsorted(log_t, log_t - half_width_decades, side="left")
     upper = np.searchsorted(log_t, log_t + half_width_decades, side="right")
-    return np.array([np.median(values[a:b], axis=0) for a, b in zip(lower, upper)])
+    count = upper - lower
+    index = lower[:, None] + np.arange(count.max())[None, :]  # (T, widest window)
+    inside = (index < upper[:, None]).reshape(index.shape + (1,) * (values.ndim - 1))
+    window = np.where(inside, values[np.minimum(index, len(values) - 1)], np.inf)
+    has_nan = np.any(np.isnan(window), axis=1)
+    window = np.sort(window, axis=1)
+    middle = np.stack([(count - 1) // 2, count // 2])  # equal for odd counts
+    shape = (2, len(count)) + (1,) * values.ndim
+    halves = np.take_along_axis(window[None], middle.reshape(shape), axis=2)[:, :, 0]
+    return np.where(has_nan, np.nan, 0.5 * (halves[0] + halves[1]))
 
 
 def _first_crossing(series: np.ndarray, level: float, start: int = 0) -> int | None:

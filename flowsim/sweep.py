@@ -231,7 +231,7 @@ def run_sweep(
     backend: str = "local",
     workers: int = 1,
     scheduler: str | None = None,
-    batch: int = 16,
+    batch: int = 4,
     progress: Callable[[str], None] = lambda message: None,
 ) -> list[dict]:
     """Run every missing row of the sweep and write the table and the phase diagram.

@@ -182,3 +182,19 @@ def test_checkpoints_are_prefixes_of_the_final_trajectory(default_flow, method):
         n = len(partial.trajectory)
         np.testing.assert_array_equal(partial.trajectory.t, result.trajectory.t[:n])
         np.testing.assert_array_equal(partial.trajectory.params["W0"], result.trajectory.params["W0"][:n])
+
+
+def test_flows_of_one_structure_share_compiled_functions_and_keep_their_own_data():
+    model = OneLayerTransformer(d=4, m=3, k=2)
+    params = model.init(0.3, 0)
+    flows = [GradientFlow(flowsim.make_loss_function(model, MarkovChain(pi=PAPER_PI, lam=lam)), params) for lam in (0.2, 0.8)]
+    other = GradientFlow(flowsim.make_loss_function(OneLayerTransformer(d=4, m=4, k=2), MarkovChain(pi=PAPER_PI, lam=0.2)),
+                         OneLayerTransformer(d=4, m=4, k=2).init(0.3, 0))
+    assert flows[0]._loss_batch_jit is flows[1]._loss_batch_jit and other._loss_batch_jit is not flows[0]._loss_batch_jit
+    theta = flows[0].flatten(params)[None]
+    for flow in flows:  # the shared function evaluates each flow's own chain
+        assert flow.loss_along(theta)[0] == pytest.approx(float(flow.loss(params)), rel=1e-13)
+    assert flows[0].loss_along(theta)[0] != pytest.approx(flows[1].loss_along(theta)[0], rel=1e-6)
+    split = flows[0].unflatten_batch(np.stack([theta[0], 2 * theta[0]]))
+    for name in params:
+        np.testing.assert_array_equal(split[name][1], 2 * np.asarray(params[name]))

@@ -236,3 +236,20 @@ def test_stages_json_schema(tmp_path, default_report):
         assert entry["stage"] in ("condensation", "focus", "dilution", "restart", "plateau")
     assert [e["t_start"] for e in data["intervals"]] == sorted(e["t_start"] for e in data["intervals"])
     assert "cycles" in (tmp_path / "stages.txt").read_text()
+
+
+def test_running_median_equals_the_median_of_each_window():
+    """The vectorised running median against np.median window by window, NaNs included."""
+    from flowsim.stages import smooth_in_log_time
+
+    rng = np.random.default_rng(0)
+    t = np.unique(np.concatenate([np.logspace(-1, 3.7, 120), np.linspace(20.0, 6000.0, 150)]))
+    log_t = np.log10(t)
+    for shape in [(len(t),), (len(t), 4), (len(t), 3, 2)]:
+        values = rng.standard_normal(shape)
+        values.reshape(len(t), -1)[40, 0] = np.nan
+        for half_width in (0.02, 0.1, 0.5):
+            lower = np.searchsorted(log_t, log_t - half_width, side="left")
+            upper = np.searchsorted(log_t, log_t + half_width, side="right")
+            expected = np.array([np.median(values[a:b], axis=0) for a, b in zip(lower, upper)])
+            np.testing.assert_array_equal(smooth_in_log_time(t, values, half_width), expected)
