@@ -21,15 +21,19 @@ would reach a loss error of 1e-6 and the time that would take at the measured co
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from flowsim.config import load_config
-from flowsim.experiment import prepare
-from flowsim.solvers import default_rtol, solve_flow
+# Compile times are measured cold: no executables from the on-disk cache of earlier runs.
+os.environ.setdefault("FLOWSIM_COMPILATION_CACHE", "off")
+
+from flowsim.config import load_config  # noqa: E402
+from flowsim.experiment import prepare  # noqa: E402
+from flowsim.solvers import default_rtol, solve_flow  # noqa: E402
 
 MODELS = {
     "one_layer": (None, ["time.t_end=6000"], [0.004, 0.002]),

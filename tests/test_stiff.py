@@ -14,8 +14,9 @@ SAVE_GRID = ["time.n_linear=41", "time.n_log=20", "time.t_log_min=0.5"]
 CONFIGS = "configs/two_layer"
 
 
-def _reference_error(prepared, rtol=1e-8, atol=1e-12):
-    """JaxRadau at (rtol, atol) against LSODA at rtol 1e-12: largest relative loss and parameter errors."""
+def _reference_error(prepared, rtol=None, atol=1e-12):
+    """JaxRadau at (rtol, atol) against LSODA at rtol 1e-12: largest relative loss and parameter
+    errors. ``rtol=None`` is JaxRadau's default, the project's default method and tolerance."""
     reference = solve_flow(prepared.flow, prepared.params0, prepared.times, method="LSODA", rtol=1e-12, atol=atol * 1e-3)
     result = solve_flow(prepared.flow, prepared.params0, prepared.times, method="JaxRadau", rtol=rtol, atol=atol)
     assert reference.success and result.success, (reference.message, result.message)
@@ -27,13 +28,14 @@ def _reference_error(prepared, rtol=1e-8, atol=1e-12):
     return loss_error, param_error, result, reference
 
 
-@pytest.mark.parametrize("overrides", [
-    ["time.t_end=400"],  # condensation, focus of q0, the next direction opening
-    ["time.t_end=400", "init.eps=1e-6", "chain.lam=0.9", "solver.atol=1e-18"],  # the stiff variant
+@pytest.mark.parametrize("overrides, rtol", [
+    (["time.t_end=400"], None),  # the default: condensation, focus of q0, the next direction opening
+    # the stiff variant: its start sits 1e-6 from the saddle, which takes rtol 1e-8 (stated in the README)
+    (["time.t_end=400", "init.eps=1e-6", "chain.lam=0.9", "solver.atol=1e-18"], 1e-8),
 ])
-def test_one_layer_matches_tight_reference(overrides):
+def test_one_layer_matches_tight_reference(overrides, rtol):
     prepared = prepare(load_config(None, [*SAVE_GRID, *overrides]))
-    loss_error, param_error, result, reference = _reference_error(prepared, atol=load_config(None, overrides).solver.atol)
+    loss_error, param_error, result, reference = _reference_error(prepared, rtol, atol=load_config(None, overrides).solver.atol)
     assert loss_error < 1e-6 and param_error < 1e-5, (loss_error, param_error)
     # the loss moved: agreement is not agreement on a plateau
     assert reference.trajectory.loss[-1] < 0.9 * reference.trajectory.loss[0]
