@@ -16,10 +16,11 @@ def _compilation_cache_dir() -> str | None:
     return os.path.join(base, "flowsim", "xla")
 
 
-if _compilation_cache_dir() is not None:
+_cache_dir = _compilation_cache_dir()
+if _cache_dir is not None:
     # XLA executables kept on disk: a later process loads them (about 1 s) instead of
     # compiling the stiff integrator again (5-15 s).
-    jax.config.update("jax_compilation_cache_dir", _compilation_cache_dir())
+    jax.config.update("jax_compilation_cache_dir", _cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 from flowsim.chains import MarkovChain  # noqa: E402

@@ -128,7 +128,7 @@ def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: l
                "end_condensation": math.nan,
                "cycles": None, "n_steps": result.stats.n_steps, "solve_seconds": result.stats.solve_seconds}
         if stages_apply(run.model) and len(result.trajectory) >= 4:
-            # Without the flow: the detectors need no gradient norms, and those compile per flow.
+            # Without the flow: the detectors need no gradient norms.
             report = detect_stages(compute_observables(result.trajectory, run.model, run.chain.pi))
             for stage in STAGES:
                 starts = [interval.t_start for interval in report.of(stage)]
