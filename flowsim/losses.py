@@ -50,9 +50,7 @@ def mean_field_attention(phi: jax.Array, pi: jax.Array) -> jax.Array:
 
 
 def _mean_field_core(model: Model, params: Params, pi: jax.Array, P: jax.Array) -> jax.Array:
-    d = pi.shape[0]
-    logits = model.logits_over_types(params, jnp.broadcast_to(jnp.log(pi), (d, d)), jnp.arange(d))
-    return expected_cross_entropy(logits, P, pi)
+    return expected_cross_entropy(model.mean_field_logits(params, pi), P, pi)
 
 
 def population_loss_mean_field(params: Params, chain: MarkovChain, model: Model) -> jax.Array:
@@ -292,9 +290,9 @@ class ModelLoss:
 
 
 def with_fused_products(loss: Partial) -> Partial:
-    """The same loss with its small matrix products in fusible form where that is faster
-    (``Model.fused_products_help``); other losses are returned unchanged."""
-    if not isinstance(loss.func, ModelLoss) or not loss.func.model.fused_products_help:
+    """The same loss with its small matrix products in fusible form (``models.small_matmul``);
+    a loss that is not a ``ModelLoss`` (a user's own function) is returned unchanged."""
+    if not isinstance(loss.func, ModelLoss):
         return loss
     return Partial(dataclasses.replace(loss.func, fused_products=True), *loss.args, **loss.keywords)
 

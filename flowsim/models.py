@@ -36,10 +36,11 @@ LogitScale = Literal["one", "inv_sqrt_k"]
 # a broadcast product summed over the shared axis instead of a matrix product. XLA on the
 # CPU calls a library routine for every matrix product (about a microsecond, however
 # small), while the broadcast form fuses into the surrounding elementwise loops: the
-# one-layer vector field runs 5x faster. Under a wide vmap (a full Hessian) the fused loops
-# recompute their inputs and run slower instead, so only JaxRadau's compiled loop asks for
-# it (losses.with_fused_products), and only for models where it helps.
-SMALL_MATMUL_TERMS = 1 << 16
+# mean-field vector fields run 2-5x faster. Larger products (a finite-s loss over
+# thousands of contexts) and a wide vmap (a full Hessian) make the fused loops recompute
+# their inputs and run slower instead, so only JaxRadau's compiled loop asks for it
+# (losses.with_fused_products), and only for products this small.
+SMALL_MATMUL_TERMS = 1 << 12
 _fuse_small_matmuls = False
 
 
@@ -74,8 +75,6 @@ class OneLayerTransformer:
     value_matrix: bool = False
     residual: bool = False
     logit_scale: LogitScale = "one"
-
-    fused_products_help = True  # the vector field runs 5x faster inside JaxRadau (fused_small_matmuls)
 
     def __post_init__(self) -> None:
         for name in ("d", "m", "k"):
@@ -148,6 +147,10 @@ class OneLayerTransformer:
         attention = jax.nn.softmax(self.attention_logits(params)[query] + log_weights, axis=-1)
         return self.logits_from_attention(params, attention, query)
 
+    def mean_field_logits(self, params: Params, pi: jax.Array) -> jax.Array:
+        """Logits (d x d) of every query type as s → ∞ (type weights π)."""
+        return self.logits_over_types(params, jnp.log(pi)[None, :], jnp.arange(self.d))
+
     def forward(self, params: Params, tokens: jax.Array) -> jax.Array:
         """Logits over the vocabulary for a batch of contexts ``tokens`` (shape (batch, s))."""
         tokens = jnp.asarray(tokens)
@@ -200,9 +203,6 @@ class TwoLayerTransformer:
         if self.ffn not in ("none", "mlp", "glu"):
             raise ValueError(f"model.ffn must be 'none', 'mlp' or 'glu', got {self.ffn!r}")
 
-    # Measured inside JaxRadau: the fused form is slower here (the 3-stage vector field and
-    # the Hessian-vector products of this model do not gain), so it keeps matrix products.
-    fused_products_help = False
     slow_groups = ("W_Q2", "W_K2")  # the upper layer's query and key
     # same-role tensors of the two attention blocks, ordered by depth (for depth smoothing)
     repeated_blocks = (("W_Q1", "W_Q2"), ("W_K1", "W_K2"), ("W_V1", "W_V2"), ("W_O1", "W_O2"))
@@ -221,17 +221,17 @@ class TwoLayerTransformer:
 
     def feed_forward(self, params: Params, h: jax.Array) -> jax.Array:
         if self.ffn == "mlp":
-            return jax.nn.gelu(h @ params["W_in"], approximate=False) @ params["W_out"]
+            return small_matmul(jax.nn.gelu(small_matmul(h, params["W_in"]), approximate=False), params["W_out"])
         if self.ffn == "glu":
-            return (jax.nn.silu(h @ params["W_gate"]) * (h @ params["W_up"])) @ params["W_down"]
+            return small_matmul(jax.nn.silu(small_matmul(h, params["W_gate"])) * small_matmul(h, params["W_up"]), params["W_down"])
         return jnp.zeros_like(h)
 
     def residual_streams(self, params: Params, log_weights: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """(h1, h2, A1) per type for type weights ``log_weights`` (shape (..., d))."""
         h0 = params["W_E"]
-        phi1 = h0 @ params["W_Q1"] @ params["W_K1"].T @ h0.T
+        phi1 = small_matmul(small_matmul(small_matmul(h0, params["W_Q1"]), params["W_K1"].T), h0.T)
         A1 = jax.nn.softmax(phi1 + log_weights[..., None, :], axis=-1)  # (..., d, d)
-        h1 = h0 + A1 @ (h0 @ params["W_V1"] @ params["W_O1"])
+        h1 = h0 + small_matmul(A1, small_matmul(small_matmul(h0, params["W_V1"]), params["W_O1"]))
         return h1, h1 + self.feed_forward(params, h1), A1
 
     def attention_maps(self, params: Params, pi: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -239,8 +239,14 @@ class TwoLayerTransformer:
         (d x d) and the residual stream after the FFN (d x m)."""
         log_pi = jnp.log(pi)
         _, h2, A1 = self.residual_streams(params, log_pi)
-        A2 = jax.nn.softmax(h2 @ params["W_Q2"] @ params["W_K2"].T @ h2.T + log_pi, axis=-1)
+        A2 = jax.nn.softmax(small_matmul(small_matmul(small_matmul(h2, params["W_Q2"]), params["W_K2"].T), h2.T) + log_pi, axis=-1)
         return A1, A2, h2
+
+    def mean_field_logits(self, params: Params, pi: jax.Array) -> jax.Array:
+        """Logits (d x d) of every query type as s → ∞: one residual stream for all queries,
+        since every context carries the type weights π."""
+        _, A2, h2 = self.attention_maps(params, pi)
+        return small_matmul(h2 + small_matmul(A2, small_matmul(small_matmul(h2, params["W_V2"]), params["W_O2"])), params["W_U"])
 
     def logits_over_types(self, params: Params, log_weights: jax.Array, query: jax.Array,
                           upper_logit_shift: jax.Array | float = 0.0) -> jax.Array:
@@ -259,7 +265,7 @@ class TwoLayerTransformer:
         """Logits for a batch of contexts ``tokens`` (batch, s), position by position."""
         h0 = params["W_E"][jnp.asarray(tokens)]  # (batch, s, m)
         A1 = jax.nn.softmax(h0 @ params["W_Q1"] @ params["W_K1"].T @ jnp.swapaxes(h0, -1, -2), axis=-1)
-        h1 = h0 + A1 @ (h0 @ params["W_V1"] @ params["W_O1"])
+        h1 = h0 + small_matmul(A1, small_matmul(small_matmul(h0, params["W_V1"]), params["W_O1"]))
         h2 = h1 + self.feed_forward(params, h1)
         query = h2[:, -1, :]
         A2 = jax.nn.softmax(jnp.einsum("bm,bjm->bj", query @ params["W_Q2"] @ params["W_K2"].T, h2), axis=-1)

@@ -47,6 +47,18 @@ def test_mean_field_gradient_matches_finite_differences(ffn):
         assert float(gradient[name][index]) == pytest.approx(central, abs=1e-9), name
 
 
+@pytest.mark.parametrize("ffn", ["none", "mlp", "glu"])
+def test_mean_field_logits_are_the_type_weight_route_at_pi(ffn):
+    """The mean-field path (one residual stream for all queries) equals the general route
+    that runs every query type with its own type weights, here all log π."""
+    chain = general_chain(4, seed=8)
+    model = TwoLayerTransformer(d=4, m=4, k=3, ffn=ffn, ffn_width=5)
+    params = random_params(model, 0.9, seed=9)
+    pi = jax.numpy.asarray(chain.pi)
+    per_query = model.logits_over_types(params, jax.numpy.broadcast_to(jax.numpy.log(pi), (4, 4)), jax.numpy.arange(4))
+    np.testing.assert_allclose(model.mean_field_logits(params, pi), per_query, rtol=1e-13, atol=1e-14)
+
+
 def test_finite_s_approaches_mean_field():
     chain = flowsim.MarkovChain(pi=[0.6, 0.3, 0.1], lam=0.4)
     model = TwoLayerTransformer(d=3, m=4, k=3, ffn="glu", ffn_width=5)
