@@ -112,17 +112,28 @@ def _solve_real(V, V_inv, lam, b, m_real):
     return x.real if jnp.iscomplexobj(x) else x
 
 
-def _solve_newton(V, V_inv, lam, b_real, b_complex, m_real, m_complex):
-    """The two Newton systems of Radau IIA: (m_real - J) x = b_real, (m_complex - J) z = b_complex."""
+def _solve_newton(V, V_inv, lam, rhs, m_real, m_complex_re, m_complex_im):
+    """The two Newton systems of Radau IIA, (m_real - J) x = b_real and (m_complex - J) z =
+    b_complex, with every complex vector stored as its real and imaginary parts:
+    rhs = (b_real, Re b_complex, Im b_complex) of shape (B, 3, n) -> (x, Re z, Im z).
+    XLA on the CPU runs complex products far slower than real ones, so a real
+    eigensystem keeps the whole solve real."""
+    m_r, a, b = m_real[:, None], m_complex_re[:, None], m_complex_im[:, None]
     if jnp.iscomplexobj(lam):
-        return _solve_real(V, V_inv, lam, b_real, m_real), _apply_inverse(V, V_inv, lam, b_complex, m_complex)
-    # Real eigensystem: one product with V^-1 and one with V for all three real right-hand sides.
-    coefficients = _batched_matvec(V_inv, jnp.stack([b_real, b_complex.real, b_complex.imag], axis=-1))
-    m_r, m_c = m_real[:, None], m_complex[:, None]
-    c_real = coefficients[..., 0] * (1 / (m_r - lam) - 1 / m_r)
-    c_complex = (coefficients[..., 1] + 1j * coefficients[..., 2]) * (1 / (m_c - lam) - 1 / m_c)
-    x = _batched_matvec(V, jnp.stack([c_real, c_complex.real, c_complex.imag], axis=-1))
-    return b_real / m_r + x[..., 0], b_complex / m_c + x[..., 1] + 1j * x[..., 2]
+        x = _solve_real(V, V_inv, lam, rhs[:, 0], m_real)
+        z = _apply_inverse(V, V_inv, lam, rhs[:, 1] + 1j * rhs[:, 2], m_complex_re + 1j * m_complex_im)
+        return jnp.stack([x, z.real, z.imag], axis=1)
+    # (m - J)^-1 = 1/m + V diag(1/(m - λ) - 1/m) V^-1, with m = a + ib for the complex system.
+    coefficients = jnp.einsum("bkn,bjn->bjk", V_inv, rhs)
+    c_real = coefficients[:, 0] * (1 / (m_r - lam) - 1 / m_r)
+    shifted, size = (a - lam) ** 2 + b**2, a**2 + b**2
+    d_re, d_im = (a - lam) / shifted - a / size, -b / shifted + b / size
+    c_re = coefficients[:, 1] * d_re - coefficients[:, 2] * d_im
+    c_im = coefficients[:, 1] * d_im + coefficients[:, 2] * d_re
+    x = jnp.einsum("bnk,bjk->bjn", V, jnp.stack([c_real, c_re, c_im], axis=1))
+    base_re = (rhs[:, 1] * a + rhs[:, 2] * b) / size
+    base_im = (rhs[:, 2] * a - rhs[:, 1] * b) / size
+    return x + jnp.stack([rhs[:, 0] / m_r, base_re, base_im], axis=1)
 
 
 # ---------------------------------------------------------------------------------
@@ -213,7 +224,7 @@ def build_radau(
     field_stages = jax.vmap(jax.vmap(vector_field, in_axes=(0, 0, None)))
     kink_times = jnp.asarray(sorted(kinks), dtype=float).reshape(-1)
     c_nodes, e_weights = jnp.asarray(C), jnp.asarray(E)
-    t_matrix, ti_real, ti_complex = jnp.asarray(T), jnp.asarray(TI[0]), jnp.asarray(TI[1] + 1j * TI[2])
+    t_matrix, ti_matrix = jnp.asarray(T), jnp.asarray(TI)
     member = jnp.arange(batch)
 
     def next_stop(t, t_end):
@@ -264,17 +275,18 @@ def build_radau(
     def newton(state: RadauState, active, h, Z0, scale, newton_tol, loss):
         """Simplified Newton on the collocation system, as scipy's solve_collocation_system but
         without its early exit on a slow rate (see NEWTON_MAXITER)."""
-        m_real, m_complex = MU_REAL / h, MU_COMPLEX / h
+        m_real, m_complex_re, m_complex_im = MU_REAL / h, MU_COMPLEX.real / h, MU_COMPLEX.imag / h
         stage_times = state.t[:, None] + h[:, None] * c_nodes[None, :]
 
         def body(carry):
             k, W, Z, norm_old, rate, contraction, iterating, converged, n_iter, nfev = carry
             F = field_stages(stage_times, state.y[:, None, :] + Z, loss)
             finite = jnp.all(jnp.isfinite(F), axis=(1, 2))
-            f_real = jnp.einsum("bsn,s->bn", F, ti_real) - m_real[:, None] * W[:, 0]
-            f_complex = jnp.einsum("bsn,s->bn", F, ti_complex) - m_complex[:, None] * (W[:, 1] + 1j * W[:, 2])
-            dW_real, dW_complex = _solve_newton(state.V, state.V_inv, state.lam, f_real, f_complex, m_real, m_complex)
-            dW = jnp.stack([dW_real, dW_complex.real, dW_complex.imag], axis=1)
+            # TI F - diag(m_real, m_complex) W, the complex row as its real and imaginary parts
+            a, b = m_complex_re[:, None], m_complex_im[:, None]
+            rhs = jnp.einsum("ij,bjn->bin", ti_matrix, F) - jnp.stack(
+                [m_real[:, None] * W[:, 0], a * W[:, 1] - b * W[:, 2], a * W[:, 2] + b * W[:, 1]], axis=1)
+            dW = _solve_newton(state.V, state.V_inv, state.lam, rhs, m_real, m_complex_re, m_complex_im)
             norm = _rms(dW / scale[:, None, :], (1, 2))
             new_rate = jnp.where(jnp.isnan(norm_old), jnp.nan, norm / norm_old)
             diverging = ~jnp.isnan(new_rate) & (new_rate >= 1)
@@ -292,7 +304,7 @@ def build_radau(
             iterating = update & ~done
             return k + 1, W, Z, norm_old, rate, contraction, iterating, converged, n_iter, nfev
 
-        W0 = jnp.einsum("ij,bjn->bin", jnp.asarray(TI), Z0)
+        W0 = jnp.einsum("ij,bjn->bin", ti_matrix, Z0)
         nan = jnp.full(batch, jnp.nan)
         contraction = jnp.maximum(state.contraction, jnp.finfo(float).eps) ** 0.8
         start = (0, W0, Z0, nan, nan, contraction, active, jnp.zeros(batch, bool), jnp.zeros(batch, jnp.int32), state.nfev)
