@@ -111,3 +111,21 @@ def test_compilation_cache_location(tmp_path, setting, expected):
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == expected.format(xdg=tmp_path / "xdg", tmp=tmp_path)
+
+
+def test_compiler_options_reach_xla_and_unknown_ones_fall_back(monkeypatch):
+    """JaxRadau compiles with ``stiff.COMPILER_OPTIONS`` (its small products as XLA loops, not
+    library calls); an XLA that does not know an option compiles without it, other errors still raise."""
+    import jax
+    import jax.numpy as jnp
+
+    lowered = jax.jit(lambda a, b: jnp.tanh(a @ b) @ b).lower(jnp.ones((192, 3)), jnp.ones((3, 3)))
+    default, ours = lowered.compile().as_text(), stiff._compile(lowered).as_text()
+    if "ynn_fusion" not in default:
+        pytest.skip("this XLA makes no YNNPACK library calls")
+    assert "ynn_fusion" not in ours
+    monkeypatch.setattr(stiff, "COMPILER_OPTIONS", {"xla_flowsim_no_such_option": ""})
+    assert "ynn_fusion" in stiff._compile(lowered).as_text()
+    monkeypatch.setattr(stiff, "COMPILER_OPTIONS", {"xla_cpu_experimental_ynn_fusion_type": 3.5})
+    with pytest.raises(Exception):
+        stiff._compile(lowered)
