@@ -222,7 +222,7 @@ def sweep(
     backend: str = typer.Option("local", "--backend", help="local (processes here) or dask (a Dask cluster)."),
     workers: int = typer.Option(1, "--workers", help="Worker processes (local pool or LocalCluster)."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address (default: a LocalCluster)."),
-    batch: int = typer.Option(4, "--batch", help="Runs integrated together as one JaxRadau batch (3-5 run fastest)."),
+    batch: int = typer.Option(4, "--batch", help="Runs integrated together as one JaxRadau batch (one set-up per batch)."),
 ) -> None:
     """Run a grid of configurations x seeds, label every run's stages, and write a table and a phase diagram."""
     from flowsim.config import ConfigError

@@ -265,7 +265,7 @@ class TwoLayerTransformer:
         """Logits for a batch of contexts ``tokens`` (batch, s), position by position."""
         h0 = params["W_E"][jnp.asarray(tokens)]  # (batch, s, m)
         A1 = jax.nn.softmax(h0 @ params["W_Q1"] @ params["W_K1"].T @ jnp.swapaxes(h0, -1, -2), axis=-1)
-        h1 = h0 + small_matmul(A1, small_matmul(small_matmul(h0, params["W_V1"]), params["W_O1"]))
+        h1 = h0 + A1 @ (h0 @ params["W_V1"] @ params["W_O1"])
         h2 = h1 + self.feed_forward(params, h1)
         query = h2[:, -1, :]
         A2 = jax.nn.softmax(jnp.einsum("bm,bjm->bj", query @ params["W_Q2"] @ params["W_K2"].T, h2), axis=-1)

@@ -118,11 +118,11 @@ def _solve_newton(V, V_inv, lam, rhs, m_real, m_complex_re, m_complex_im):
     rhs = (b_real, Re b_complex, Im b_complex) of shape (B, 3, n) -> (x, Re z, Im z).
     XLA on the CPU runs complex products far slower than real ones, so a real
     eigensystem keeps the whole solve real."""
-    m_r, a, b = m_real[:, None], m_complex_re[:, None], m_complex_im[:, None]
     if jnp.iscomplexobj(lam):
         x = _solve_real(V, V_inv, lam, rhs[:, 0], m_real)
         z = _apply_inverse(V, V_inv, lam, rhs[:, 1] + 1j * rhs[:, 2], m_complex_re + 1j * m_complex_im)
         return jnp.stack([x, z.real, z.imag], axis=1)
+    m_r, a, b = m_real[:, None], m_complex_re[:, None], m_complex_im[:, None]
     # (m - J)^-1 = 1/m + V diag(1/(m - λ) - 1/m) V^-1, with m = a + ib for the complex system.
     coefficients = jnp.einsum("bkn,bjn->bjk", V_inv, rhs)
     c_real = coefficients[:, 0] * (1 / (m_r - lam) - 1 / m_r)
