@@ -24,7 +24,7 @@ autodiff Jacobian of the smoothed field.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -76,6 +76,9 @@ class RateSchedule:
             if not (np.isfinite(rate) and rate >= 0):
                 raise ValueError(f"flow rate for {group} must be a finite number >= 0, got {rate!r}")
 
+    def __hash__(self) -> int:  # a static argument of compiled functions (FlowStructure)
+        return hash((tuple(sorted(self.constant.items())), self.window))
+
     def check_groups(self, groups: Sequence[str]) -> None:
         """Every named group must be a parameter of the model."""
         named = set(self.constant) | (set(self.window.groups) if self.window else set())
@@ -125,7 +128,113 @@ class DepthSmoothing:
             raise ValueError("depth smoothing needs repeated blocks: stacks of at least two same-role groups")
 
 
-_SHARED_JIT: dict[str, tuple] = {}  # structure_key -> the jitted functions of the first flow of that structure
+class FlowStructure(NamedTuple):
+    """What fixes a flow's compiled code, apart from the loss: the parameter names and shapes
+    (in the model's order), the rates and the depth smoothing. Hashable, so it is a static
+    argument of the compiled functions below: flows of equal structure share them."""
+
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    rates: RateSchedule
+    smoothing: DepthSmoothing | None
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.shapes)
+
+    @property
+    def size(self) -> int:
+        return int(sum(np.prod(shape, dtype=int) for _, shape in self.shapes))
+
+    def group_of_entry(self) -> np.ndarray:
+        """The group index of each flat entry (``ravel_pytree`` lays dict entries out by sorted key)."""
+        shapes = dict(self.shapes)
+        return np.repeat([self.groups.index(name) for name in sorted(shapes)],
+                         [int(np.prod(shapes[name], dtype=int)) for name in sorted(shapes)])
+
+    def entries_of(self, name: str) -> np.ndarray:
+        """Indices of parameter ``name``'s entries (row-major) in the flat vector."""
+        return np.flatnonzero(self.group_of_entry() == self.groups.index(name))
+
+    def unravel(self, theta: jax.Array) -> Params:
+        """The parameter dict of a flat vector (the inverse of ``ravel_pytree``)."""
+        _, unravel = ravel_pytree({name: jnp.zeros(shape, theta.dtype) for name, shape in self.shapes})
+        return unravel(theta)
+
+
+# ---------------------------------------------------------------------------------
+# The flow as pure functions of (structure, t, θ, loss). The structure is static; the
+# loss is a pytree whose leaves (the chain's data) are traced, not baked into the code.
+
+
+def flat_loss(structure: FlowStructure, theta: jax.Array, loss: Callable) -> jax.Array:
+    """L(θ) on the flat parameter vector."""
+    return loss(structure.unravel(theta))
+
+
+def rate_vector(structure: FlowStructure, t) -> jax.Array:
+    """r(t) on every flat entry (traceable in t)."""
+    return structure.rates.rates(t, structure.groups)[structure.group_of_entry()]
+
+
+def loss_gradient(structure: FlowStructure, theta: jax.Array, loss: Callable) -> jax.Array:
+    """∇L(θ), without the rates."""
+    return jax.grad(flat_loss, argnums=1)(structure, theta, loss)
+
+
+def loss_hessian(structure: FlowStructure, theta: jax.Array, loss: Callable) -> jax.Array:
+    """∇²L(θ) (n x n, dense: O(n²) memory)."""
+    return jax.hessian(flat_loss, argnums=1)(structure, theta, loss)
+
+
+def smoothing_weights(structure: FlowStructure, gradient: jax.Array) -> list[tuple[np.ndarray, jax.Array]]:
+    """Per smoothed stack, its (blocks, entries) index array and the coefficient matrix W with
+    smoothed_l = Σ_l' W[l, l'] g_l' (W = S; for the norm-preserving variant row l is scaled by
+    ‖g_l‖ / ‖(S g)_l‖)."""
+    smoothing, weights_of_stacks = structure.smoothing, []
+    for stack in smoothing.stacks:
+        entries = np.stack([structure.entries_of(name) for name in stack])
+        weights = jnp.asarray(path_smoothing_operator(len(stack), smoothing.a))
+        if smoothing.variant == "norm_preserving":
+            blocks = gradient[entries]
+            old, new = jnp.linalg.norm(blocks, axis=1), jnp.linalg.norm(weights @ blocks, axis=1)
+            weights = weights * jnp.where(new > 0, old / jnp.where(new > 0, new, 1.0), 0.0)[:, None]
+        weights_of_stacks.append((entries, weights))
+    return weights_of_stacks
+
+
+def smooth_gradient(structure: FlowStructure, gradient: jax.Array) -> jax.Array:
+    """(S ⊗ I) g on flat gradients (the identity without smoothing)."""
+    if structure.smoothing is None:
+        return gradient
+    for entries, weights in smoothing_weights(structure, gradient):
+        gradient = gradient.at[entries].set(weights @ gradient[entries])
+    return gradient
+
+
+def vector_field(structure: FlowStructure, t, theta: jax.Array, loss: Callable) -> jax.Array:
+    """f(t, θ) = -r(t) ⊙ (S ⊗ I) ∇L(θ). Cost: one gradient."""
+    return -rate_vector(structure, t) * smooth_gradient(structure, loss_gradient(structure, theta, loss))
+
+
+def jacobian(structure: FlowStructure, t, theta: jax.Array, loss: Callable) -> jax.Array:
+    """∂f/∂θ (n x n, dense): -diag(r) ∇²L, or the autodiff Jacobian of the smoothed field."""
+    if structure.smoothing is not None:
+        return jax.jacfwd(vector_field, argnums=2)(structure, t, theta, loss)
+    return -rate_vector(structure, t)[:, None] * loss_hessian(structure, theta, loss)
+
+
+def gradient_descent_steps(structure: FlowStructure, theta, first, last, lr, loss) -> jax.Array:
+    """Steps n = first, ..., last-1 of θ_{n+1} = θ_n + η f(nη, θ_n)."""
+    step = lambda n, theta: theta + lr * vector_field(structure, n * lr, theta, loss)  # noqa: E731
+    return jax.lax.fori_loop(first, last, step, theta)
+
+
+# Compiled once per structure (and loss treedef and shapes): the structure is a static argument.
+_vector_field_jit = jax.jit(vector_field, static_argnums=0)
+_jacobian_jit = jax.jit(jacobian, static_argnums=0)
+_descend_jit = jax.jit(gradient_descent_steps, static_argnums=0)
+_loss_batch_jit = jax.jit(jax.vmap(flat_loss, in_axes=(None, 0, None)), static_argnums=0)
+_gradient_batch_jit = jax.jit(jax.vmap(loss_gradient, in_axes=(None, 0, None)), static_argnums=0)
 
 
 class GradientFlow:
@@ -133,58 +242,34 @@ class GradientFlow:
 
     ``loss`` maps a parameter dict to a scalar (a ``jax.tree_util.Partial`` from
     ``make_loss_function``, or any traceable function); ``params_like`` fixes the
-    names, shapes and flattening order. Compiled functions are built once and reused.
+    names, shapes and flattening order. ``vector_field`` and ``jacobian`` are the entry
+    points (compiled, shared by every flow of one ``structure``, and traceable inside
+    other JAX code); the module-level functions of the same names are their pure forms.
     """
 
     def __init__(self, loss: Callable[[Params], jax.Array], params_like: Params, rates: RateSchedule | None = None,
                  smoothing: DepthSmoothing | None = None):
-        self.rates = RateSchedule() if rates is None else rates
-        self.smoothing = smoothing
-        self.groups: tuple[str, ...] = tuple(params_like)
-        self.rates.check_groups(self.groups)
-        self._param_shapes = tuple((name, np.shape(params_like[name])) for name in self.groups)
-        flat, self.unravel = ravel_pytree({name: jnp.asarray(value) for name, value in params_like.items()})
-        self.size = flat.size
-        # ravel_pytree lays dict entries out in sorted-key order: tag each flat entry with its group.
-        sorted_names = sorted(self.groups)
-        self._group_of_entry = np.repeat(
-            [self.groups.index(name) for name in sorted_names], [int(np.size(params_like[n])) for n in sorted_names]
-        )
+        rates = RateSchedule() if rates is None else rates
+        groups = tuple(params_like)
+        rates.check_groups(groups)
+        self.structure = FlowStructure(tuple((name, tuple(np.shape(params_like[name]))) for name in groups), rates, smoothing)
+        if smoothing is not None:
+            _check_smoothing(self.structure)
+        self.size = self.structure.size
         # A Partial is a pytree: its data leaves are traced, not baked into compiled code.
         self.loss = loss if isinstance(loss, Partial) else Partial(loss)
 
-        def flat_loss(theta, loss):
-            return loss(self.unravel(theta))
+    @property
+    def rates(self) -> RateSchedule:
+        return self.structure.rates
 
-        smooth = self._smoother(params_like)
+    @property
+    def smoothing(self) -> DepthSmoothing | None:
+        return self.structure.smoothing
 
-        def vector_field(t, theta, loss):
-            return -self._rate_vector(t) * smooth(jax.grad(flat_loss)(theta, loss))
-
-        def jacobian(t, theta, loss):
-            if smoothing is not None:
-                return jax.jacfwd(vector_field, argnums=1)(t, theta, loss)
-            return -self._rate_vector(t)[:, None] * jax.hessian(flat_loss)(theta, loss)
-
-        self._vector_field = vector_field
-
-        def descend(theta, first, last, lr, loss):
-            step = lambda n, theta: theta + lr * vector_field(n * lr, theta, loss)  # noqa: E731
-            return jax.lax.fori_loop(first, last, step, theta)
-
-        # Flows of one structure share their jitted functions (the loss is an argument), so
-        # a sweep compiles them once, not once per run.
-        (self._gradient_batch_jit, self._loss_batch_jit, self._vector_field_jit, self._jacobian_jit,
-         self._descend_jit) = _SHARED_JIT.setdefault(self.structure_key, (
-            jax.jit(jax.vmap(jax.grad(flat_loss), in_axes=(0, None))), jax.jit(jax.vmap(flat_loss, in_axes=(0, None))),
-            jax.jit(vector_field), jax.jit(jacobian), jax.jit(descend)))
-
-        # Pure pieces of the Jacobian for compiled integrators (flowsim.stiff).
-        self.jacobian_pure = jacobian
-        self.hessian_pure = jax.hessian(flat_loss)
-        self.gradient_pure = jax.grad(flat_loss)
-        self.rate_vector_pure = self._rate_vector
-        self.vector_field_pure = vector_field
+    @property
+    def groups(self) -> tuple[str, ...]:
+        return self.structure.groups
 
     @property
     def eigensystem_is_real(self) -> bool:
@@ -193,88 +278,68 @@ class GradientFlow:
         return self.smoothing is None and all(rate > 0 for rate in self.rates.constant.values())
 
     @property
-    def structure_key(self) -> str:
+    def structure_key(self) -> tuple:
         """Equal for flows that differ only in the loss's data (the chain) and the start:
         such flows share compiled solvers and can be batched together."""
-        treedef = jax.tree_util.tree_structure(self.loss)
-        shapes = [(leaf.shape, str(leaf.dtype)) for leaf in jax.tree_util.tree_leaves(self.loss)]
-        return repr((treedef, shapes, self.groups, self._param_shapes, self.rates, self.smoothing))
+        shapes = tuple((leaf.shape, str(leaf.dtype)) for leaf in jax.tree_util.tree_leaves(self.loss))
+        return (self.structure, jax.tree_util.tree_structure(self.loss), shapes)
 
-    def _smoother(self, params_like: Params) -> Callable[[jax.Array], jax.Array]:
-        """The map g -> (S ⊗ I) g on flat gradients (the identity without smoothing)."""
-        if self.smoothing is None:
-            return lambda gradient: gradient
-        stacks = []
-        for stack in self.smoothing.stacks:
-            missing = [name for name in stack if name not in self.groups]
-            if missing:
-                raise ValueError(f"depth smoothing: groups {missing} are not parameters of this model")
-            if len({np.shape(params_like[name]) for name in stack}) != 1:
-                raise ValueError(f"depth smoothing: the groups {stack} do not share one shape")
-            stacks.append((np.stack([self.entries_of(name) for name in stack]), path_smoothing_operator(len(stack), self.smoothing.a)))
-        self._stacks = stacks
-        return lambda gradient: self._apply_smoothing(gradient)[0]
+    def vector_field(self, t, theta) -> jax.Array:
+        """f(t, θ) = -r(t) ⊙ (S ⊗ I) ∇L(θ)."""
+        return _vector_field_jit(self.structure, t, theta, self.loss)
 
-    def _apply_smoothing(self, gradient: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
-        """(S ⊗ I) g and, per stack, the coefficient matrix W with smoothed_l = Σ_l' W[l, l'] g_l'
-        (W = S; for the norm-preserving variant row l is scaled by ‖g_l‖ / ‖(S g)_l‖)."""
-        coefficients = []
-        for entries, operator in self._stacks:
-            blocks = gradient[entries]  # (blocks, entries per block)
-            weights = jnp.asarray(operator)
-            if self.smoothing.variant == "norm_preserving":
-                old, new = jnp.linalg.norm(blocks, axis=1), jnp.linalg.norm(weights @ blocks, axis=1)
-                weights = weights * jnp.where(new > 0, old / jnp.where(new > 0, new, 1.0), 0.0)[:, None]
-            gradient = gradient.at[entries].set(weights @ blocks)
-            coefficients.append(weights)
-        return gradient, coefficients
+    def jacobian(self, t, theta) -> jax.Array:
+        """∂f/∂θ, dense (n x n)."""
+        return _jacobian_jit(self.structure, t, theta, self.loss)
+
+    def gradient_descent(self, theta: jax.Array, first: int, last: int, lr: float) -> jax.Array:
+        """Steps n = first, ..., last-1 of θ_{n+1} = θ_n + η f(nη, θ_n) (compiled once)."""
+        return _descend_jit(self.structure, theta, first, last, lr, self.loss)
 
     def depth_coupling(self, theta: np.ndarray) -> dict[str, dict[str, float]]:
         """For each smoothed group g, the weights W[g][g'] with dθ_g/dt = -r_g(t) Σ_g' W[g][g'] ∂L/∂θ_g'
         at θ (empty without smoothing): the depth-coupling preconditioner read off."""
         if self.smoothing is None:
             return {}
-        _, coefficients = self._apply_smoothing(jnp.asarray(self.gradient_along(np.asarray(theta)[None])[0]))
+        gradient = jnp.asarray(self.gradient_along(np.asarray(theta)[None])[0])
+        coefficients = [weights for _, weights in smoothing_weights(self.structure, gradient)]
         return {group: {source: float(weights[row, col]) for col, source in enumerate(stack)}
                 for stack, weights in zip(self.smoothing.stacks, coefficients) for row, group in enumerate(stack)}
 
-    def _rate_vector(self, t):
-        return self.rates.rates(t, self.groups)[self._group_of_entry]
-
     def entries_of(self, name: str) -> np.ndarray:
         """Indices of parameter ``name``'s entries (row-major) in the flat vector."""
-        return np.flatnonzero(self._group_of_entry == self.groups.index(name))
+        return self.structure.entries_of(name)
 
     def flatten(self, params: Params) -> np.ndarray:
         flat, _ = ravel_pytree({name: jnp.asarray(params[name]) for name in self.groups})
         return np.asarray(flat)
 
-    def vector_field_traceable(self, t, theta):
-        """The vector field for use inside other JAX code (e.g. diffrax)."""
-        return self._vector_field(t, theta, self.loss)
-
-    def vector_field(self, t: float, theta: np.ndarray) -> np.ndarray:
-        return np.asarray(self._vector_field_jit(t, theta, self.loss))
-
-    def jacobian(self, t: float, theta: np.ndarray) -> np.ndarray:
-        return np.asarray(self._jacobian_jit(t, theta, self.loss))
-
-    def gradient_descent(self, theta: jax.Array, first: int, last: int, lr: float) -> jax.Array:
-        """Steps n = first, ..., last-1 of θ_{n+1} = θ_n + η f(nη, θ_n) (compiled once)."""
-        return self._descend_jit(theta, first, last, lr, self.loss)
+    def unravel(self, theta) -> Params:
+        return self.structure.unravel(jnp.asarray(theta))
 
     def loss_along(self, thetas: np.ndarray) -> np.ndarray:
         """Loss at each row of ``thetas`` (shape (T, size))."""
         if len(thetas) == 0:
             return np.zeros(0)
-        return np.asarray(self._loss_batch_jit(jnp.asarray(thetas), self.loss))
+        return np.asarray(_loss_batch_jit(self.structure, jnp.asarray(thetas), self.loss))
 
     def gradient_along(self, thetas: np.ndarray) -> np.ndarray:
         """∇L at each row of ``thetas`` (shape (T, size)), without the rates."""
-        return np.asarray(self._gradient_batch_jit(jnp.asarray(thetas), self.loss))
+        return np.asarray(_gradient_batch_jit(self.structure, jnp.asarray(thetas), self.loss))
 
     def unflatten_batch(self, thetas: np.ndarray) -> dict[str, np.ndarray]:
         """Split rows of flat vectors into a dict of arrays with a leading time axis."""
         thetas = np.asarray(thetas).reshape(-1, self.size)
-        shapes = dict(self._param_shapes)
+        shapes = dict(self.structure.shapes)
         return {name: thetas[:, self.entries_of(name)].reshape(len(thetas), *shapes[name]) for name in self.groups}
+
+
+def _check_smoothing(structure: FlowStructure) -> None:
+    """Every smoothed stack names parameters of the model that share one shape."""
+    shapes = dict(structure.shapes)
+    for stack in structure.smoothing.stacks:
+        missing = [name for name in stack if name not in shapes]
+        if missing:
+            raise ValueError(f"depth smoothing: groups {missing} are not parameters of this model")
+        if len({shapes[name] for name in stack}) != 1:
+            raise ValueError(f"depth smoothing: the groups {stack} do not share one shape")

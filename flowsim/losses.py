@@ -30,7 +30,7 @@ import numpy as np
 from jax.tree_util import Partial
 
 from flowsim.chains import MarkovChain
-from flowsim.models import Model, Params, fused_small_matmuls, model_for_params
+from flowsim.models import Model, Params, model_for_params
 
 LossKind = Literal["mean_field", "finite", "monte_carlo"]
 LOSS_KINDS: tuple[str, ...] = ("mean_field", "finite", "monte_carlo")
@@ -272,29 +272,24 @@ def loss_monte_carlo(
 @dataclass(frozen=True)
 class ModelLoss:
     """``core`` with ``model`` bound: compares by value, so the losses of equal models
-    share one treedef and hence one compiled flow (functools.partial compares by identity).
-
-    ``fused_products`` evaluates the model's small matrix products in fusible form
-    (``models.fused_small_matmuls``): the same loss, faster inside one compiled loop. Being
-    part of the treedef, it also keeps JAX's trace caches of the two forms apart."""
+    share one treedef and hence one compiled flow (functools.partial compares by identity)."""
 
     core: object
     model: Model
-    fused_products: bool = False
 
     def __call__(self, params: Params, **data) -> jax.Array:
-        if not self.fused_products:
-            return self.core(self.model, params, **data)
-        with fused_small_matmuls():
-            return self.core(self.model, params, **data)
+        return self.core(self.model, params, **data)
 
 
 def with_fused_products(loss: Partial) -> Partial:
-    """The same loss with its small matrix products in fusible form (``models.small_matmul``);
-    a loss that is not a ``ModelLoss`` (a user's own function) is returned unchanged."""
+    """The same loss with the model's small matrix products in fusible form
+    (``fused_products=True``, ``models.small_matmul``); a loss that is not a ``ModelLoss``
+    (a user's own function) is returned unchanged. Being part of the treedef, the choice
+    also keeps JAX's trace caches of the two forms apart."""
     if not isinstance(loss.func, ModelLoss):
         return loss
-    return Partial(dataclasses.replace(loss.func, fused_products=True), *loss.args, **loss.keywords)
+    fused = dataclasses.replace(loss.func, model=dataclasses.replace(loss.func.model, fused_products=True))
+    return Partial(fused, *loss.args, **loss.keywords)
 
 
 def make_loss_function(

@@ -20,7 +20,6 @@ The default is exactly the paper model: no value matrix, no residual, logit scal
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,32 +31,20 @@ Params = dict[str, jax.Array]
 
 LogitScale = Literal["one", "inv_sqrt_k"]
 
-# Inside ``fused_small_matmuls()``, products of up to this many scalar terms are written as
-# a broadcast product summed over the shared axis instead of a matrix product. XLA on the
-# CPU calls a library routine for every matrix product (about a microsecond, however
-# small), while the broadcast form fuses into the surrounding elementwise loops: the
-# mean-field vector fields run 2-5x faster. Larger products (a finite-s loss over
-# thousands of contexts) and a wide vmap (a full Hessian) make the fused loops recompute
-# their inputs and run slower instead, so only JaxRadau's compiled loop asks for it
-# (losses.with_fused_products), and only for products this small.
+# With ``fused=True``, products of up to this many scalar terms are written as a broadcast
+# product summed over the shared axis instead of a matrix product. XLA on the CPU calls a
+# library routine for every matrix product (about a microsecond, however small), while the
+# broadcast form fuses into the surrounding elementwise loops. Larger products (a finite-s
+# loss over thousands of contexts) and a wide vmap (a full Hessian) make the fused loops
+# recompute their inputs and run slower instead, so only JaxRadau's compiled loop asks for
+# it (a model with ``fused_products=True``, losses.with_fused_products), and only for
+# products this small (benchmarks/RESULTS.md).
 SMALL_MATMUL_TERMS = 1 << 12
-_fuse_small_matmuls = False
 
 
-@contextlib.contextmanager
-def fused_small_matmuls():
-    """While tracing inside this block, ``small_matmul`` writes small products in fusible form."""
-    global _fuse_small_matmuls
-    previous, _fuse_small_matmuls = _fuse_small_matmuls, True
-    try:
-        yield
-    finally:
-        _fuse_small_matmuls = previous
-
-
-def small_matmul(a: jax.Array, b: jax.Array) -> jax.Array:
-    """``a @ b`` (NumPy's broadcasting of leading axes), in fusible form inside ``fused_small_matmuls()``."""
-    if not _fuse_small_matmuls or a.ndim == 1 or b.ndim == 1:
+def small_matmul(a: jax.Array, b: jax.Array, fused: bool = False) -> jax.Array:
+    """``a @ b`` (NumPy's broadcasting of leading axes); with ``fused``, in fusible form when small."""
+    if not fused or a.ndim == 1 or b.ndim == 1:
         return jnp.matmul(a, b)
     terms = np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), dtype=int) * a.shape[-2] * a.shape[-1] * b.shape[-1]
     if terms > SMALL_MATMUL_TERMS:
@@ -75,6 +62,8 @@ class OneLayerTransformer:
     value_matrix: bool = False
     residual: bool = False
     logit_scale: LogitScale = "one"
+    # Evaluation strategy, not a model option: small products in fusible form (``small_matmul``).
+    fused_products: bool = False
 
     def __post_init__(self) -> None:
         for name in ("d", "m", "k"):
@@ -87,6 +76,9 @@ class OneLayerTransformer:
             raise ValueError(f"model.logit_scale must be 'one' or 'inv_sqrt_k', got {self.logit_scale!r}")
 
     slow_groups = ("W_Q", "W_K")  # what the Q/K slow window slows by default
+
+    def _matmul(self, a: jax.Array, b: jax.Array) -> jax.Array:
+        return small_matmul(a, b, self.fused_products)
     repeated_blocks = ()  # one block: nothing to smooth across depth
 
     @property
@@ -114,20 +106,20 @@ class OneLayerTransformer:
 
     def attention_logits(self, params: Params) -> jax.Array:
         """Φ = W0 W_Q W_K^T W0^T (d x d), scaled by 1/sqrt(k) when asked."""
-        query = small_matmul(params["W0"], params["W_Q"])
-        key = small_matmul(params["W0"], params["W_K"])
+        query = self._matmul(params["W0"], params["W_Q"])
+        key = self._matmul(params["W0"], params["W_K"])
         scale = 1.0 if self.logit_scale == "one" else 1.0 / np.sqrt(self.k)
-        return scale * small_matmul(query, key.T)
+        return scale * self._matmul(query, key.T)
 
     def value_map(self, params: Params) -> jax.Array:
         """The token-to-logit map carried by attention: W0 W1, or W0 W_V W1."""
         if self.value_matrix:
-            return small_matmul(small_matmul(params["W0"], params["W_V"]), params["W1"])
-        return small_matmul(params["W0"], params["W1"])
+            return self._matmul(self._matmul(params["W0"], params["W_V"]), params["W1"])
+        return self._matmul(params["W0"], params["W1"])
 
     def residual_map(self, params: Params) -> jax.Array | None:
         """The token-to-logit map of the residual path W0 W1 (None without residual)."""
-        return small_matmul(params["W0"], params["W1"]) if self.residual else None
+        return self._matmul(params["W0"], params["W1"]) if self.residual else None
 
     def logits_from_attention(self, params: Params, attention: jax.Array, query: jax.Array) -> jax.Array:
         """Logits f = attention @ M (+ W0 W1[query]), for attention weights over token types.
@@ -135,7 +127,7 @@ class OneLayerTransformer:
         ``attention`` has shape (..., d) (weights over types, summing to 1) and ``query``
         the matching shape (...) of query tokens.
         """
-        logits = small_matmul(attention, self.value_map(params))
+        logits = self._matmul(attention, self.value_map(params))
         residual = self.residual_map(params)
         if residual is not None:
             logits = logits + residual[query]
@@ -192,6 +184,7 @@ class TwoLayerTransformer:
     k: int = 8
     ffn: FFNKind = "none"
     ffn_width: int = 16
+    fused_products: bool = False  # as for the one-layer model
 
     def __post_init__(self) -> None:
         for name in ("d", "m", "k", "ffn_width"):
@@ -218,20 +211,21 @@ class TwoLayerTransformer:
 
     init = OneLayerTransformer.init
     check_params = OneLayerTransformer.check_params
+    _matmul = OneLayerTransformer._matmul
 
     def feed_forward(self, params: Params, h: jax.Array) -> jax.Array:
         if self.ffn == "mlp":
-            return small_matmul(jax.nn.gelu(small_matmul(h, params["W_in"]), approximate=False), params["W_out"])
+            return self._matmul(jax.nn.gelu(self._matmul(h, params["W_in"]), approximate=False), params["W_out"])
         if self.ffn == "glu":
-            return small_matmul(jax.nn.silu(small_matmul(h, params["W_gate"])) * small_matmul(h, params["W_up"]), params["W_down"])
+            return self._matmul(jax.nn.silu(self._matmul(h, params["W_gate"])) * self._matmul(h, params["W_up"]), params["W_down"])
         return jnp.zeros_like(h)
 
     def residual_streams(self, params: Params, log_weights: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """(h1, h2, A1) per type for type weights ``log_weights`` (shape (..., d))."""
         h0 = params["W_E"]
-        phi1 = small_matmul(small_matmul(small_matmul(h0, params["W_Q1"]), params["W_K1"].T), h0.T)
+        phi1 = self._matmul(self._matmul(self._matmul(h0, params["W_Q1"]), params["W_K1"].T), h0.T)
         A1 = jax.nn.softmax(phi1 + log_weights[..., None, :], axis=-1)  # (..., d, d)
-        h1 = h0 + small_matmul(A1, small_matmul(small_matmul(h0, params["W_V1"]), params["W_O1"]))
+        h1 = h0 + self._matmul(A1, self._matmul(self._matmul(h0, params["W_V1"]), params["W_O1"]))
         return h1, h1 + self.feed_forward(params, h1), A1
 
     def attention_maps(self, params: Params, pi: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -239,14 +233,14 @@ class TwoLayerTransformer:
         (d x d) and the residual stream after the FFN (d x m)."""
         log_pi = jnp.log(pi)
         _, h2, A1 = self.residual_streams(params, log_pi)
-        A2 = jax.nn.softmax(small_matmul(small_matmul(small_matmul(h2, params["W_Q2"]), params["W_K2"].T), h2.T) + log_pi, axis=-1)
+        A2 = jax.nn.softmax(self._matmul(self._matmul(self._matmul(h2, params["W_Q2"]), params["W_K2"].T), h2.T) + log_pi, axis=-1)
         return A1, A2, h2
 
     def mean_field_logits(self, params: Params, pi: jax.Array) -> jax.Array:
         """Logits (d x d) of every query type as s → ∞: one residual stream for all queries,
         since every context carries the type weights π."""
         _, A2, h2 = self.attention_maps(params, pi)
-        return small_matmul(h2 + small_matmul(A2, small_matmul(small_matmul(h2, params["W_V2"]), params["W_O2"])), params["W_U"])
+        return self._matmul(h2 + self._matmul(A2, self._matmul(self._matmul(h2, params["W_V2"]), params["W_O2"])), params["W_U"])
 
     def logits_over_types(self, params: Params, log_weights: jax.Array, query: jax.Array,
                           upper_logit_shift: jax.Array | float = 0.0) -> jax.Array:

@@ -22,6 +22,7 @@ before that and says so; nothing is silently truncated.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -33,32 +34,17 @@ import numpy as np
 import scipy.integrate
 from tqdm.auto import tqdm
 
+from flowsim import flow as flow_functions
 from flowsim import stiff
 from flowsim.flow import GradientFlow
 from flowsim.losses import with_fused_products
+from flowsim.methods import DEFAULT_METHOD, METHODS, default_rtol
 from flowsim.models import Params
+from flowsim.status import Status, at
 from flowsim.trajectory import Trajectory
 
 SCIPY_METHODS = {"LSODA": scipy.integrate.LSODA, "BDF": scipy.integrate.BDF, "Radau": scipy.integrate.Radau}
 DIFFRAX_METHODS = {"Kvaerno5": diffrax.Kvaerno5, "Tsit5": diffrax.Tsit5, "Dopri8": diffrax.Dopri8}
-METHODS: tuple[str, ...] = (*SCIPY_METHODS, *DIFFRAX_METHODS, "JaxRadau", "gradient_descent")
-DEFAULT_METHOD = "JaxRadau"
-# Each method's default relative tolerance: the loosest that keeps the relative loss error
-# below 1e-6 over the default runs of both models (benchmarks/RESULTS.md); JaxRadau's
-# order-5 error estimate is conservative here, LSODA's and the others' are not.
-DEFAULT_RTOL = {"JaxRadau": 3e-6}
-FALLBACK_RTOL = 1e-8
-
-
-def default_rtol(method: str) -> float:
-    """The relative tolerance ``method`` runs at when none is given."""
-    return DEFAULT_RTOL.get(method, FALLBACK_RTOL)
-
-FINISHED, STEP_LIMIT, NON_FINITE, SOLVER_FAILED, RUNNING = 0, 1, 2, -1, 3
-STATUS_NAMES = {
-    FINISHED: "finished", STEP_LIMIT: "step_limit", NON_FINITE: "non_finite", SOLVER_FAILED: "solver_failed",
-    RUNNING: "running",
-}
 
 CHECKPOINT_EVERY_S = 20.0
 
@@ -84,12 +70,13 @@ class SolverStats:
 class FlowResult:
     """What ``solve_flow`` returns: status, message, statistics and the trajectory.
 
-    ``status`` is 0 (finished: every save time reached), 1 (step limit), 2 (non-finite
-    state), -1 (the solver failed) or 3 (running: a checkpoint of a run in progress). On a failure ``trajectory`` holds the save times
-    reached before it, and ``t_reached`` is the last time the integrator reached.
+    ``status`` is a ``Status``: finished (every save time reached), step limit, non-finite
+    state, solver failed, or running (a checkpoint of a run in progress). On a failure
+    ``trajectory`` holds the save times reached before it, and ``t_reached`` is the last
+    time the integrator reached.
     """
 
-    status: int
+    status: Status
     message: str
     method: str
     t_reached: float
@@ -98,15 +85,15 @@ class FlowResult:
 
     @property
     def success(self) -> bool:
-        return self.status == FINISHED
+        return self.status == Status.FINISHED
 
     @property
     def status_name(self) -> str:
-        return STATUS_NAMES[self.status]
+        return self.status.label
 
     def summary(self) -> dict:
         return {
-            "status": self.status,
+            "status": int(self.status),
             "status_name": self.status_name,
             "message": self.message,
             "method": self.method,
@@ -198,14 +185,7 @@ def _stats(counts: dict, started: float) -> SolverStats:
 # Compiled JaxRadau integrators, shared by flows of one structure, batch size and save grid.
 _RADAU_COMPILED: dict[tuple, stiff.RadauFunctions] = {}
 RADAU_PROGRESS_CHUNKS = 20
-STIFF_RANK = 8  # eigenpairs of the Jacobian JaxRadau keeps: the stiff directions (8 beat 4, 16, 32 and 64 here)
-RADAU_STATUS = {
-    stiff.DONE: (FINISHED, "reached the last save time"),
-    stiff.STEP_LIMIT: (STEP_LIMIT, "step limit max_steps = {max_steps} reached at t = {t:.6g}"),
-    stiff.STEP_TOO_SMALL: (SOLVER_FAILED, "JaxRadau failed at t = {t:.6g}: the step size fell below its floor"),
-    stiff.NON_FINITE: (NON_FINITE, "the state became non-finite at t = {t:.6g}"),
-    stiff.ACTIVE: (RUNNING, "running"),
-}
+STIFF_RANK = 8  # eigenpairs of the Jacobian JaxRadau keeps: the stiff directions (benchmarks/RESULTS.md)
 
 
 def _save_slots(n_times: int) -> int:
@@ -218,15 +198,21 @@ def _radau_functions(flow: GradientFlow, batch: int, n_save: int, loss_batch) ->
     key = (flow.structure_key, batch, n_save, STIFF_RANK)
     if key in _RADAU_COMPILED:
         return _RADAU_COMPILED[key], 0.0
+    # Pure functions of one member with the (static) structure bound: no flow object is captured.
+    structure = flow.structure
+    bind = lambda function: functools.partial(function, structure)  # noqa: E731
     if not flow.eigensystem_is_real:
-        eigensystem, rank = stiff.general_eigensystem(flow.jacobian_pure), flow.size
+        eigensystem, rank = stiff.general_eigensystem(bind(flow_functions.jacobian)), flow.size
     elif flow.size <= STIFF_RANK:
-        eigensystem, rank = stiff.symmetric_eigensystem(flow.rate_vector_pure, flow.hessian_pure), flow.size
+        eigensystem = stiff.symmetric_eigensystem(bind(flow_functions.rate_vector), bind(flow_functions.loss_hessian))
+        rank = flow.size
     else:
-        eigensystem = stiff.low_rank_eigensystem(flow.rate_vector_pure, flow.gradient_pure, flow.size, STIFF_RANK)
+        eigensystem = stiff.low_rank_eigensystem(bind(flow_functions.rate_vector), bind(flow_functions.loss_gradient),
+                                                 flow.size, STIFF_RANK)
         rank = STIFF_RANK
-    functions = stiff.build_radau(flow.vector_field_pure, eigensystem, flow.rates.kinks, batch, n_save, flow.size,
-                                  loss_batch, rank, complex_eigensystem=not flow.eigensystem_is_real)
+    problem = stiff.RadauProblem(bind(flow_functions.vector_field), eigensystem, flow.rates.kinks)
+    functions = stiff.build_radau(problem, batch, n_save, flow.size, loss_batch, rank,
+                                  complex_eigensystem=not flow.eigensystem_is_real)
     _RADAU_COMPILED[key] = functions
     return functions, functions.compile_seconds
 
@@ -277,7 +263,7 @@ def solve_flow_batch(
     try:
         for t_stop in stops:
             state = functions.advance(state, loss, times_device, t_end, t_stop, rtol, atol, np.int32(min(max_steps, 2**31 - 1)))
-            active = np.asarray(state.status) == stiff.ACTIVE
+            active = np.asarray(state.status) == Status.RUNNING
             bar.update(float(np.min(np.where(active, state.t, times[-1]))))
             if not active.any():
                 break
@@ -294,8 +280,9 @@ def _radau_results(flows, state, times, max_steps, started, compile_seconds, sol
     wall, solve_seconds = time.perf_counter() - started, time.perf_counter() - solve_started
     results = []
     for i, flow in enumerate(flows):
-        status, message = RADAU_STATUS[int(state.status[i])]
-        message = message.format(max_steps=max_steps, t=float(state.t[i]))
+        status = Status(int(state.status[i]))
+        message = status.message(at(float(state.t[i])), max_steps=max_steps, method="JaxRadau",
+                                 reason="the step size fell below its floor")
         n_saved = int(state.n_saved[i])
         stats = SolverStats(
             n_steps=int(state.n_steps[i]), n_rejected=int(state.n_rejected[i]), nfev=int(state.nfev[i]),
@@ -329,27 +316,31 @@ class _Progress:
 
 
 def _solve_scipy(flow, theta0, times, *, method, rtol, atol, max_steps, progress, on_checkpoint, checkpoint_every_s, started, **_):
-    flow.vector_field(0.0, theta0), flow.jacobian(0.0, theta0)  # compiles both on first use
+    field = lambda t, theta: np.asarray(flow.vector_field(t, theta))  # noqa: E731
+    jacobian = lambda t, theta: np.asarray(flow.jacobian(t, theta))  # noqa: E731
+    field(0.0, theta0), jacobian(0.0, theta0)  # compiles both on first use
     compile_seconds = time.perf_counter() - started
-    solver = SCIPY_METHODS[method](
-        flow.vector_field, 0.0, theta0, times[-1], rtol=rtol, atol=atol, jac=flow.jacobian
-    )
+    solver = SCIPY_METHODS[method](field, 0.0, theta0, times[-1], rtol=rtol, atol=atol, jac=jacobian)
     saved_t, saved_theta = [0.0], [theta0]
-    status, message, steps = FINISHED, "reached the last save time", 0
+    status, steps = Status.FINISHED, 0
+    message = status.message()
     bar = _Progress(progress, times[-1], method)
     last_checkpoint = time.perf_counter()
     try:
         while len(saved_t) < len(times):
             if steps >= max_steps:
-                status, message = STEP_LIMIT, f"step limit max_steps = {max_steps} reached at t = {solver.t:.6g}"
+                status = Status.STEP_LIMIT
+                message = status.message(at(solver.t), max_steps=max_steps)
                 break
             error = solver.step()
             steps += 1
             if solver.status == "failed":
-                status, message = SOLVER_FAILED, f"{method} failed at t = {solver.t:.6g}: {error}"
+                status = Status.SOLVER_FAILED
+                message = status.message(at(solver.t), method=method, reason=str(error))
                 break
             if not np.all(np.isfinite(solver.y)):
-                status, message = NON_FINITE, f"the state became non-finite at t = {solver.t:.6g}"
+                status = Status.NON_FINITE
+                message = status.message(at(solver.t))
                 break
             interpolant = solver.dense_output()
             while len(saved_t) < len(times) and times[len(saved_t)] <= solver.t:
@@ -358,7 +349,7 @@ def _solve_scipy(flow, theta0, times, *, method, rtol, atol, max_steps, progress
             bar.update(solver.t)
             if on_checkpoint is not None and time.perf_counter() - last_checkpoint >= checkpoint_every_s:
                 stats = _stats(_scipy_counts(solver, steps, compile_seconds), started)
-                on_checkpoint(_result(flow, method, RUNNING, "running", solver.t, saved_t, saved_theta, stats))
+                on_checkpoint(_result(flow, method, Status.RUNNING, Status.RUNNING.message(), solver.t, saved_t, saved_theta, stats))
                 last_checkpoint = time.perf_counter()
     finally:
         bar.close()
@@ -371,7 +362,7 @@ def _scipy_counts(solver, steps: int, compile_seconds: float) -> dict:
 
 
 def _solve_diffrax(flow, theta0, times, *, method, rtol, atol, max_steps, progress, started, **_):
-    term = diffrax.ODETerm(lambda t, y, args: flow.vector_field_traceable(t, y))
+    term = diffrax.ODETerm(lambda t, y, args: flow.vector_field(t, y))
     # PI coefficients of diffrax's advice for stiff problems: far fewer rejected implicit steps.
     gains = {"pcoeff": 0.3, "icoeff": 0.4} if method == "Kvaerno5" else {}
     controller = diffrax.PIDController(rtol=rtol, atol=atol, **gains)
@@ -398,14 +389,16 @@ def _solve_diffrax(flow, theta0, times, *, method, rtol, atol, max_steps, progre
               "nfev": None, "njev": None, "nlu": None, "compile_seconds": compile_seconds}
     result = solution.result
     if result == diffrax.RESULTS.successful:
-        status, message = FINISHED, "reached the last save time"
+        status, message = Status.FINISHED, Status.FINISHED.message()
     elif result == diffrax.RESULTS.max_steps_reached:
-        status, message = STEP_LIMIT, f"step limit max_steps = {max_steps} reached"
+        status, message = Status.STEP_LIMIT, Status.STEP_LIMIT.message(max_steps=max_steps)
     else:
-        status, message = SOLVER_FAILED, f"{method} failed: {diffrax.RESULTS[result]}"
-    if status == FINISHED and n_saved < len(times):
-        status, message = NON_FINITE, f"the state became non-finite after t = {times[n_saved - 1]:.6g}"
-    t_reached = float(times[n_saved - 1]) if status != FINISHED else float(times[-1])
+        status = Status.SOLVER_FAILED
+        message = status.message(method=method, reason=str(diffrax.RESULTS[result]))
+    if status == Status.FINISHED and n_saved < len(times):
+        status = Status.NON_FINITE
+        message = status.message(f"after t = {times[n_saved - 1]:.6g}")
+    t_reached = float(times[n_saved - 1]) if status != Status.FINISHED else float(times[-1])
     return status, message, t_reached, times[:n_saved], ys[:n_saved], counts
 
 
@@ -418,18 +411,20 @@ def _solve_gradient_descent(
     flow.gradient_descent(theta, 0, 0, lr).block_until_ready()  # compiles on first use
     compile_seconds = time.perf_counter() - started
     saved_steps, saved_theta = [0], [np.asarray(theta)]
-    status, message = FINISHED, "reached the last save time"
+    status = Status.FINISHED
+    message = status.message()
     bar = _Progress(progress, save_steps[-1] * lr, method)
     last_checkpoint = time.perf_counter()
     try:
         for target in save_steps[1:]:
             if target > max_steps:
-                status, message = STEP_LIMIT, f"step limit max_steps = {max_steps} reached at t = {saved_steps[-1] * lr:.6g}"
+                status = Status.STEP_LIMIT
+                message = status.message(at(saved_steps[-1] * lr), max_steps=max_steps)
                 break
             theta = flow.gradient_descent(theta, saved_steps[-1], target, lr)
             if not bool(jnp.all(jnp.isfinite(theta))):
-                status = NON_FINITE
-                message = f"the state became non-finite between t = {saved_steps[-1] * lr:.6g} and t = {target * lr:.6g}"
+                status = Status.NON_FINITE
+                message = status.message(f"between t = {saved_steps[-1] * lr:.6g} and t = {target * lr:.6g}")
                 break
             saved_steps.append(int(target))
             saved_theta.append(np.asarray(theta))
@@ -437,7 +432,7 @@ def _solve_gradient_descent(
             if on_checkpoint is not None and time.perf_counter() - last_checkpoint >= checkpoint_every_s:
                 stats = _stats(_descent_counts(saved_steps[-1], compile_seconds), started)
                 t_now = saved_steps[-1] * lr
-                on_checkpoint(_result(flow, method, RUNNING, "running", t_now, np.array(saved_steps) * lr, saved_theta, stats))
+                on_checkpoint(_result(flow, method, Status.RUNNING, Status.RUNNING.message(), t_now, np.array(saved_steps) * lr, saved_theta, stats))
                 last_checkpoint = time.perf_counter()
     finally:
         bar.close()

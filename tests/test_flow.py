@@ -5,7 +5,9 @@ import pytest
 import flowsim
 from flowsim import MarkovChain, OneLayerTransformer
 from flowsim.flow import GradientFlow, RateSchedule, SlowWindow
-from flowsim.solvers import NON_FINITE, SOLVER_FAILED, STEP_LIMIT, solve_flow
+from flowsim import flow as flow_module
+from flowsim.solvers import solve_flow
+from flowsim.status import Status
 
 from conftest import PAPER_PI
 
@@ -117,7 +119,7 @@ def test_step_limit_keeps_and_marks_what_was_computed(default_flow, method):
     flow, params0 = default_flow
     times = np.linspace(0.0, 100.0, 101)
     result = solve_flow(flow, params0, times, method=method, max_steps=60, lr=1.0)
-    assert result.status == STEP_LIMIT and not result.success
+    assert result.status == Status.STEP_LIMIT and not result.success
     assert "step limit" in result.message
     n = len(result.trajectory)
     assert 1 <= n < len(times)
@@ -135,11 +137,11 @@ def test_non_finite_state_and_solver_failure_are_reported():
     flow = GradientFlow(lambda params: -jnp.sum(params["theta"] ** 4) / 4, params0)
     times = np.linspace(0.0, 2.0, 21)
     descent = solve_flow(flow, params0, times, method="gradient_descent", lr=0.05)
-    assert descent.status == NON_FINITE and "non-finite" in descent.message
+    assert descent.status == Status.NON_FINITE and "non-finite" in descent.message
     assert 2 <= len(descent.trajectory) < len(times) and np.all(np.isfinite(descent.trajectory.params["theta"]))
     for method in ("LSODA", "JaxRadau"):
         stiff = solve_flow(flow, params0, times, method=method, max_steps=5000)
-        assert stiff.status in (NON_FINITE, SOLVER_FAILED, STEP_LIMIT) and not stiff.success, method
+        assert stiff.status in (Status.NON_FINITE, Status.SOLVER_FAILED, Status.STEP_LIMIT) and not stiff.success, method
         assert stiff.t_reached == pytest.approx(0.5, abs=0.01), method
         # t = 0, 0.1, ..., 0.4: every save time before the blow-up. An implicit collocation step
         # can land on t = 0.5 itself with a large finite value; nothing after it is kept.
@@ -190,10 +192,15 @@ def test_flows_of_one_structure_share_compiled_functions_and_keep_their_own_data
     flows = [GradientFlow(flowsim.make_loss_function(model, MarkovChain(pi=PAPER_PI, lam=lam)), params) for lam in (0.2, 0.8)]
     other = GradientFlow(flowsim.make_loss_function(OneLayerTransformer(d=4, m=4, k=2), MarkovChain(pi=PAPER_PI, lam=0.2)),
                          OneLayerTransformer(d=4, m=4, k=2).init(0.3, 0))
-    assert flows[0]._loss_batch_jit is flows[1]._loss_batch_jit and other._loss_batch_jit is not flows[0]._loss_batch_jit
+    assert flows[0].structure_key == flows[1].structure_key != other.structure_key
     theta = flows[0].flatten(params)[None]
-    for flow in flows:  # the shared function evaluates each flow's own chain
+    compiled = flow_module._loss_batch_jit._cache_size
+    before = compiled()
+    for flow in flows:  # one compiled function, evaluating each flow's own chain
         assert flow.loss_along(theta)[0] == pytest.approx(float(flow.loss(params)), rel=1e-13)
+    assert compiled() == before + 1
+    other.loss_along(other.flatten(other.unravel(np.zeros(other.size)))[None])
+    assert compiled() == before + 2
     assert flows[0].loss_along(theta)[0] != pytest.approx(flows[1].loss_along(theta)[0], rel=1e-6)
     split = flows[0].unflatten_batch(np.stack([theta[0], 2 * theta[0]]))
     for name in params:

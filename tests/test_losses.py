@@ -176,12 +176,12 @@ def test_fused_products_give_the_same_loss_and_gradient(paper_chain, model, kind
     from jax.flatten_util import ravel_pytree
 
     from flowsim.losses import make_loss_function, with_fused_products
-    from flowsim.models import SMALL_MATMUL_TERMS, fused_small_matmuls, small_matmul
+    from flowsim.models import SMALL_MATMUL_TERMS, small_matmul
 
     params = random_params(model, scale=0.7, seed=3)
     loss = make_loss_function(model, paper_chain, kind=kind, s=6)
     fused = with_fused_products(loss)
-    assert fused.func.fused_products and not loss.func.fused_products
+    assert fused.func.model.fused_products and not loss.func.model.fused_products
     np.testing.assert_allclose(float(fused(params)), float(loss(params)), rtol=1e-13)
     gradient, fused_gradient = (ravel_pytree(jax.grad(f)(params))[0] for f in (loss, fused))
     np.testing.assert_allclose(fused_gradient, gradient, rtol=1e-10, atol=1e-11 * np.max(np.abs(gradient)))
@@ -189,10 +189,9 @@ def test_fused_products_give_the_same_loss_and_gradient(paper_chain, model, kind
     products = str(jax.make_jaxpr(fused)(params)).count("dot_general")
     assert (products == 0) if kind == "mean_field" else (products < str(jax.make_jaxpr(loss)(params)).count("dot_general"))
     a, b = np.random.default_rng(0).standard_normal((2, 3, 5, 4)), np.random.default_rng(1).standard_normal((4, 6))
-    with fused_small_matmuls():
-        assert "dot_general" not in str(jax.make_jaxpr(lambda x, y: small_matmul(x, y))(a[0], b))
-        np.testing.assert_allclose(small_matmul(a, b), a @ b, rtol=1e-13)
-        # products too large to gain stay matrix products
-        big = np.ones((SMALL_MATMUL_TERMS // 16, 4, 4))
-        assert "dot_general" in str(jax.make_jaxpr(lambda x, y: small_matmul(x, y))(big, b))
-    assert "dot_general" in str(jax.make_jaxpr(lambda x, y: small_matmul(x, y) + 0.0)(a[0], b))
+    assert "dot_general" not in str(jax.make_jaxpr(lambda x, y: small_matmul(x, y, fused=True))(a[0], b))
+    np.testing.assert_allclose(small_matmul(a, b, fused=True), a @ b, rtol=1e-13)
+    # products too large to gain stay matrix products
+    big = np.ones((SMALL_MATMUL_TERMS // 16, 4, 4))
+    assert "dot_general" in str(jax.make_jaxpr(lambda x, y: small_matmul(x, y, fused=True))(big, b))
+    assert "dot_general" in str(jax.make_jaxpr(lambda x, y: small_matmul(x, y))(a[0], b))

@@ -9,7 +9,7 @@ from flowsim.config import ConfigError, load_config
 from flowsim.experiment import execute_run
 from flowsim.observables import Observables
 from flowsim.rundir import load_run
-from flowsim.solvers import STEP_LIMIT
+from flowsim.status import Status
 
 SMALL = ["time.t_end=30.0", "time.n_linear=31", "time.n_log=10", "model.m=4", "model.k=4"]
 
@@ -44,7 +44,7 @@ def test_run_directory_round_trip(tmp_path):
 def test_a_run_stopped_by_its_step_limit_keeps_what_it_computed(tmp_path):
     config = load_config(None, SMALL + ["solver.max_steps=40"])
     result = execute_run(config, tmp_path / "run", progress=False)
-    assert result.status == STEP_LIMIT
+    assert result.status == Status.STEP_LIMIT
     run = load_run(tmp_path / "run")
     assert run.meta["status_name"] == "step_limit" and "step limit" in run.meta["message"]
     n = len(run.trajectory.t)

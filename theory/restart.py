@@ -75,7 +75,7 @@ def predict_restart(twin: MeanFieldTwin, flow: GradientFlow, params0, alpha: np.
     def on_manifold(t: float) -> np.ndarray:
         return flow.flatten(embed(ReducedState.unpack(rank_one.sol(t), twin.d, k), alpha))
 
-    tangent = jax.jit(lambda t, theta, x: jax.jvp(lambda th: flow.vector_field_traceable(t, th), (theta,), (x,))[1])
+    tangent = jax.jit(lambda t, theta, x: jax.jvp(lambda th: flow.vector_field(t, th), (theta,), (x,))[1])
     floor = float(np.linalg.svd(np.asarray(params0["W0"]), compute_uv=False)[1])
     level = th.restart_factor * floor
     W0_entries = flow.entries_of("W0")
