@@ -10,7 +10,6 @@ stopped); the table is printed and written to OUT/study.json.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ import numpy as np
 from flowsim.bridge.config import load_bridge_config
 from flowsim.bridge.train import train
 from flowsim.observables import Observables
-from flowsim.trajectory import write_atomic_bytes
+from flowsim.io import write_atomic_json
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "bridge"
 VARIANTS = ("gpt-mlp", "gpt-mlp-qk", "gpt-mlp-smooth", "gpt-glu", "gpt-glu-qk", "gpt-glu-smooth")
@@ -55,7 +54,7 @@ def main() -> None:
         ppl = np.array([row["val_perplexity"] for row in rows])
         print(f"{variant:16} {ppl.mean():19.2f} ± {ppl.std(ddof=1) if len(ppl) > 1 else 0.0:6.2f} "
               f"{np.mean([r['upper_entropy_fall'] for r in rows]):13.3f} {np.mean([r['ffn_write_1'] for r in rows]):12.3g}")
-    write_atomic_bytes(args.out / "study.json", (json.dumps(results, indent=2) + "\n").encode())
+    write_atomic_json(args.out / "study.json", results)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Solver benchmark: every method side by side in one process, on both models.
 
-    python benchmarks/solvers.py [--models one_layer,two_layer] [--out benchmarks/RESULTS.md]
+    python benchmarks/solvers.py [--models one_layer,two_layer] [--methods JaxRadau,...] [--out benchmarks/RESULTS.md]
 
 For each model (the default one-layer run to t = 6000; configs/two_layer/baseline.toml
 to t = 200) and each method, it reports the compile time, the solve time after
@@ -94,6 +94,8 @@ def benchmark_model(name: str, args) -> list[dict]:
           for method in ("Kvaerno5", "Tsit5", "Dopri8")],
         *[(f"gradient descent η = {lr:g}", "gradient_descent", dict(lr=lr, max_steps=10**8)) for lr in learning_rates],
     ]
+    # LSODA's rows always run: they are the baselines of the ratio columns.
+    plan = [row for row in plan if row[1] == "LSODA" or args.methods is None or row[1] in args.methods.split(",")]
     for label, method, options in plan:
         print(f"[{name}] {label} ...", file=sys.stderr)
         fast = method in ("LSODA", "BDF", "Radau", "JaxRadau", "Tsit5", "Dopri8")
@@ -138,6 +140,7 @@ def table(name: str, runs: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="one_layer,two_layer")
+    parser.add_argument("--methods", default=None, help="Comma-separated methods to run (default: all; LSODA always runs).")
     parser.add_argument("--diffrax-max-steps", type=int, default=5_000)
     parser.add_argument("--repeats", type=int, default=5, help="compiled solves per fast method; the least time counts")
     parser.add_argument("--out", type=Path, default=None, help="Write the tables as markdown here.")

@@ -20,7 +20,7 @@ from pathlib import Path
 from figures.runs import FigureInputError
 from figures.style import FigureResult
 from flowsim.rundir import library_versions
-from flowsim.trajectory import write_atomic_bytes
+from flowsim.io import write_atomic_json
 
 MANIFEST = "manifest.json"
 
@@ -75,7 +75,7 @@ def build_figures(out: Path, cache: Path, only: Sequence[str] = (), tiny: bool =
         runs = sorted({key.split(":")[0] for key in result.data})
         manifest["figures"][name] = {"caption": result.caption, "seconds": round(seconds, 2), "cache": str(cache), "runs": runs}
         manifest["versions"] = library_versions()
-        write_atomic_bytes(manifest_path, json.dumps(manifest, indent=1).encode())  # after each figure: nothing lost
+        write_atomic_json(manifest_path, manifest, indent=1)  # after each figure: nothing lost
     if failed:
         raise FigureInputError(f"{len(failed)} figure(s) not built: " + "; ".join(failed))
     return results

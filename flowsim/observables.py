@@ -39,7 +39,8 @@ from scipy.linalg import subspace_angles
 from flowsim.flow import GradientFlow
 from flowsim.losses import mean_field_attention
 from flowsim.models import Model, TwoLayerTransformer
-from flowsim.trajectory import Trajectory, write_atomic_bytes, write_atomic_npz
+from flowsim.io import write_atomic_bytes, write_atomic_npz
+from flowsim.trajectory import Trajectory
 
 OBSERVABLES_NPZ, OBSERVABLES_CSV = "observables.npz", "observables.csv"
 N_PRINCIPAL_DIRECTIONS = 3

@@ -24,7 +24,8 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from flowsim.trajectory import Trajectory, write_atomic_bytes
+from flowsim.io import write_atomic_bytes, write_atomic_json
+from flowsim.trajectory import Trajectory
 
 CONFIG_FILE, TRAJECTORY_FILE, META_FILE, SUMMARY_FIGURE = "config.toml", "trajectory.npz", "meta.json", "summary.png"
 
@@ -57,7 +58,7 @@ def write_config(run_dir: Path, toml_text: str) -> None:
 
 
 def write_meta(run_dir: Path, meta: dict) -> None:
-    write_atomic_bytes(run_dir / META_FILE, (json.dumps(meta, indent=2, default=float) + "\n").encode())
+    write_atomic_json(run_dir / META_FILE, meta)
 
 
 @dataclass(frozen=True)

@@ -32,14 +32,13 @@ is focus -> dilution -> restart, counted greedily in time order. Singular values
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from flowsim.observables import Observables
-from flowsim.trajectory import write_atomic_bytes
+from flowsim.io import write_atomic_bytes, write_atomic_json
 
 STAGES_JSON, STAGES_TEXT = "stages.json", "stages.txt"
 STAGE_NAMES = ("condensation", "focus", "dilution", "restart", "plateau")
@@ -106,7 +105,7 @@ class StageReport:
 
     def save(self, run_dir: Path) -> None:
         run_dir = Path(run_dir)
-        write_atomic_bytes(run_dir / STAGES_JSON, (json.dumps(self.to_json(), indent=2) + "\n").encode())
+        write_atomic_json(run_dir / STAGES_JSON, self.to_json())
         write_atomic_bytes(run_dir / STAGES_TEXT, (self.table() + "\n").encode())
 
 

@@ -47,7 +47,7 @@ from flowsim.observables import compute_observables
 from flowsim.rundir import library_versions
 from flowsim.solvers import solve_flow, solve_flow_batch
 from flowsim.stages import detect_stages
-from flowsim.trajectory import write_atomic_bytes
+from flowsim.io import write_atomic_bytes, write_atomic_json
 
 BACKENDS = ("local", "dask")
 STAGES = ("condensation", "focus", "dilution", "restart")
@@ -136,7 +136,7 @@ def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: l
             ends = [interval.t_end for interval in report.of("condensation") if interval.t_end is not None]
             row["end_condensation"] = float(min(ends)) if ends else math.nan  # condensation starts at once; its end moves
             row["cycles"] = report.cycles
-        write_atomic_bytes(Path(out) / "rows" / f"{spec.name}.json", (json.dumps(row, indent=1) + "\n").encode())
+        write_atomic_json(Path(out) / "rows" / f"{spec.name}.json", row, indent=1)
         rows.append(row)
     return rows
 
@@ -256,7 +256,7 @@ def run_sweep(
     chunks = chunk_specs(config_text, base, pending, batch)  # validates every run's configuration
     meta = {"config": config_text, "overrides": list(base), "grid": grid, "seeds": seeds, "backend": backend,
             "workers": workers, "scheduler": scheduler, "batch": batch, "versions": library_versions()}
-    write_atomic_bytes(out / "sweep.json", (json.dumps(meta, indent=2) + "\n").encode())
+    write_atomic_json(out / "sweep.json", meta)
     progress(f"{len(specs)} runs: {len(done)} already done, {len(pending)} to run in {len(chunks)} chunks")
     started, finished = time.perf_counter(), 0
 

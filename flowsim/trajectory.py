@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import io
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from flowsim.io import write_atomic_npz
 
 
 @dataclass(frozen=True)
@@ -46,24 +45,3 @@ class Trajectory:
             raise ValueError(f"{path} is not a trajectory: missing arrays {sorted(missing)}")
         t, loss = arrays.pop("t"), arrays.pop("loss")
         return cls(t=t, loss=loss, params=arrays)
-
-
-def write_atomic_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def write_atomic_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    write_atomic_bytes(path, buffer.getvalue())

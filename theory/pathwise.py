@@ -47,7 +47,8 @@ from flowsim.flow import GradientFlow
 from flowsim.losses import expected_cross_entropy
 from flowsim.models import Params, TwoLayerTransformer
 from flowsim.rundir import CONFIG_FILE, load_run
-from flowsim.trajectory import Trajectory, write_atomic_npz
+from flowsim.io import write_atomic_npz
+from flowsim.trajectory import Trajectory
 
 UPPER_QUERY, UPPER_KEY = "W_Q2", "W_K2"
 PATHWISE_NPZ = "pathwise.npz"

@@ -11,7 +11,6 @@ Rows (stage names as in stages.json):
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -22,7 +21,7 @@ from flowsim.config import ConfigError, RunConfig, load_config
 from flowsim.experiment import label_run, prepare
 from flowsim.rundir import CONFIG_FILE
 from flowsim.stages import StageReport, subject_label
-from flowsim.trajectory import write_atomic_bytes
+from flowsim.io import write_atomic_json
 from theory.dilution import DilutionPrediction, predict_dilution
 from theory.focus import FocusPrediction, predict_focus
 from theory.origin import CondensationPrediction, predict_condensation
@@ -138,7 +137,7 @@ def compare_run(run_dir: Path, progress: Callable[[str], None] = _quiet) -> tupl
         error = None if measured is None else abs(row.predicted - measured) / measured
         rows.append(Row(row.stage, row.query, row.direction, row.predicted, measured, error))
     payload = {"rows": [asdict(row) for row in rows]}
-    write_atomic_bytes(run_dir / COMPARE_JSON, (json.dumps(payload, indent=2) + "\n").encode())
+    write_atomic_json(run_dir / COMPARE_JSON, payload)
     return rows, prediction
 
 

@@ -16,7 +16,6 @@ of pairs of events seen on both sides that happen in the same order.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,7 +32,8 @@ from flowsim.observables import Observables, compute_observables
 from flowsim.rundir import CONFIG_FILE, TRAJECTORY_FILE
 from flowsim.solvers import solve_flow
 from flowsim.stages import StageReport, detect_stages, subject_label
-from flowsim.trajectory import Trajectory, write_atomic_bytes
+from flowsim.io import write_atomic_json
+from flowsim.trajectory import Trajectory
 
 BRIDGE_COMPARE_JSON = "compare.json"
 
@@ -132,7 +132,7 @@ def compare_bridge_run(run_dir: Path, progress: bool = False) -> tuple[list[Even
         rows.append(EventRow(stage, query, direction, occurrence, names[query] if query is not None else "-", p, m, error))
     agreement = order_agreement(predicted, measured)
     payload = {"rows": [asdict(row) for row in rows], "order_agreement": agreement, **description}
-    write_atomic_bytes(run_dir / BRIDGE_COMPARE_JSON, (json.dumps(payload, indent=2) + "\n").encode())
+    write_atomic_json(run_dir / BRIDGE_COMPARE_JSON, payload)
     return rows, agreement, description
 
 

@@ -37,7 +37,8 @@ from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer
 from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError
 from flowsim.rundir import CONFIG_FILE, SUMMARY_FIGURE, TRAJECTORY_FILE, library_versions, write_config, write_meta
-from flowsim.trajectory import Trajectory, write_atomic_bytes
+from flowsim.io import write_atomic_bytes
+from flowsim.trajectory import Trajectory
 
 CHECKPOINT_FILE, LOG_FILE = "checkpoint.pt", "log.csv"
 CHECKPOINT_EVERY_S = 30.0
