@@ -10,6 +10,7 @@ import numpy as np
 from figures.runs import read_observables
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure
 from figures.two_layer import two_layer_run
+from flowsim.chains import MarkovChain
 from flowsim.config import load_config
 from flowsim.rundir import CONFIG_FILE
 
@@ -28,7 +29,7 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
             t, pi = observables.t, observables.constants["pi"]
             keep = t > 0
             loss, entropy, angle = observables["loss"], observables["attention_entropy_2"], observables["basis_angle"]
-            chain = load_config(run_dir / CONFIG_FILE).build_chain()
+            chain = MarkovChain.from_config(load_config(run_dir / CONFIG_FILE).chain)
             bayes = -np.sum(chain.pi[:, None] * chain.P * np.log(chain.P))  # H(x_next | x_last): the best loss
             axes[0].plot(t[keep], loss[keep] - bayes, label=f"a = {a}")
             axes[1].plot(t[keep], (entropy @ (pi / pi.sum()))[keep], label=f"a = {a}")

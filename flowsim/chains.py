@@ -18,6 +18,8 @@ from typing import Literal, Sequence
 
 import numpy as np
 
+from flowsim.config import ChainConfig, ConfigError
+
 STOCHASTIC_TOL = 1e-9
 
 StartLaw = Literal["stationary", "uniform"]
@@ -162,6 +164,14 @@ class MarkovChain:
         self.P: np.ndarray = P_arr
         self.lam: float | None = lam
         self.start: StartLaw = start
+
+    @classmethod
+    def from_config(cls, chain: ChainConfig) -> "MarkovChain":
+        """The chain of a [chain] section; a bad chain is a ConfigError naming the problem."""
+        try:
+            return cls(pi=chain.pi, lam=chain.lam, P=chain.P, start=chain.start)
+        except ValueError as error:
+            raise ConfigError(f"chain: {error}") from None
 
     def __repr__(self) -> str:
         return f"MarkovChain({self.describe()}, start={self.start!r})"

@@ -14,15 +14,22 @@ import numpy as np
 
 from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError, RunConfig, load_config
-from flowsim.flow import GradientFlow
+from flowsim.flow import DepthSmoothing, GradientFlow, RateSchedule
 from flowsim.losses import make_loss_function
-from flowsim.models import Model, OneLayerTransformer, Params
+from flowsim.models import Model, OneLayerTransformer, Params, model_from_config
 from flowsim.observables import OBSERVABLES_NPZ, Observables, compute_observables
 from flowsim.plots import plot_run_summary
-from flowsim.rundir import CONFIG_FILE, SUMMARY_FIGURE, TRAJECTORY_FILE, library_versions, load_run, write_config, write_meta
+from flowsim.rundir import (
+    CONFIG_FILE,
+    SUMMARY_FIGURE,
+    TRAJECTORY_FILE,
+    library_versions,
+    load_run,
+    write_config,
+    write_meta,
+)
 from flowsim.solvers import FlowResult, solve_flow
 from flowsim.stages import StageReport, detect_stages
-
 
 MIN_SAMPLES_FOR_STAGES = 3
 ONE_LAYER_COLUMNS = {"sv_W0", "attention_entropy", "loss"}
@@ -85,12 +92,14 @@ class PreparedRun:
 
 def prepare(config: RunConfig) -> PreparedRun:
     """Build the chain, model, flow, initial point and save times, or raise ConfigError."""
-    chain = config.build_chain()
-    model = config.build_model(chain.d)
+    chain = MarkovChain.from_config(config.chain)
+    model = model_from_config(config.model, chain.d)
     params0 = initial_params(config, model)
+    rates = RateSchedule.from_config(config.flow, model.slow_groups)
+    smoothing = DepthSmoothing.from_config(config.flow, model.repeated_blocks, config.model.kind)
     try:
         loss = make_loss_function(model, chain, config.loss.kind, config.loss.s, config.loss.mc_samples, config.loss.mc_seed)
-        flow = GradientFlow(loss, params0, config.build_rates(model), config.build_smoothing(model))
+        flow = GradientFlow(loss, params0, rates, smoothing)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     if config.init.file is None and config.solver.atol > 1e-2 * config.init.eps**2:

@@ -32,6 +32,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jax.tree_util import Partial
 
+from flowsim.config import ConfigError, FlowConfig
 from flowsim.models import Params
 
 
@@ -100,6 +101,18 @@ class RateSchedule:
     def kinks(self) -> tuple[float, ...]:
         return self.window.kinks if self.window is not None else ()
 
+    @classmethod
+    def from_config(cls, flow: FlowConfig, slow_groups: Sequence[str]) -> "RateSchedule":
+        """The rates of a [flow] section; the Q/K window slows ``slow_groups`` unless it names its own."""
+        try:
+            window = None
+            if flow.qk_rho != 1.0:
+                groups = tuple(slow_groups) if flow.qk_groups is None else tuple(flow.qk_groups)
+                window = SlowWindow(flow.qk_rho, flow.qk_t0, flow.qk_tr, groups)
+            return cls(constant=dict(flow.rates), window=window)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+
 
 SMOOTHING_VARIANTS = ("standard", "norm_preserving")
 
@@ -126,6 +139,16 @@ class DepthSmoothing:
             raise ValueError(f"flow.smoothing_variant must be one of {SMOOTHING_VARIANTS}, got {self.variant!r}")
         if not self.stacks or any(len(stack) < 2 for stack in self.stacks):
             raise ValueError("depth smoothing needs repeated blocks: stacks of at least two same-role groups")
+
+    @classmethod
+    def from_config(cls, flow: FlowConfig, repeated_blocks: tuple[tuple[str, ...], ...], model_kind: str) -> "DepthSmoothing | None":
+        """The smoothing of a [flow] section across ``repeated_blocks`` (None when it is off)."""
+        if flow.smoothing_a == 0.0 and flow.smoothing_variant == "standard":
+            return None
+        try:
+            return cls(flow.smoothing_a, repeated_blocks, flow.smoothing_variant)
+        except ValueError as error:
+            raise ConfigError(f"{error} (model.kind = {model_kind!r})") from None
 
 
 class FlowStructure(NamedTuple):

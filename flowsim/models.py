@@ -20,12 +20,15 @@ The default is exactly the paper model: no value matrix, no residual, logit scal
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from flowsim.config import ConfigError, ModelConfig
 
 Params = dict[str, jax.Array]
 
@@ -268,6 +271,22 @@ class TwoLayerTransformer:
 
 
 Model = OneLayerTransformer | TwoLayerTransformer
+
+
+MODEL_CLASSES = {"one_layer": OneLayerTransformer, "two_layer": TwoLayerTransformer}
+
+
+def model_from_config(model: ModelConfig, d: int) -> Model:
+    """The model of a [model] section over d tokens: the options its class has, the rest ignored
+    (a one-layer model has no ``ffn``); a bad option is a ConfigError."""
+    if model.kind not in MODEL_CLASSES:
+        raise ConfigError(f"model.kind = {model.kind!r} is not a flowsim model; expected one of {sorted(MODEL_CLASSES)}")
+    cls = MODEL_CLASSES[model.kind]
+    options = {f.name: getattr(model, f.name) for f in dataclasses.fields(cls) if f.name not in ("d", "fused_products")}
+    try:
+        return cls(d=d, **options)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def model_for_params(params: Params, **options) -> OneLayerTransformer:

@@ -5,8 +5,10 @@ import sys
 import numpy as np
 import pytest
 
+from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError, load_config
 from flowsim.experiment import execute_run
+from flowsim.models import model_from_config
 from flowsim.observables import Observables
 from flowsim.rundir import load_run
 from flowsim.status import Status
@@ -27,7 +29,7 @@ def test_run_directory_round_trip(tmp_path):
         assert saved.params[name].shape[0] == len(saved.t)
     np.testing.assert_array_equal(saved.loss, result.trajectory.loss)
     # the initial point is the seeded initialisation
-    np.testing.assert_array_equal(saved.params["W0"][0], np.asarray(config.build_model(4).init(1e-3, 5)["W0"]))
+    np.testing.assert_array_equal(saved.params["W0"][0], np.asarray(model_from_config(config.model, 4).init(1e-3, 5)["W0"]))
     # config.toml is the full resolved config: reloading it reproduces the config
     assert load_config(tmp_path / "run" / "config.toml") == config
     assert run.meta["seed"] == 5 and run.meta["status_name"] == "finished"
@@ -56,7 +58,7 @@ def test_overrides_and_general_P(tmp_path):
     config = load_config(None, ["chain.P=[[0.5,0.5],[0.2,0.8]]", "solver.method=BDF", "flow.rates.W1=2"])
     assert config.chain.lam is None and config.chain.pi is None
     assert config.solver.method == "BDF" and config.flow.rates == {"W1": 2}
-    np.testing.assert_allclose(config.build_chain().pi, [2 / 7, 5 / 7])
+    np.testing.assert_allclose(MarkovChain.from_config(config.chain).pi, [2 / 7, 5 / 7])
 
 
 @pytest.mark.parametrize(
@@ -74,7 +76,7 @@ def test_overrides_and_general_P(tmp_path):
 def test_bad_config_is_one_clear_error(overrides, message):
     with pytest.raises(ConfigError) as error:
         config = load_config(None, overrides)
-        config.build_chain()
+        MarkovChain.from_config(config.chain)
     assert message in str(error.value)
 
 

@@ -28,11 +28,11 @@ from flowsim.bridge.observables import checkpoint_observables, stack_observables
 from flowsim.bridge.train import build_data, type_names
 from flowsim.config import ConfigError, resolve_config
 from flowsim.experiment import prepare
+from flowsim.io import write_atomic_json
 from flowsim.observables import Observables, compute_observables
 from flowsim.rundir import CONFIG_FILE, TRAJECTORY_FILE
 from flowsim.solvers import solve_flow
 from flowsim.stages import StageReport, detect_stages, subject_label
-from flowsim.io import write_atomic_json
 from flowsim.trajectory import Trajectory
 
 BRIDGE_COMPARE_JSON = "compare.json"
@@ -80,13 +80,9 @@ def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress
     data = build_data(config)
     method = config.compare.method or ("Tsit5" if data.chain is not None else "LSODA")
     solver = {"method": method, "rtol": config.compare.rtol, "atol": config.compare.atol}
-    model_keys = {"kind": config.model.kind, "m": config.model.m, "k": config.model.k}
-    if config.model.kind == "one_layer":
-        model_keys.update(value_matrix=config.model.value_matrix, residual=config.model.residual, logit_scale=config.model.logit_scale)
-    else:
-        model_keys.update(ffn=config.model.ffn, ffn_width=config.model.ffn_width)
+    model_keys = config.model.flowsim_keys()
     if data.chain is not None:
-        chain = {key: value for key, value in asdict(config.chain).items() if value is not None}
+        chain = config.chain.model_dump(exclude_none=True)
         ode_config = resolve_config({"chain": chain, "model": model_keys, "loss": {"kind": "finite", "s": config.data.s},
                                      "init": {"eps": config.model.init_eps, "seed": config.data.seed}, "solver": solver})
         prepared = prepare(ode_config)

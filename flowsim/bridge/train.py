@@ -32,12 +32,25 @@ from tqdm import tqdm
 from flowsim.bridge.config import BridgeConfig
 from flowsim.bridge.data import Corpus, folded_types, load_corpus, markov_batch
 from flowsim.bridge.models import GPT, GPTConfig, torch_model_for
-from flowsim.bridge.observables import ProbeSet, build_probe_set, checkpoint_observables, stack_observables
+from flowsim.bridge.observables import (
+    ProbeSet,
+    build_probe_set,
+    checkpoint_observables,
+    stack_observables,
+)
 from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer
 from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError
-from flowsim.rundir import CONFIG_FILE, SUMMARY_FIGURE, TRAJECTORY_FILE, library_versions, write_config, write_meta
 from flowsim.io import write_atomic_bytes
+from flowsim.models import model_from_config
+from flowsim.rundir import (
+    CONFIG_FILE,
+    SUMMARY_FIGURE,
+    TRAJECTORY_FILE,
+    library_versions,
+    write_config,
+    write_meta,
+)
 from flowsim.trajectory import Trajectory
 
 CHECKPOINT_FILE, LOG_FILE = "checkpoint.pt", "log.csv"
@@ -101,7 +114,7 @@ class DataSource:
 
 def build_data(config: BridgeConfig) -> DataSource:
     if config.data.kind == "markov":
-        return DataSource(config, config.build_chain(), None)
+        return DataSource(config, MarkovChain.from_config(config.chain), None)
     try:
         corpus = load_corpus(config.data.kind, config.data.vocab_size, config.data.data_dir, config.data.source)
     except (ValueError, FileNotFoundError) as error:
@@ -120,7 +133,7 @@ def build_model(config: BridgeConfig, vocab_size: int) -> torch.nn.Module:
         except ValueError as error:
             raise ConfigError(str(error)) from None
         return GPT(gpt, seed=config.data.seed).to(dtype)
-    spec = config.flowsim_spec(vocab_size)
+    spec = model_from_config(config.model, vocab_size)
     model = torch_model_for(spec).to(dtype)
     return model.load_flowsim_params(spec.init(config.model.init_eps, config.data.seed))
 
