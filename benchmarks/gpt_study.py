@@ -16,10 +16,11 @@ import numpy as np
 
 from flowsim.bridge.config import load_bridge_config
 from flowsim.bridge.train import train
-from flowsim.observables import Observables
+from flowsim.config import shipped_config
 from flowsim.io import write_atomic_json
+from flowsim.observables import Observables
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "bridge"
+CONFIGS = shipped_config("bridge")
 VARIANTS = ("gpt-mlp", "gpt-mlp-qk", "gpt-mlp-smooth", "gpt-glu", "gpt-glu-qk", "gpt-glu-smooth")
 
 

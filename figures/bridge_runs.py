@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Sequence
 
 from figures.runs import FigureInputError, run_name
+from flowsim.config import shipped_config
 from flowsim.rundir import META_FILE
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "bridge"
+CONFIGS = shipped_config("bridge")
 
 
 def bridge_run(cache: Path, config_name: str, overrides: Sequence[str] = ()) -> Path:

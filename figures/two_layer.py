@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from figures.runs import flowsim_run
+from flowsim.config import shipped_config
 
-SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "two_layer"
+SHIPPED = shipped_config("two_layer")
 TINY_TWO_LAYER = ("time.t_end=20.0", "time.n_linear=21", "time.n_log=15")
 
 

@@ -18,8 +18,8 @@ def _compilation_cache_dir() -> str | None:
 
 _cache_dir = _compilation_cache_dir()
 if _cache_dir is not None:
-    # XLA executables kept on disk: a later process loads them (about 1 s) instead of
-    # compiling the stiff integrator again (5-15 s).
+    # XLA executables kept on disk: a later process loads them instead of compiling the
+    # stiff integrator again (benchmarks/MEASUREMENTS.md).
     jax.config.update("jax_compilation_cache_dir", _cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 

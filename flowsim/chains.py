@@ -14,15 +14,14 @@ allowed: it never occurs in the stationary data and receives no attention.
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from typing import Sequence, get_args
 
 import numpy as np
 
-from flowsim.config import ChainConfig, ConfigError
+from flowsim.config import ChainConfig, ConfigError, StartLaw
 
 STOCHASTIC_TOL = 1e-9
 
-StartLaw = Literal["stationary", "uniform"]
 
 
 def _as_finite_array(name: str, value, ndim: int) -> np.ndarray:
@@ -119,7 +118,7 @@ class MarkovChain:
         P: Sequence[Sequence[float]] | np.ndarray | None = None,
         start: StartLaw = "stationary",
     ) -> None:
-        if start not in ("stationary", "uniform"):
+        if start not in get_args(StartLaw):
             raise ValueError(f"start must be 'stationary' or 'uniform', got {start!r}")
         if P is None and (pi is None or lam is None):
             raise ValueError("a chain needs either pi and lam (the paper family) or a transition matrix P")

@@ -153,13 +153,14 @@ def figures(
     only: List[str] = typer.Option([], "--only", help="Build only this figure (repeatable); default: all."),
     out: Path = typer.Option(Path("figures-out"), "--out", help="Where the PNG, PDF and caption files go."),
     cache: Path = typer.Option(Path("runs/figures"), "--cache", help="Run directories the figures read (computed when missing)."),
+    tiny: bool = typer.Option(False, "--tiny", help="Short runs instead of the paper's: a quick check that every figure builds."),
 ) -> None:
     """Regenerate the paper figures (running the simulations they need once, then only redrawing)."""
     from figures import build_figures
     from figures.runs import FigureInputError
 
     try:
-        build_figures(out, cache, only, report=typer.echo)
+        build_figures(out, cache, only, tiny=tiny, report=typer.echo)
     except (ValueError, FigureInputError) as error:
         _fail(str(error))
     typer.echo(f"written: {out}")
@@ -202,7 +203,11 @@ def bridge_compare(run_dir: Path = typer.Argument(..., help="A run directory wri
     from flowsim.config import ConfigError
 
     try:
-        from flowsim.bridge.compare import BRIDGE_COMPARE_JSON, bridge_table, compare_bridge_run
+        from flowsim.bridge.compare import (
+            BRIDGE_COMPARE_JSON,
+            bridge_table,
+            compare_bridge_run,
+        )
 
         rows, agreement, description = compare_bridge_run(run_dir, progress=True)
     except (ConfigError, ImportError, FileNotFoundError, ValueError) as error:

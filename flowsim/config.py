@@ -13,6 +13,7 @@ Every error is a ``ConfigError`` whose message is one line naming the bad key an
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, Sequence, TypeVar
 
@@ -32,6 +33,15 @@ class ConfigError(ValueError):
     """A bad configuration: the message names the key, the value and what was expected."""
 
 
+# The choices of the objects' options, spelled once: the schema validates against them and
+# the objects check themselves against them (``typing.get_args``).
+StartLaw = Literal["stationary", "uniform"]
+LogitScale = Literal["one", "inv_sqrt_k"]
+FFNKind = Literal["none", "mlp", "glu"]
+LossKind = Literal["mean_field", "finite", "monte_carlo"]
+SmoothingVariant = Literal["standard", "norm_preserving"]
+
+
 Positive = Annotated[float, Field(gt=0)]
 PositiveInt = Annotated[int, Field(ge=1)]
 
@@ -46,7 +56,7 @@ class ChainConfig(Section):
     pi: list[float] | None = [0.75, 0.19, 0.05, 0.01]
     lam: float | None = 0.5
     P: list[list[float]] | None = None
-    start: Literal["stationary", "uniform"] = "stationary"
+    start: StartLaw = "stationary"
 
     @model_validator(mode="before")
     @classmethod
@@ -63,8 +73,8 @@ class ModelConfig(Section):
     k: PositiveInt = 8
     value_matrix: bool = False  # one_layer options
     residual: bool = False
-    logit_scale: Literal["one", "inv_sqrt_k"] = "one"
-    ffn: Literal["none", "mlp", "glu"] = "none"  # two_layer
+    logit_scale: LogitScale = "one"
+    ffn: FFNKind = "none"  # two_layer
     ffn_width: PositiveInt = 16
 
 
@@ -75,7 +85,7 @@ class InitConfig(Section):
 
 
 class LossConfig(Section):
-    kind: Literal["mean_field", "finite", "monte_carlo"] = "mean_field"
+    kind: LossKind = "mean_field"
     s: PositiveInt = 64  # context length for finite and monte_carlo
     mc_samples: Annotated[int, Field(ge=2)] = 4096
     mc_seed: int = 0
@@ -88,7 +98,7 @@ class FlowConfig(Section):
     qk_tr: Annotated[float, Field(ge=0)] = 0.0
     qk_groups: list[str] | None = None  # default: the model's (upper-layer) query and key
     smoothing_a: Annotated[float, Field(ge=0, le=0.5)] = 0.0  # depth smoothing across blocks (two_layer); S is PSD for a <= 1/2
-    smoothing_variant: Literal["standard", "norm_preserving"] = "standard"
+    smoothing_variant: SmoothingVariant = "standard"
 
 
 class SolverConfig(Section):
@@ -220,11 +230,29 @@ def resolve_config(user: dict, schema: type[Schema] = RunConfig) -> Schema:
         raise ConfigError(_one_line(error, schema)) from None
 
 
+def shipped_config(name: str) -> Path:
+    """A config shipped with flowsim, e.g. ``shipped_config("two_layer/baseline.toml")``
+    (package data, so it is found after any kind of install, from any directory)."""
+    return Path(str(resources.files("flowsim").joinpath("configs", *Path(name).parts)))
+
+
+def find_config(path: Path | str) -> Path:
+    """``path`` itself if it is a file, else a shipped config of that name: ``configs/NAME``
+    (as the README writes it) or ``NAME``, relative to the shipped folder."""
+    path = Path(path)
+    if path.is_file() or path.is_absolute():
+        return path
+    parts = path.parts[1:] if path.parts[:1] == ("configs",) else path.parts
+    shipped = shipped_config(str(Path(*parts))) if parts else path
+    return shipped if shipped.is_file() else path
+
+
 def load_config(path: Path | str | None = None, overrides: Sequence[str] = (), schema: type[Schema] = RunConfig) -> Schema:
-    """Read a TOML file (or start from the defaults) and apply ``section.key=value`` overrides."""
+    """Read a TOML file (or start from the defaults) and apply ``section.key=value`` overrides.
+    A relative path that is not a file here names a shipped config (``find_config``)."""
     user: dict = {}
     if path is not None:
-        path = Path(path)
+        path = find_config(path)
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
         try:

@@ -24,7 +24,7 @@ autodiff Jacobian of the smoothed field.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence, get_args
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +32,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jax.tree_util import Partial
 
-from flowsim.config import ConfigError, FlowConfig
+from flowsim.config import ConfigError, FlowConfig, SmoothingVariant
 from flowsim.models import Params
 
 
@@ -114,7 +114,7 @@ class RateSchedule:
             raise ConfigError(str(error)) from None
 
 
-SMOOTHING_VARIANTS = ("standard", "norm_preserving")
+SMOOTHING_VARIANTS: tuple[str, ...] = get_args(SmoothingVariant)
 
 
 def path_smoothing_operator(n: int, a: float) -> np.ndarray:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from dataclasses import dataclass
-from typing import Literal
+from typing import get_args
 
 import jax
 import jax.numpy as jnp
@@ -30,10 +30,10 @@ import numpy as np
 from jax.tree_util import Partial
 
 from flowsim.chains import MarkovChain
+from flowsim.config import LossKind
 from flowsim.models import Model, Params, model_for_params
 
-LossKind = Literal["mean_field", "finite", "monte_carlo"]
-LOSS_KINDS: tuple[str, ...] = ("mean_field", "finite", "monte_carlo")
+LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
 
 ENUMERATION_LIMIT = 2_000_000
 

@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import get_args
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flowsim.config import ConfigError, ModelConfig
+from flowsim.config import ConfigError, FFNKind, LogitScale, ModelConfig
 
 Params = dict[str, jax.Array]
 
-LogitScale = Literal["one", "inv_sqrt_k"]
 
 # With ``fused=True``, products of up to this many scalar terms are written as a broadcast
 # product summed over the shared axis instead of a matrix product. XLA on the CPU calls a
@@ -41,7 +40,7 @@ LogitScale = Literal["one", "inv_sqrt_k"]
 # loss over thousands of contexts) and a wide vmap (a full Hessian) make the fused loops
 # recompute their inputs and run slower instead, so only JaxRadau's compiled loop asks for
 # it (a model with ``fused_products=True``, losses.with_fused_products), and only for
-# products this small (benchmarks/RESULTS.md).
+# products this small (benchmarks/MEASUREMENTS.md).
 SMALL_MATMUL_TERMS = 1 << 12
 
 
@@ -75,7 +74,7 @@ class OneLayerTransformer:
                 raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
         if self.d < 2:
             raise ValueError(f"model.d must be >= 2, got {self.d}")
-        if self.logit_scale not in ("one", "inv_sqrt_k"):
+        if self.logit_scale not in get_args(LogitScale):
             raise ValueError(f"model.logit_scale must be 'one' or 'inv_sqrt_k', got {self.logit_scale!r}")
 
     slow_groups = ("W_Q", "W_K")  # what the Q/K slow window slows by default
@@ -157,7 +156,6 @@ class OneLayerTransformer:
         return self.logits_from_attention(params, attention_over_types, query)
 
 
-FFNKind = Literal["none", "mlp", "glu"]
 
 
 @dataclass(frozen=True)
@@ -196,7 +194,7 @@ class TwoLayerTransformer:
                 raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
         if self.d < 2:
             raise ValueError(f"model.d must be >= 2, got {self.d}")
-        if self.ffn not in ("none", "mlp", "glu"):
+        if self.ffn not in get_args(FFNKind):
             raise ValueError(f"model.ffn must be 'none', 'mlp' or 'glu', got {self.ffn!r}")
 
     slow_groups = ("W_Q2", "W_K2")  # the upper layer's query and key

@@ -37,9 +37,9 @@ import numpy as np
 from scipy.linalg import subspace_angles
 
 from flowsim.flow import GradientFlow
+from flowsim.io import write_atomic_bytes, write_atomic_npz
 from flowsim.losses import mean_field_attention
 from flowsim.models import Model, TwoLayerTransformer
-from flowsim.io import write_atomic_bytes, write_atomic_npz
 from flowsim.trajectory import Trajectory
 
 OBSERVABLES_NPZ, OBSERVABLES_CSV = "observables.npz", "observables.csv"
@@ -126,7 +126,7 @@ def principal_directions(embeddings: np.ndarray, n_directions: int) -> tuple[np.
 
 
 # Compiled once per model and trajectory length: eager vmaps would trace on every call
-# (about 3 ms each, a tenth of a sweep run's time).
+# (a sizeable share of a sweep run's time; benchmarks/MEASUREMENTS.md).
 @functools.partial(jax.jit, static_argnums=0)
 def _one_layer_maps(model: Model, params: dict, pi: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Φ(t), the value map M(t) and the mean-field attention A(t) along a trajectory."""

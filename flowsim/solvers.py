@@ -38,7 +38,8 @@ from flowsim import flow as flow_functions
 from flowsim import stiff
 from flowsim.flow import GradientFlow
 from flowsim.losses import with_fused_products
-from flowsim.methods import DEFAULT_METHOD, METHODS, default_rtol
+from flowsim.config import resolve_config
+from flowsim.methods import DEFAULT_METHOD, default_rtol
 from flowsim.models import Params
 from flowsim.status import Status, at
 from flowsim.trajectory import Trajectory
@@ -117,15 +118,12 @@ def check_save_times(t_eval) -> np.ndarray:
 
 
 def _check_options(method: str, rtol: float, atol: float, max_steps: int, lr: float | None) -> None:
-    if method not in METHODS:
-        raise ValueError(f"unknown solver method {method!r}; expected one of {METHODS}")
-    for name, value in (("rtol", rtol), ("atol", atol)):
-        if not (np.isfinite(value) and value > 0):
-            raise ValueError(f"solver.{name} must be a positive number, got {value!r}")
-    if not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
-        raise ValueError(f"solver.max_steps must be a positive integer, got {max_steps!r}")
-    if method == "gradient_descent" and (lr is None or not (np.isfinite(lr) and lr > 0)):
-        raise ValueError(f"gradient_descent needs a positive learning rate solver.lr, got {lr!r}")
+    """The options, checked by the configuration's [solver] schema (a ConfigError, a ValueError, names the bad one)."""
+    if method == "gradient_descent" and lr is None:
+        raise ValueError("gradient_descent needs a positive learning rate solver.lr, got None")
+    options = {"method": method, "rtol": rtol, "atol": atol,
+               "max_steps": int(max_steps) if isinstance(max_steps, np.integer) else max_steps}
+    resolve_config({"solver": options if lr is None else {**options, "lr": lr}})
 
 
 def _initial_vector(flow: GradientFlow, params0: Params) -> np.ndarray:
@@ -185,7 +183,7 @@ def _stats(counts: dict, started: float) -> SolverStats:
 # Compiled JaxRadau integrators, shared by flows of one structure, batch size and save grid.
 _RADAU_COMPILED: dict[tuple, stiff.RadauFunctions] = {}
 RADAU_PROGRESS_CHUNKS = 20
-STIFF_RANK = 8  # eigenpairs of the Jacobian JaxRadau keeps: the stiff directions (benchmarks/RESULTS.md)
+STIFF_RANK = 8  # eigenpairs of the Jacobian JaxRadau keeps: the stiff directions (benchmarks/MEASUREMENTS.md)
 
 
 def _save_slots(n_times: int) -> int:

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from flowsim.observables import Observables
 from flowsim.io import write_atomic_bytes, write_atomic_json
+from flowsim.observables import Observables
 
 STAGES_JSON, STAGES_TEXT = "stages.json", "stages.txt"
 STAGE_NAMES = ("condensation", "focus", "dilution", "restart", "plateau")

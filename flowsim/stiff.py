@@ -70,7 +70,7 @@ P = np.array([
 # The Newton iteration runs until it converges, diverges (rate >= 1) or reaches this count.
 # Hairer's and scipy's early exit (a rate too slow to converge within 6 iterations) fails
 # many steps of the stiff phase here, and each failure costs a Jacobian and a retried
-# step; a few more iterations cost less (benchmarks/RESULTS.md, design measurements).
+# step; a few more iterations cost less (benchmarks/MEASUREMENTS.md).
 NEWTON_MAXITER = 10
 # A Jacobian (subspace iteration and Rayleigh-Ritz) costs tens of stage evaluations, so it
 # is recomputed only after a slow Newton solve, not after every mildly slow one (scipy:
@@ -370,7 +370,8 @@ def predict_factor(h, h_old, error, error_old):
     """Step-size factor of Hairer's predictive (Gustafsson) controller, as in scipy."""
     multiplier = jnp.where(jnp.isnan(h_old) | jnp.isnan(error_old) | (error == 0), 1.0,
                            h / h_old * (error_old / jnp.where(error == 0, 1.0, error)) ** 0.25)
-    return jnp.minimum(1.0, multiplier) * jnp.where(error == 0, jnp.inf, error) ** -0.25
+    # a zero error allows any growth (scipy: 0 ** -0.25 = inf); the step is then capped at MAX_FACTOR
+    return jnp.minimum(1.0, multiplier) * jnp.where(error == 0, jnp.inf, jnp.where(error == 0, 1.0, error) ** -0.25)
 
 
 def next_step_size(h, h_old, error, error_old, n_iter, accept, reject, halve, h_untouched):
@@ -505,7 +506,7 @@ def advance(problem: RadauProblem, state: RadauState, loss, times, t_end, t_stop
 
 # XLA options for the compiled loop. Its matrix products are tiny (n x 3 by 3 x 3, k x n by
 # n x 3); XLA's own loops run them faster than the YNNPACK library calls it would otherwise
-# make (benchmarks/RESULTS.md, design measurements).
+# make (benchmarks/MEASUREMENTS.md).
 COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 

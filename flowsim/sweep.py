@@ -43,11 +43,11 @@ except ModuleNotFoundError:  # Python 3.10
 
 from flowsim.config import ConfigError, load_config
 from flowsim.experiment import prepare, stages_apply
+from flowsim.io import write_atomic_bytes, write_atomic_json
 from flowsim.observables import compute_observables
 from flowsim.rundir import library_versions
 from flowsim.solvers import solve_flow, solve_flow_batch
 from flowsim.stages import detect_stages
-from flowsim.io import write_atomic_bytes, write_atomic_json
 
 BACKENDS = ("local", "dask")
 STAGES = ("condensation", "focus", "dilution", "restart")

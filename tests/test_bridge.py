@@ -13,6 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import random_params  # noqa: E402
+
 import flowsim  # noqa: E402
 from flowsim.bridge.config import load_bridge_config  # noqa: E402
 from flowsim.bridge.data import default_data_dir, folded_types, load_corpus  # noqa: E402
@@ -21,8 +23,6 @@ from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer  #
 from flowsim.bridge.train import CHECKPOINT_FILE, train  # noqa: E402
 from flowsim.losses import population_loss_finite  # noqa: E402
 from flowsim.models import OneLayerTransformer, TwoLayerTransformer  # noqa: E402
-
-from conftest import random_params  # noqa: E402
 
 DATA_DIR = default_data_dir()
 needs_data = pytest.mark.skipif(DATA_DIR is None, reason="the shared WikiText-2 / TinyStories files are not beside the repository")

@@ -3,13 +3,17 @@ import itertools
 import jax
 import numpy as np
 import pytest
+from conftest import random_params
 
 import flowsim
 from flowsim import MarkovChain, OneLayerTransformer
+from flowsim.losses import (
+    context_count_law,
+    loss_monte_carlo,
+    population_loss_enumerated,
+    population_loss_finite,
+)
 from flowsim.models import TwoLayerTransformer
-from flowsim.losses import context_count_law, loss_monte_carlo, population_loss_enumerated, population_loss_finite
-
-from conftest import random_params
 
 NON_PAPER_P = [[0.2, 0.5, 0.3], [0.6, 0.1, 0.3], [0.3, 0.3, 0.4]]
 

@@ -2,6 +2,7 @@ import csv
 
 import numpy as np
 import pytest
+from conftest import random_params
 
 from flowsim import MarkovChain, OneLayerTransformer, make_loss_function
 from flowsim.flow import GradientFlow
@@ -13,8 +14,6 @@ from flowsim.observables import (
     stable_rank,
 )
 from flowsim.trajectory import Trajectory
-
-from conftest import random_params
 
 
 def trajectory_of(models_params, loss=None):

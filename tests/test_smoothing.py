@@ -3,13 +3,12 @@
 import jax
 import numpy as np
 import pytest
+from conftest import random_params
 
 import flowsim
 from flowsim.flow import DepthSmoothing, GradientFlow, path_smoothing_operator
 from flowsim.models import TwoLayerTransformer
 from flowsim.solvers import solve_flow
-
-from conftest import random_params
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 7])

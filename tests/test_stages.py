@@ -123,7 +123,9 @@ def test_condensation_time_follows_log_one_over_eps_over_mu1():
         condensation = detect_stages(observables).of("condensation")[0]
         offsets.append(condensation.t_end - np.log(1 / eps) / MU1)
     assert all(-2.8 < offset < -1.0 for offset in offsets), offsets
-    assert np.log(1e5) / np.log(1e2) == pytest.approx(2.5)
+    # t_c = log(1/ε)/μ1 + O(1): the offsets vary far less than the leading term grows
+    growth = (np.log(1e5) - np.log(1e2)) / MU1
+    assert np.ptp(offsets) < 0.1 * growth, (offsets, growth)
 
 
 @pytest.mark.slow

@@ -1,8 +1,12 @@
 """JaxRadau (flowsim.stiff): against a tight LSODA reference on both models, on a stiff
 variant and with a complex eigensystem; batched runs against the same runs one by one."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.integrate._ivp.radau as scipy_radau
+from scipy.linalg import lu_factor, lu_solve
 
 from flowsim import stiff
 from flowsim.config import load_config
@@ -129,3 +133,183 @@ def test_compiler_options_reach_xla_and_unknown_ones_fall_back(monkeypatch):
     monkeypatch.setattr(stiff, "COMPILER_OPTIONS", {"xla_cpu_experimental_ynn_fusion_type": 3.5})
     with pytest.raises(Exception):
         stiff._compile(lowered)
+
+
+# ---------------------------------------------------------------------------------
+# The parts of the method, each against an independent route (dense linear algebra,
+# scipy's Radau, a polynomial the collocation must reproduce exactly)
+
+
+N = 5
+
+
+def _jacobian_and_eigensystem(seed, symmetric):
+    """A stable J (its eigensystem real for a symmetrisable J, complex otherwise), batched as B = 1."""
+    rng = np.random.default_rng(seed)
+    if symmetric:  # J = -D^½ K D^-½ with K symmetric positive definite: a real spectrum
+        root = np.sqrt(rng.uniform(0.5, 2.0, N))
+        K = rng.standard_normal((N, N))
+        K = K @ K.T + np.eye(N)
+        curvature, basis = np.linalg.eigh(K)
+        J = -(root[:, None] * K / root[None, :])
+        eigen = stiff.Eigensystem(root[:, None] * basis, basis.T / root[None, :], -curvature)
+    else:
+        J = rng.standard_normal((N, N)) - 3 * np.eye(N)
+        values, vectors = np.linalg.eig(J)
+        eigen = stiff.Eigensystem(vectors, np.linalg.inv(vectors), values)
+    return J, stiff.Eigensystem(*(jnp.asarray(a)[None] for a in eigen))
+
+
+def _problem(J):
+    """y' = J y - y³/10, a mildly nonlinear flow around J."""
+    A = jnp.asarray(J)
+    return stiff.RadauProblem(lambda t, y, loss: A @ y - 0.1 * y**3, None, ())
+
+
+@pytest.mark.parametrize("symmetric", [True, False], ids=["real_eigensystem", "complex_eigensystem"])
+def test_newton_systems_equal_dense_solves(symmetric):
+    J, eigen = _jacobian_and_eigensystem(1, symmetric)
+    rhs = np.random.default_rng(2).standard_normal((1, 3, N))
+    h = np.array([0.3])
+    m_real, m_re, m_im = stiff.MU_REAL / h, stiff.MU_COMPLEX.real / h, stiff.MU_COMPLEX.imag / h
+    solved = np.asarray(stiff.solve_newton_systems(eigen, jnp.asarray(rhs), m_real, m_re, m_im))[0]
+    x = np.linalg.solve(m_real[0] * np.eye(N) - J, rhs[0, 0])
+    z = np.linalg.solve((m_re[0] + 1j * m_im[0]) * np.eye(N) - J, rhs[0, 1] + 1j * rhs[0, 2])
+    np.testing.assert_allclose(solved, np.stack([x, z.real, z.imag]), rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize("symmetric", [True, False], ids=["real_eigensystem", "complex_eigensystem"])
+def test_newton_solve_equals_scipys_collocation_solve(symmetric):
+    J, eigen = _jacobian_and_eigensystem(3, symmetric)
+    problem = _problem(J)
+    y, h, rtol, atol = np.random.default_rng(4).standard_normal(N), 0.05, 1e-8, 1e-10
+    scale = atol + np.abs(y) * rtol
+    tol = max(10 * np.finfo(float).eps / rtol, min(0.03, rtol**0.5))
+    fun = lambda t, x: np.asarray(problem.vector_field(t, jnp.asarray(x), None))  # noqa: E731
+    LU_real = lu_factor(stiff.MU_REAL / h * np.eye(N) - J)
+    LU_complex = lu_factor(stiff.MU_COMPLEX / h * np.eye(N) - J)
+    converged, _, Z_scipy, _ = scipy_radau.solve_collocation_system(fun, 0.0, y, h, np.zeros((3, N)), scale, tol,
+                                                                     LU_real, LU_complex, lu_solve)
+    ours = stiff.newton_solve(problem, eigen, jnp.zeros(1), jnp.asarray(y)[None], jnp.full(1, h), jnp.zeros((1, 3, N)),
+                              jnp.asarray(scale)[None], tol, jnp.ones(1), jnp.ones(1, bool), jnp.zeros(1, jnp.int32),
+                              jnp.zeros(1))
+    assert converged and bool(ours.converged[0])
+    assert int(ours.nfev[0]) == 3 * int(ours.n_iter[0]) >= 3
+    # both converge to the collocation solution within the Newton tolerance (in units of scale)
+    assert np.max(np.abs(np.asarray(ours.Z[0]) - Z_scipy) / scale) < 10 * tol
+
+
+def test_error_norm_equals_scipys_estimate_and_its_refinement():
+    J, eigen = _jacobian_and_eigensystem(5, True)
+    problem = _problem(J)
+    rng = np.random.default_rng(6)
+    y, Z, h, rtol, atol = rng.standard_normal(N), 1e-2 * rng.standard_normal((3, N)), 0.2, 1e-6, 1e-9
+    y_new, f = y + Z[2], np.asarray(problem.vector_field(0.0, jnp.asarray(y), None))
+    LU_real = lu_factor(stiff.MU_REAL / h * np.eye(N) - J)
+    ZE = Z.T @ stiff.E / h
+    scale = atol + np.maximum(np.abs(y), np.abs(y_new)) * rtol
+    error = lu_solve(LU_real, f + ZE)
+    first = np.sqrt(np.mean((error / scale) ** 2))
+    refined = np.sqrt(np.mean((lu_solve(LU_real, np.asarray(problem.vector_field(0.0, jnp.asarray(y + error), None)) + ZE) / scale) ** 2))
+    assert first > 1  # so that the refinement applies
+    arguments = (problem, eigen, jnp.zeros(1), jnp.asarray(y)[None], jnp.asarray(y_new)[None], jnp.asarray(f)[None],
+                 jnp.asarray(Z)[None], jnp.full(1, h))
+    norm, spent = stiff.error_norm(*arguments, jnp.zeros(1, bool), rtol, atol, None)
+    np.testing.assert_allclose(float(norm[0]), first, rtol=1e-10)
+    assert not bool(spent[0])
+    norm, spent = stiff.error_norm(*arguments, jnp.ones(1, bool), rtol, atol, None)
+    np.testing.assert_allclose(float(norm[0]), refined, rtol=1e-10)
+    assert bool(spent[0])
+
+
+@pytest.mark.parametrize("h, h_old, error, error_old", [
+    (0.1, 0.2, 0.5, 0.8), (0.1, 0.05, 2.0, 0.3), (1.0, 1.0, 1e-3, 1e-2), (0.1, None, 0.5, None), (0.1, 0.2, 1e-300, 0.5),
+])
+def test_step_size_factor_equals_scipys(h, h_old, error, error_old):
+    expected = scipy_radau.predict_factor(h, h_old, error, error_old)
+    nan = float("nan")
+    ours = float(stiff.predict_factor(jnp.array([h]), jnp.array([nan if h_old is None else h_old]), jnp.array([error]),
+                                      jnp.array([nan if error_old is None else error_old]))[0])
+    assert ours == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_zero_error_grows_the_step_as_far_as_allowed():
+    """scipy divides by the error; here a zero error gives an infinite factor, capped at MAX_FACTOR."""
+    factor = stiff.predict_factor(jnp.array([0.1]), jnp.array([0.2]), jnp.array([0.0]), jnp.array([0.5]))
+    assert np.isinf(float(factor[0]))
+    grown = stiff.next_step_size(jnp.array([0.1]), jnp.array([0.2]), jnp.array([0.0]), jnp.array([0.5]), jnp.ones(1),
+                                 jnp.array([True]), jnp.array([False]), jnp.array([False]), jnp.array([0.1]))
+    assert float(grown[0]) == pytest.approx(stiff.MAX_FACTOR * 0.1)
+
+
+def test_next_step_size_bounds_and_cases():
+    h, h_old, error_old = jnp.full(4, 0.1), jnp.full(4, 0.1), jnp.full(4, 0.5)
+    accept, reject, halve = (jnp.array(flags) for flags in ([1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]))
+    tiny, huge = jnp.full(4, 1e-12), jnp.full(4, 1e12)
+    grown = stiff.next_step_size(h, h_old, tiny, error_old, jnp.ones(4), accept > 0, reject > 0, halve > 0, jnp.full(4, 7.0))
+    shrunk = stiff.next_step_size(h, h_old, huge, error_old, jnp.ones(4), accept > 0, reject > 0, halve > 0, jnp.full(4, 7.0))
+    assert float(grown[0]) == pytest.approx(stiff.MAX_FACTOR * 0.1)  # growth capped
+    assert float(shrunk[1]) == pytest.approx(stiff.MIN_FACTOR * 0.1)  # shrinking floored
+    assert float(grown[2]) == float(shrunk[2]) == pytest.approx(0.05)  # a failed Newton solve halves
+    assert float(grown[3]) == 7.0  # a member that did nothing keeps its step
+    # more Newton iterations, a smaller safety factor: a smaller next step
+    error = jnp.full(4, 0.5)
+    few, many = (stiff.next_step_size(h, h_old, error, error_old, jnp.full(4, n), accept > 0, reject > 0, halve > 0, h)
+                 for n in (1, 8))
+    assert float(many[0]) < float(few[0])
+
+
+def test_dense_output_reproduces_a_cubic_and_writes_only_the_step():
+    """The collocation polynomial has degree 3: increments taken from a cubic return it exactly."""
+    cubic = lambda t: np.stack([1 + 2 * t - t**2 + 0.5 * t**3, np.cos(0) * t**3 - 4 * t])  # noqa: E731
+    t, h = 1.0, 0.5
+    y = cubic(t)
+    Z = np.stack([cubic(t + c * h) - y for c in stiff.C])
+    times = jnp.asarray([0.0, 0.9, 1.1, 1.3, 1.5, 1.7, np.inf, np.inf])
+    saved = jnp.zeros((2, 8, 2))
+    n_saved = jnp.array([2, 2])  # 0.0 and 0.9 already written
+    args = (jnp.full(2, t), jnp.asarray(np.stack([y, y])), jnp.full(2, h), jnp.full(2, t + h), jnp.asarray(np.stack([Z, Z])), times)
+    saved, n_saved = stiff.dense_output(saved, n_saved, jnp.array([True, False]), *args)
+    assert n_saved.tolist() == [5, 2]  # 1.1, 1.3, 1.5 are in (1.0, 1.5]; 1.7 is not
+    np.testing.assert_allclose(np.asarray(saved[0, 2:5]), cubic(np.array([1.1, 1.3, 1.5])).T, rtol=1e-13, atol=1e-13)
+    assert not np.any(np.asarray(saved[1]))  # a member whose step was not accepted writes nothing
+
+
+def test_refresh_recomputes_only_the_flagged_members():
+    J, _ = _jacobian_and_eigensystem(7, True)
+    A = jnp.asarray(J)
+    scales = jnp.asarray([1.0, 2.0, 3.0])  # the "loss" data of each member scales its Jacobian
+
+    def eigensystem(t, y, loss, previous, first=False):
+        values, vectors = jnp.linalg.eig(loss * A)
+        return stiff.Eigensystem(vectors, jnp.linalg.inv(vectors), values)
+
+    problem = stiff.RadauProblem(lambda t, y, loss: loss * (A @ y), eigensystem, ())
+    y0 = jnp.asarray(np.random.default_rng(8).standard_normal((3, N)))
+    state = stiff.init_state(problem, y0, scales, jnp.zeros(4), 1.0, 1e-6, 1e-9, N, complex_eigensystem=True)
+    assert state.njev.tolist() == [1, 1, 1] and bool(state.jacobian_is_current.all())
+    stale = state._replace(jacobian=jax.tree_util.tree_map(jnp.zeros_like, state.jacobian),
+                           jacobian_is_current=jnp.zeros(3, bool))
+    refreshed = stiff.refresh_eigensystems(problem.eigensystem, stale, jnp.array([False, True, False]), scales)
+    assert refreshed.njev.tolist() == [1, 2, 1] and refreshed.jacobian_is_current.tolist() == [False, True, False]
+    V, V_inv, lam = (np.asarray(a[1]) for a in refreshed.jacobian)
+    np.testing.assert_allclose((V * lam) @ V_inv, 2.0 * J, atol=1e-10)  # member 1's own Jacobian
+    assert not np.any(np.asarray(refreshed.jacobian.V[0])) and not np.any(np.asarray(refreshed.jacobian.V[2]))
+
+
+def test_low_rank_eigensystem_finds_the_stiffest_directions():
+    """Subspace iteration on Hessian-vector products against numpy's full eigendecomposition."""
+    rng = np.random.default_rng(9)
+    n, rank = 30, 4
+    basis = np.linalg.qr(rng.standard_normal((n, n)))[0]
+    curvature = np.concatenate([[400.0, -250.0, 120.0, 90.0], rng.uniform(-1, 1, n - rank)])  # a clear gap
+    H = jnp.asarray(basis * curvature @ basis.T)
+    rates = jnp.asarray(rng.uniform(0.5, 2.0, n))
+    eigensystem = stiff.low_rank_eigensystem(lambda t: rates, lambda theta, loss: H @ theta, n, rank)
+    V, V_inv, lam = eigensystem(0.0, jnp.zeros(n), None, None, first=True)
+    J = -np.asarray(rates)[:, None] * np.asarray(H)
+    expected = np.linalg.eigvals(J)
+    expected = expected[np.argsort(-np.abs(expected))][:rank].real
+    np.testing.assert_allclose(np.sort(np.asarray(lam)), np.sort(expected), rtol=1e-8)
+    np.testing.assert_allclose(J @ np.asarray(V), np.asarray(V) * np.asarray(lam), atol=1e-6 * np.abs(expected).max())
+    np.testing.assert_allclose(np.asarray(V_inv) @ np.asarray(V), np.eye(rank), atol=1e-10)

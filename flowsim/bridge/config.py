@@ -21,11 +21,13 @@ from pydantic import Field, model_validator
 
 from flowsim.config import (
     ChainConfig,
+    FFNKind,
     ModelConfig,
     Positive,
     PositiveInt,
     Section,
     Sections,
+    SmoothingVariant,
     load_config,
 )
 from flowsim.methods import METHODS
@@ -50,7 +52,7 @@ class BridgeModelConfig(ModelConfig):
     """flowsim's model keys (the paper models), plus the GPT family's."""
 
     kind: Literal[MODEL_KINDS] = "one_layer"  # type: ignore[valid-type]
-    ffn: Literal["none", "mlp", "glu"] = "mlp"  # two_layer: none | mlp | glu; gpt: mlp | glu
+    ffn: FFNKind = "mlp"  # two_layer: none | mlp | glu; gpt: mlp | glu
     init_eps: Positive = 1e-3  # paper models: flowsim's N(0, eps^2) init with data.seed
     n_layer: PositiveInt = 4
     d_model: PositiveInt = 64
@@ -75,7 +77,7 @@ class OptimConfig(Section):
     qk_hold: Fraction = 0.04
     qk_ramp: Fraction = 0.01
     smoothing_a: Annotated[float, Field(ge=0, le=0.5)] = 0.0
-    smoothing_variant: Literal["standard", "norm_preserving"] = "standard"
+    smoothing_variant: SmoothingVariant = "standard"
 
 
 class LogConfig(Section):

@@ -63,7 +63,9 @@ def tokenize(corpus: str, text: str) -> list[str]:
 def _read_splits(corpus: str, data_dir: Path, source: str) -> tuple[str, str]:
     """(training text, validation text) of a corpus."""
     if source == "datasets_disk":
-        from datasets import load_from_disk  # optional; reads a local save_to_disk folder
+        from datasets import (
+            load_from_disk,  # optional; reads a local save_to_disk folder
+        )
 
         saved = load_from_disk(str(data_dir))
         train, valid = ("train", "validation") if "validation" in saved else ("train", "test")

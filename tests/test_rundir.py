@@ -1,0 +1,42 @@
+"""flowsim.rundir: fresh run folders, metadata with versions, incomplete folders named."""
+
+import json
+
+import numpy as np
+import pytest
+
+from flowsim.rundir import (
+    CONFIG_FILE,
+    META_FILE,
+    TRAJECTORY_FILE,
+    library_versions,
+    load_run,
+    new_run_dir,
+    write_config,
+    write_meta,
+)
+from flowsim.trajectory import Trajectory
+
+
+def test_new_run_dirs_never_collide(tmp_path):
+    made = {new_run_dir(tmp_path, "default") for _ in range(3)}  # within one second: suffixed
+    assert len(made) == 3 and all(path.is_dir() and path.name.startswith("default-") for path in made)
+
+
+def test_run_directory_reads_back_and_names_what_is_missing(tmp_path):
+    run_dir = tmp_path / "run"
+    write_config(run_dir, "[chain]\nlam = 0.5\n")
+    with pytest.raises(FileNotFoundError, match=f"missing {TRAJECTORY_FILE}, {META_FILE}"):
+        load_run(run_dir)
+    write_meta(run_dir, {"status_name": "finished", "seed": np.int64(3), "wall_time_s": np.float64(1.5)})
+    Trajectory(t=np.array([0.0, 1.0]), loss=np.array([2.0, 1.0]), params={"W0": np.ones((2, 2, 2))}).save(run_dir / TRAJECTORY_FILE)
+    run = load_run(run_dir)
+    assert run.config == {"chain": {"lam": 0.5}} and run.meta["seed"] == 3 and run.meta["wall_time_s"] == 1.5
+    assert json.loads((run_dir / META_FILE).read_text()) == run.meta
+    assert (run_dir / CONFIG_FILE).read_text().endswith("\n")
+
+
+def test_versions_name_the_numerical_libraries():
+    versions = library_versions()
+    assert {"python", "flowsim", "jax", "jaxlib", "diffrax", "scipy", "numpy"} <= set(versions)
+    assert versions["numpy"] == np.__version__

@@ -1,0 +1,121 @@
+"""flowsim.solvers: every method through one entry point, agreeing with each other; step
+limits, blow-ups and failures kept and reported; bad arguments refused."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flowsim.flow import GradientFlow
+from flowsim.solvers import solve_flow
+from flowsim.status import Status
+
+
+@pytest.mark.slow
+def test_solvers_agree_at_tight_tolerance(default_flow):
+    flow, params0 = default_flow
+    times = np.array([0.0, 50.0, 300.0])  # through condensation, the first focus and the next direction opening
+    # diffrax's implicit Kvaerno5 shares its code path with Tsit5 here and costs a minute
+    # (benchmarks/solvers.py runs it); JaxRadau is the compiled implicit method.
+    results = {
+        method: solve_flow(flow, params0, times, method=method, rtol=1e-9, atol=1e-13, max_steps=400_000)
+        for method in ("LSODA", "BDF", "Radau", "JaxRadau", "Tsit5")
+    }
+    reference = results["LSODA"]
+    for method, result in results.items():
+        assert result.success, (method, result.message)
+        np.testing.assert_array_equal(result.trajectory.t, times)
+        for index in (1, 2):
+            difference = np.abs(flow.flatten(result.trajectory.at(index)) - flow.flatten(reference.trajectory.at(index)))
+            assert difference.max() < 1e-6, (method, times[index], difference.max())
+    # the state moved by O(1): agreement is not agreement on a frozen state
+    assert np.abs(flow.flatten(reference.trajectory.at(2))).max() > 0.5
+
+
+def test_gradient_descent_approaches_the_flow_at_order_eta(default_flow):
+    flow, params0 = default_flow
+    times = np.array([0.0, 10.0, 20.0])  # through condensation: the state changes at O(1)
+    flow_end = flow.flatten(solve_flow(flow, params0, times, rtol=1e-11, atol=1e-15).trajectory.at(-1))
+    errors = []
+    for lr in (0.1, 0.05, 0.025):
+        descent = solve_flow(flow, params0, times, method="gradient_descent", lr=lr)
+        assert descent.success
+        np.testing.assert_allclose(descent.trajectory.t, times, atol=1e-12)
+        errors.append(np.abs(flow.flatten(descent.trajectory.at(-1)) - flow_end).max())
+    assert errors[0] > 1e-4
+    for coarse, fine in zip(errors, errors[1:]):
+        assert 1.8 < coarse / fine < 2.2
+
+
+@pytest.mark.parametrize("method", ["LSODA", "Tsit5", "JaxRadau", "gradient_descent"])
+def test_step_limit_keeps_and_marks_what_was_computed(default_flow, method):
+    flow, params0 = default_flow
+    times = np.linspace(0.0, 100.0, 101)
+    result = solve_flow(flow, params0, times, method=method, max_steps=60, lr=1.0)
+    assert result.status == Status.STEP_LIMIT and not result.success
+    assert "step limit" in result.message
+    n = len(result.trajectory)
+    assert 1 <= n < len(times)
+    np.testing.assert_allclose(result.trajectory.t, times[:n])
+    assert np.all(np.isfinite(result.trajectory.params["W0"]))
+    # what was kept is right: it matches a full run at the same times
+    full = solve_flow(flow, params0, times[:n], method=method, lr=1.0, rtol=1e-8, atol=1e-12) if n > 1 else None
+    if full is not None:
+        np.testing.assert_allclose(result.trajectory.params["W1"][-1], full.trajectory.params["W1"][-1], atol=1e-6)
+
+
+def test_non_finite_state_and_solver_failure_are_reported():
+    """L = -Σ θ^4 / 4 gives dθ/dt = θ^3, which blows up at t = 1/(2 θ0^2) = 0.5 for θ0 = 1."""
+    params0 = {"theta": np.ones(3)}
+    flow = GradientFlow(lambda params: -jnp.sum(params["theta"] ** 4) / 4, params0)
+    times = np.linspace(0.0, 2.0, 21)
+    descent = solve_flow(flow, params0, times, method="gradient_descent", lr=0.05)
+    assert descent.status == Status.NON_FINITE and "non-finite" in descent.message
+    assert 2 <= len(descent.trajectory) < len(times) and np.all(np.isfinite(descent.trajectory.params["theta"]))
+    for method in ("LSODA", "JaxRadau"):
+        stiff = solve_flow(flow, params0, times, method=method, max_steps=5000)
+        assert stiff.status in (Status.NON_FINITE, Status.SOLVER_FAILED, Status.STEP_LIMIT) and not stiff.success, method
+        assert stiff.t_reached == pytest.approx(0.5, abs=0.01), method
+        # t = 0, 0.1, ..., 0.4: every save time before the blow-up. An implicit collocation step
+        # can land on t = 0.5 itself with a large finite value; nothing after it is kept.
+        kept = stiff.trajectory
+        before = kept.t < 0.5
+        assert np.count_nonzero(before) == 5 and len(kept) <= 6, method
+        np.testing.assert_allclose(kept.params["theta"][before, 0], 1 / np.sqrt(1 - 2 * kept.t[before]), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(method="Euler"), "solver.method = 'Euler' is invalid: input should be 'LSODA'"),
+        (dict(method="gradient_descent"), "positive learning rate"),
+        (dict(method="gradient_descent", lr=0.0), "solver.lr = 0.0 is invalid: input should be greater than 0"),
+        (dict(rtol=-1.0), "solver.rtol = -1.0 is invalid: input should be greater than 0"),
+        (dict(atol=float("nan")), "solver.atol = nan is invalid"),
+        (dict(max_steps=0), "solver.max_steps = 0 is invalid"),
+        (dict(max_steps=2.5), "solver.max_steps = 2.5 has type float, expected int"),
+    ],
+)
+def test_bad_solver_arguments(default_flow, kwargs, message):
+    flow, params0 = default_flow
+    with pytest.raises(ValueError, match=message):
+        solve_flow(flow, params0, [0.0, 1.0], **kwargs)
+
+
+@pytest.mark.parametrize("times, message", [([1.0, 2.0], "start at t = 0"), ([0.0, 2.0, 1.0], "ascending")])
+def test_bad_save_times(default_flow, times, message):
+    flow, params0 = default_flow
+    with pytest.raises(ValueError, match=message):
+        solve_flow(flow, params0, times)
+
+
+@pytest.mark.parametrize("method", ["LSODA", "gradient_descent"])
+def test_checkpoints_are_prefixes_of_the_final_trajectory(default_flow, method):
+    flow, params0 = default_flow
+    times = np.linspace(0.0, 20.0, 11)  # few distinct prefix lengths: few recompiles of the loss
+    partials = []
+    result = solve_flow(flow, params0, times, method=method, lr=0.5, on_checkpoint=partials.append, checkpoint_every_s=0.0)
+    assert result.success and len(partials) >= 3
+    for partial in partials:
+        n = len(partial.trajectory)
+        np.testing.assert_array_equal(partial.trajectory.t, result.trajectory.t[:n])
+        np.testing.assert_array_equal(partial.trajectory.params["W0"], result.trajectory.params["W0"][:n])
