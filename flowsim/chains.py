@@ -17,6 +17,8 @@ from __future__ import annotations
 from typing import Sequence, get_args
 
 import numpy as np
+import scipy.sparse
+import scipy.sparse.csgraph
 
 from flowsim.config import ChainConfig, ConfigError, StartLaw
 
@@ -57,47 +59,49 @@ def _check_probabilities(name: str, array: np.ndarray) -> None:
         )
 
 
-def _check_unique_stationary_law(P: np.ndarray) -> None:
-    """Reject P whose stationary law is not unique (several closed classes) or whose
-    closed class is periodic. Transient states are allowed: their frequency is 0."""
-    d = P.shape[0]
-    adjacency = P > 0
-    reach = adjacency | np.eye(d, dtype=bool)
-    for _ in range(int(np.ceil(np.log2(d))) + 1):  # transitive closure by repeated squaring
-        reach = reach | ((reach.astype(np.int64) @ reach.astype(np.int64)) > 0)
-    # i is recurrent iff every state it reaches can reach it back; its class is what it reaches.
-    recurrent = [i for i in range(d) if np.all(reach[:, i][reach[i]])]
-    classes = sorted({tuple(np.flatnonzero(reach[i])) for i in recurrent})
-    if len(classes) > 1:
-        listed = " and ".join(str(list(map(int, members))) for members in classes[:2])
+def closed_class(P: np.ndarray) -> np.ndarray:
+    """The states of P's single closed class, or a ValueError naming why the stationary law
+    is not unique (several closed classes) or the context frequencies do not converge (a
+    periodic closed class). Transient states are allowed: their frequency is 0.
+
+    Cost O(d²) for a dense P: strongly connected components of the transition graph
+    (a class is closed when no edge leaves it), then the period of the closed class from
+    breadth-first levels, gcd over its edges u -> v of level(u) + 1 - level(v)."""
+    graph = scipy.sparse.csr_matrix(P > 0)
+    n_components, component = scipy.sparse.csgraph.connected_components(graph, directed=True, connection="strong")
+    sources, targets = graph.nonzero()
+    leaving = component[sources] != component[targets]
+    closed = np.setdiff1d(np.arange(n_components), component[sources[leaving]])
+    if len(closed) > 1:
+        listed = " and ".join(str(np.flatnonzero(component == c).tolist()) for c in closed[:2])
         raise ValueError(
-            f"P is reducible with {len(classes)} closed classes of states ({listed}...), so the "
+            f"P is reducible with {len(closed)} closed classes of states ({listed}...), so the "
             "stationary distribution is not unique; expected a single closed class"
         )
-    members = list(classes[0])
-    # The closed class is aperiodic iff its block is primitive: B^n > 0 for n = (c-1)^2 + 1 (Wielandt).
-    block = adjacency[np.ix_(members, members)].astype(np.int64)
-    size = len(members)
-    walk = np.eye(size, dtype=np.int64)
-    for _ in range((size - 1) ** 2 + 1):
-        walk = (walk @ block > 0).astype(np.int64)
-    if not np.all(walk):
-        lengths = [n for n in range(1, 2 * size + 1) if np.linalg.matrix_power(block, n)[0, 0] > 0]
-        period = int(np.gcd.reduce(lengths)) if lengths else 0
+    members = np.flatnonzero(component == closed[0])
+    block = graph[members][:, members]
+    level = scipy.sparse.csgraph.shortest_path(block, unweighted=True, indices=0).astype(np.int64)  # BFS levels
+    u, v = block.nonzero()
+    period = int(np.gcd.reduce(np.abs(level[u] + 1 - level[v]))) if len(u) else 0
+    if period != 1:
         raise ValueError(
             f"P is periodic (period {period}); expected an aperiodic chain so that the context "
             "frequencies converge to a unique stationary distribution"
         )
+    return members
 
 
-def stationary_distribution(P: np.ndarray) -> np.ndarray:
-    """The left eigenvector of P for eigenvalue 1, normalised to sum 1 (P irreducible)."""
-    d = P.shape[0]
-    system = np.vstack([P.T - np.eye(d), np.ones((1, d))])
-    rhs = np.zeros(d + 1)
+def stationary_distribution(P: np.ndarray, members: np.ndarray | None = None) -> np.ndarray:
+    """π with π^T P = π^T, Σ π = 1, for P with one closed class (``members``; zero off it).
+    One linear solve on the closed block, O(c³) for a class of c states."""
+    members = closed_class(P) if members is None else members
+    block = P[np.ix_(members, members)]
+    system = block.T - np.eye(len(members))
+    system[-1] = 1.0  # one balance equation is redundant: replace it by the normalisation
+    rhs = np.zeros(len(members))
     rhs[-1] = 1.0
-    pi, *_ = np.linalg.lstsq(system, rhs, rcond=None)
-    pi = np.clip(pi, 0.0, None)
+    pi = np.zeros(P.shape[0])
+    pi[members] = np.clip(np.linalg.solve(system, rhs), 0.0, None)
     return pi / pi.sum()
 
 
@@ -135,16 +139,16 @@ class MarkovChain:
             d = pi_arr.shape[0]
             P_arr = lam * np.eye(d) + (1.0 - lam) * np.outer(np.ones(d), pi_arr)
             _check_probabilities("P (from pi and lam)", P_arr)
-            _check_unique_stationary_law(P_arr)
+            closed_class(P_arr)
         else:
             P_arr = _as_finite_array("P", P, 2)
             if P_arr.shape[0] != P_arr.shape[1]:
                 raise ValueError(f"P must be square, got shape {P_arr.shape}")
             self._check_size(P_arr.shape[0])
             _check_probabilities("P", P_arr)
-            _check_unique_stationary_law(P_arr)
+            members = closed_class(P_arr)
             if pi is None:
-                pi_arr = stationary_distribution(P_arr)
+                pi_arr = stationary_distribution(P_arr, members)
             else:
                 pi_arr = _as_finite_array("pi", pi, 1)
                 if pi_arr.shape[0] != P_arr.shape[0]:
@@ -163,6 +167,45 @@ class MarkovChain:
         self.P: np.ndarray = P_arr
         self.lam: float | None = lam
         self.start: StartLaw = start
+
+    @classmethod
+    def from_counts(cls, counts, smoothing: float = 0.0, start: StartLaw = "stationary") -> "MarkovChain":
+        """The chain P[i, j] = (c_ij + α) / Σ_j' (c_ij' + α) of bigram counts c (d x d) with
+        additive smoothing α >= 0; π its stationary law. O(d²) to build, O(d³) for π."""
+        counts = _as_finite_array("counts", counts, 2)
+        if counts.shape[0] != counts.shape[1]:
+            raise ValueError(f"counts must be square (d x d), got shape {counts.shape}")
+        if np.any(counts < 0):
+            raise ValueError(f"counts must be >= 0, got {counts.min():g}")
+        if not (np.isfinite(smoothing) and smoothing >= 0):
+            raise ValueError(f"smoothing must be a number >= 0, got {smoothing!r}")
+        totals = counts.sum(axis=1) + smoothing * counts.shape[1]
+        if np.any(totals == 0):
+            row = int(np.argmax(totals == 0))
+            raise ValueError(f"token {row} is never followed by another token; use smoothing > 0")
+        return cls(P=(counts + smoothing) / totals[:, None], start=start)
+
+    @classmethod
+    def from_text(cls, tokens: Sequence[str], vocab: Sequence[str], smoothing: float = 0.0,
+                  unknown: str | None = "<unk>", start: StartLaw = "stationary") -> "MarkovChain":
+        """The bigram chain of a token sequence over ``vocab`` (token i is vocab[i]): counts of
+        consecutive pairs, then ``from_counts(counts, smoothing)``. A token outside the
+        vocabulary counts as ``unknown`` (an error when that is None or not in vocab)."""
+        index = {word: i for i, word in enumerate(vocab)}
+        if len(index) != len(vocab):
+            raise ValueError("vocab has repeated words")
+        fallback = index.get(unknown) if unknown is not None else None
+        ids = np.fromiter((index.get(word, -1) for word in tokens), dtype=np.int64)
+        if np.any(ids < 0):
+            if fallback is None:
+                missing = next(word for word in tokens if word not in index)
+                raise ValueError(f"token {missing!r} is not in the vocabulary and no unknown word is given")
+            ids[ids < 0] = fallback
+        if len(ids) < 2:
+            raise ValueError(f"need at least 2 tokens to count bigrams, got {len(ids)}")
+        d = len(vocab)
+        counts = np.bincount(ids[:-1] * d + ids[1:], minlength=d * d).reshape(d, d).astype(float)
+        return cls.from_counts(counts, smoothing, start)
 
     @classmethod
     def from_config(cls, chain: ChainConfig) -> "MarkovChain":

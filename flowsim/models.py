@@ -119,20 +119,20 @@ class OneLayerTransformer:
             return self._matmul(self._matmul(params["W0"], params["W_V"]), params["W1"])
         return self._matmul(params["W0"], params["W1"])
 
-    def residual_map(self, params: Params) -> jax.Array | None:
-        """The token-to-logit map of the residual path W0 W1 (None without residual)."""
-        return self._matmul(params["W0"], params["W1"]) if self.residual else None
-
     def logits_from_attention(self, params: Params, attention: jax.Array, query: jax.Array) -> jax.Array:
-        """Logits f = attention @ M (+ W0 W1[query]), for attention weights over token types.
-
-        ``attention`` has shape (..., d) (weights over types, summing to 1) and ``query``
+        """Logits f = attention @ M (+ (W0 W1)[query] with the residual path), for attention
+        weights over token types: ``attention`` has shape (..., d) (summing to 1), ``query``
         the matching shape (...) of query tokens.
+
+        M = W0 W1 (d x d) is never formed: f = ((attention W0) [W_V]) W1 costs O(N d m) for
+        N rows instead of the O(N d²) of attention @ M (O(d² m) for the mean field, not d³).
         """
-        logits = self._matmul(attention, self.value_map(params))
-        residual = self.residual_map(params)
-        if residual is not None:
-            logits = logits + residual[query]
+        mixed = self._matmul(attention, params["W0"])
+        if self.value_matrix:
+            mixed = self._matmul(mixed, params["W_V"])
+        logits = self._matmul(mixed, params["W1"])
+        if self.residual:
+            logits = logits + self._matmul(params["W0"][query], params["W1"])
         return logits
 
     def logits_over_types(self, params: Params, log_weights: jax.Array, query: jax.Array) -> jax.Array:

@@ -36,9 +36,9 @@ from tqdm.auto import tqdm
 
 from flowsim import flow as flow_functions
 from flowsim import stiff
+from flowsim.config import resolve_config
 from flowsim.flow import GradientFlow
 from flowsim.losses import with_fused_products
-from flowsim.config import resolve_config
 from flowsim.methods import DEFAULT_METHOD, default_rtol
 from flowsim.models import Params
 from flowsim.status import Status, at

@@ -78,3 +78,86 @@ def test_transient_token_has_zero_frequency_and_is_accepted():
     from_P = MarkovChain(P=chain.P)
     np.testing.assert_allclose(from_P.pi, [0.7, 0.2, 0.1, 0.0], atol=1e-12)
     assert np.all(chain.sample(500, 20, seed=0) != 3)
+
+
+def _verdict_by_matrix_powers(P):
+    """The reference verdict by brute force (Wielandt): reachability by repeated squaring,
+    closed classes, primitivity of the closed block, its period from the return lengths."""
+    d = len(P)
+    adjacency = (P > 0).astype(np.int64)
+    reach = (adjacency + np.eye(d, dtype=np.int64)) > 0
+    for _ in range(d):
+        reach = reach | ((reach.astype(np.int64) @ reach.astype(np.int64)) > 0)
+    recurrent = [i for i in range(d) if np.all(reach[:, i][reach[i]])]
+    classes = sorted({tuple(np.flatnonzero(reach[i])) for i in recurrent})
+    if len(classes) > 1:
+        return ("reducible", len(classes))
+    members = list(classes[0])
+    block = adjacency[np.ix_(members, members)]
+    lengths = [n for n in range(1, 2 * len(members) ** 2 + 2) if np.linalg.matrix_power(block, n)[0, 0] > 0]
+    period = int(np.gcd.reduce(lengths))
+    return ("ok", members) if period == 1 else ("periodic", period)
+
+
+def _random_pattern(rng, d):
+    kind = rng.integers(4)
+    if kind == 0:  # cyclic blocks: periodic with period = number of blocks (when each block reaches the next)
+        period = rng.integers(2, min(d, 4) + 1)
+        label = rng.permutation(np.arange(d) % period)
+        pattern = (label[None, :] == (label[:, None] + 1) % period) & (rng.random((d, d)) < 0.7)
+    elif kind == 1:  # two blocks that never meet: reducible
+        label = rng.permutation(np.arange(d) % 2)
+        pattern = (label[:, None] == label[None, :]) & (rng.random((d, d)) < 0.6)
+    else:  # sparse random: transient states, self-loops or none
+        pattern = rng.random((d, d)) < rng.uniform(0.15, 0.6)
+    pattern[np.arange(d), rng.integers(0, d, d)] |= ~pattern.any(axis=1)  # every row leads somewhere
+    P = pattern * rng.random((d, d))
+    return P / P.sum(axis=1, keepdims=True)
+
+
+def test_graph_validation_agrees_with_matrix_powers_on_random_chains():
+    rng = np.random.default_rng(2024)
+    seen = set()
+    for _ in range(300):
+        P = _random_pattern(rng, int(rng.integers(2, 8)))
+        verdict = _verdict_by_matrix_powers(P)
+        seen.add(verdict[0])
+        if verdict[0] == "ok":
+            chain = MarkovChain(P=P)
+            np.testing.assert_allclose(chain.pi @ P, chain.pi, atol=1e-12)
+            assert set(np.flatnonzero(chain.pi > 0)) <= set(verdict[1])  # transient states get no mass
+        else:
+            with pytest.raises(ValueError) as error:
+                MarkovChain(P=P)
+            expected = f"{verdict[1]} closed classes" if verdict[0] == "reducible" else f"periodic (period {verdict[1]})"
+            assert expected in str(error.value), (P, verdict, str(error.value))
+    assert seen == {"ok", "reducible", "periodic"}
+
+
+def test_bigram_chain_of_a_text_against_a_hand_count():
+    tokens = "the cat saw the dog and the cat ran".split()
+    vocab = ["<unk>", "the", "cat", "dog"]  # saw, and, ran are <unk>
+    chain = MarkovChain.from_text(tokens, vocab, smoothing=0.5)
+    counts = np.zeros((4, 4))
+    # the>cat, cat>unk(saw), unk>the, the>dog, dog>unk(and), unk>the, the>cat, cat>unk(ran)
+    for a, b in [(1, 2), (2, 0), (0, 1), (1, 3), (3, 0), (0, 1), (1, 2), (2, 0)]:
+        counts[a, b] += 1
+    expected = (counts + 0.5) / (counts + 0.5).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(chain.P, expected, rtol=1e-15)
+    np.testing.assert_allclose(chain.pi @ chain.P, chain.pi, atol=1e-14)
+    with pytest.raises(ValueError, match="token 4 is never followed"):
+        MarkovChain.from_text(tokens, vocab + ["bird"])  # a word that never occurs has no row without smoothing
+    with pytest.raises(ValueError, match="'saw' is not in the vocabulary"):
+        MarkovChain.from_text(tokens, vocab[1:], smoothing=1.0, unknown=None)
+
+
+def test_a_vocabulary_of_a_thousand_words_builds():
+    rng = np.random.default_rng(0)
+    zipf = 1.0 / np.arange(1, 1001)
+    tokens = rng.choice(1000, size=200_000, p=zipf / zipf.sum())
+    chain = MarkovChain.from_text([str(t) for t in tokens], [str(i) for i in range(1000)])
+    assert chain.d == 1000
+    np.testing.assert_allclose(chain.pi @ chain.P, chain.pi, atol=1e-12)
+    # the stationary law of a sequence's bigram chain is its word frequency, up to the ends
+    frequency = np.bincount(tokens[:-1], minlength=1000) / (len(tokens) - 1)
+    np.testing.assert_allclose(chain.pi, frequency, atol=1e-4)

@@ -1,6 +1,7 @@
 import itertools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import random_params
@@ -199,3 +200,50 @@ def test_fused_products_give_the_same_loss_and_gradient(paper_chain, model, kind
     big = np.ones((SMALL_MATMUL_TERMS // 16, 4, 4))
     assert "dot_general" in str(jax.make_jaxpr(lambda x, y: small_matmul(x, y, fused=True))(big, b))
     assert "dot_general" in str(jax.make_jaxpr(lambda x, y: small_matmul(x, y))(a[0], b))
+
+
+@pytest.mark.parametrize("options", [{}, {"value_matrix": True, "residual": True, "logit_scale": "inv_sqrt_k"}],
+                         ids=["paper", "value_residual_scaled"])
+def test_mean_field_loss_never_forms_M_and_equals_the_M_route(options):
+    """The O(d² m) mean-field loss (attention W0, then W1) against Z = A M with M = W0 [W_V] W1 formed."""
+    from jax.flatten_util import ravel_pytree
+
+    from flowsim.losses import expected_cross_entropy, mean_field_attention
+
+    d = 60
+    rng = np.random.default_rng(11)
+    chain = flowsim.MarkovChain.from_counts(rng.integers(0, 20, (d, d)), smoothing=0.5)
+    model = flowsim.OneLayerTransformer(d=d, m=5, k=3, **options)
+    params = random_params(model, scale=0.6, seed=5)
+    pi, P = jnp.asarray(chain.pi), jnp.asarray(chain.P)
+
+    def through_M(params):
+        M = params["W0"] @ (params["W_V"] @ params["W1"] if model.value_matrix else params["W1"])
+        Z = mean_field_attention(model.attention_logits(params), pi) @ M
+        if model.residual:
+            Z = Z + params["W0"] @ params["W1"]
+        return expected_cross_entropy(Z, P, pi)
+
+    loss = flowsim.make_loss_function(model, chain)
+    np.testing.assert_allclose(float(loss(params)), float(through_M(params)), rtol=1e-12)
+    gradient, reference = (ravel_pytree(jax.grad(f)(params))[0] for f in (loss, through_M))
+    np.testing.assert_allclose(gradient, reference, rtol=1e-10, atol=1e-12 * np.abs(reference).max())
+    # and no product costs d³: the largest matrix product of the loss and its gradient is O(d² m)
+    assert _largest_product_flops(jax.make_jaxpr(jax.value_and_grad(loss))(params).jaxpr) <= d * d * 5
+    assert _largest_product_flops(jax.make_jaxpr(jax.value_and_grad(through_M))(params).jaxpr) >= d**3  # the check bites
+
+
+def _largest_product_flops(jaxpr) -> int:
+    """The most multiply-adds of any dot_general in a jaxpr (nested jaxprs included)."""
+    largest = 0
+    for equation in jaxpr.eqns:
+        if equation.primitive.name == "dot_general":
+            (contracting, _), _ = equation.params["dimension_numbers"]  # (lhs, rhs) contracting axes, batch axes
+            inner = int(np.prod([equation.invars[0].aval.shape[axis] for axis in contracting]))
+            largest = max(largest, int(np.prod(equation.outvars[0].aval.shape)) * inner)
+        for value in equation.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                inner_jaxpr = getattr(sub, "jaxpr", None)
+                if inner_jaxpr is not None:
+                    largest = max(largest, _largest_product_flops(inner_jaxpr))
+    return largest
