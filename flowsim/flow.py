@@ -253,6 +253,7 @@ def gradient_descent_steps(structure: FlowStructure, theta, first, last, lr, los
 
 
 # Compiled once per structure (and loss treedef and shapes): the structure is a static argument.
+ALONG_CHUNK_ENTRIES = 1 << 24  # loss_along / gradient_along: numbers per chunk of rows (a few hundred MB)
 _vector_field_jit = jax.jit(vector_field, static_argnums=0)
 _jacobian_jit = jax.jit(jacobian, static_argnums=0)
 _descend_jit = jax.jit(gradient_descent_steps, static_argnums=0)
@@ -342,13 +343,25 @@ class GradientFlow:
 
     def loss_along(self, thetas: np.ndarray) -> np.ndarray:
         """Loss at each row of ``thetas`` (shape (T, size))."""
-        if len(thetas) == 0:
-            return np.zeros(0)
-        return np.asarray(_loss_batch_jit(self.structure, jnp.asarray(thetas), self.loss))
+        return self._along(_loss_batch_jit, thetas, ())
 
     def gradient_along(self, thetas: np.ndarray) -> np.ndarray:
         """∇L at each row of ``thetas`` (shape (T, size)), without the rates."""
-        return np.asarray(_gradient_batch_jit(self.structure, jnp.asarray(thetas), self.loss))
+        return self._along(_gradient_batch_jit, thetas, (self.size,))
+
+    def _along(self, batched: Callable, thetas: np.ndarray, shape: tuple) -> np.ndarray:
+        """``batched`` over the rows in chunks of equal size (one compilation), small enough that
+        a chunk's intermediates (about a loss's data per row: d² for the mean field) stay near
+        ALONG_CHUNK_ENTRIES numbers."""
+        thetas = np.asarray(thetas).reshape(-1, self.size)
+        data = sum(np.size(leaf) for leaf in jax.tree_util.tree_leaves(self.loss))
+        rows = int(np.clip(ALONG_CHUNK_ENTRIES // max(data, self.size, 1), 1, max(len(thetas), 1)))
+        out = np.empty((len(thetas), *shape))
+        for first in range(0, len(thetas), rows):
+            chunk = thetas[first:first + rows]
+            padded = np.concatenate([chunk, np.repeat(chunk[-1:], rows - len(chunk), axis=0)])
+            out[first:first + len(chunk)] = np.asarray(batched(self.structure, jnp.asarray(padded), self.loss))[:len(chunk)]
+        return out
 
     def unflatten_batch(self, thetas: np.ndarray) -> dict[str, np.ndarray]:
         """Split rows of flat vectors into a dict of arrays with a leading time axis."""

@@ -183,6 +183,7 @@ def _stats(counts: dict, started: float) -> SolverStats:
 # Compiled JaxRadau integrators, shared by flows of one structure, batch size and save grid.
 _RADAU_COMPILED: dict[tuple, stiff.RadauFunctions] = {}
 RADAU_PROGRESS_CHUNKS = 20
+SEQUENTIAL_STAGES_FROM_SIZE = 16_384  # larger flows evaluate the three Radau stages one by one (MEASUREMENTS.md)
 STIFF_RANK = 8  # eigenpairs of the Jacobian JaxRadau keeps: the stiff directions (benchmarks/MEASUREMENTS.md)
 
 
@@ -208,7 +209,8 @@ def _radau_functions(flow: GradientFlow, batch: int, n_save: int, loss_batch) ->
         eigensystem = stiff.low_rank_eigensystem(bind(flow_functions.rate_vector), bind(flow_functions.loss_gradient),
                                                  flow.size, STIFF_RANK)
         rank = STIFF_RANK
-    problem = stiff.RadauProblem(bind(flow_functions.vector_field), eigensystem, flow.rates.kinks)
+    problem = stiff.RadauProblem(bind(flow_functions.vector_field), eigensystem, flow.rates.kinks,
+                                 sequential_stages=flow.size >= SEQUENTIAL_STAGES_FROM_SIZE)
     functions = stiff.build_radau(problem, batch, n_save, flow.size, loss_batch, rank,
                                   complex_eigensystem=not flow.eigensystem_is_real)
     _RADAU_COMPILED[key] = functions

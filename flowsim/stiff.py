@@ -117,17 +117,25 @@ class RadauProblem(NamedTuple):
 
     ``vector_field(t, θ, loss)`` is f; ``eigensystem(t, θ, loss, previous, first)`` returns
     the ``Eigensystem`` of J at (t, θ) (``previous`` is the last one, ``first`` marks the
-    first call); steps end exactly on the ``kinks``."""
+    first call); steps end exactly on the ``kinks``. ``sequential_stages`` evaluates the
+    three stages one after another instead of as one vectorised batch: for large flows the
+    batched form's products run slower than three plain ones (benchmarks/MEASUREMENTS.md)."""
 
     vector_field: Callable
     eigensystem: Callable
     kinks: tuple[float, ...]
+    sequential_stages: bool = False
 
     def field_batch(self, t, y, loss):
         return jax.vmap(self.vector_field)(t, y, loss)
 
     def field_stages(self, t, y, loss):
         """f at (B, 3) stage times and (B, 3, n) stage states."""
+        if self.sequential_stages:
+            def member(t, y, loss):
+                return jax.lax.map(lambda stage: self.vector_field(stage[0], stage[1], loss), (t, y))
+
+            return jax.vmap(member)(t, y, loss)
         return jax.vmap(jax.vmap(self.vector_field, in_axes=(0, 0, None)))(t, y, loss)
 
     def next_stop(self, t, t_end):
