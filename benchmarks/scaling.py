@@ -9,7 +9,8 @@ compile does not profit from another's. Reported: compile time, solve time after
 compilation, steps, vector-field evaluations, status, peak memory, and the largest
 relative loss error over the saved times against a tight reference (JaxRadau at rtol
 1e-9, atol 1e-15) where the reference fits in the time budget. LSODA runs only where its
-dense n x n Hessian is affordable; Tsit5 under a step budget (``--max-steps``).
+dense n x n Hessian is affordable. Every method runs under a step budget (``--max-steps``)
+and every process under a time limit (``--timeout``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from report import write_section
 
 os.environ.setdefault("FLOWSIM_COMPILATION_CACHE", "off")  # compile times measured cold
 
@@ -80,13 +82,13 @@ def in_subprocess(label: str, method: str, rtol=None, atol=None, max_steps=200_0
     try:
         completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"case": label, "method": method, "status": f"timeout ({timeout} s)"}
+        return {"case": label, "method": method, "status": f"timeout ({timeout:g} s)"}
     if completed.returncode != 0:
         return {"case": label, "method": method, "status": "error: " + completed.stderr.strip().splitlines()[-1]}
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def benchmark(cases: list[str], methods: list[str], max_steps: int) -> list[dict]:
+def benchmark(cases: list[str], methods: list[str], max_steps: int, timeout: float) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for label in cases:
@@ -96,7 +98,7 @@ def benchmark(cases: list[str], methods: list[str], max_steps: int) -> list[dict
             if n <= REFERENCE_MAX_SIZE:
                 path = Path(folder) / f"{label}-reference.npy"
                 print(f"[{label}] n = {n}: reference ...", file=sys.stderr, flush=True)
-                reference = in_subprocess(label, "JaxRadau", rtol=1e-9, atol=1e-15, loss_out=path)
+                reference = in_subprocess(label, "JaxRadau", rtol=1e-9, atol=1e-15, loss_out=path, timeout=timeout)
                 if reference.get("status") == "finished":
                     reference_loss = np.load(path)
             for method in methods:
@@ -105,7 +107,7 @@ def benchmark(cases: list[str], methods: list[str], max_steps: int) -> list[dict
                     continue
                 print(f"[{label}] {method} ...", file=sys.stderr, flush=True)
                 path = Path(folder) / f"{label}-{method}.npy"
-                row = in_subprocess(label, method, max_steps=max_steps, loss_out=path)
+                row = in_subprocess(label, method, max_steps=max_steps, loss_out=path, timeout=timeout)
                 row.setdefault("n", n)
                 if reference_loss is not None and path.is_file():
                     loss = np.load(path)
@@ -130,23 +132,12 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, marker: str, text: str) -> None:
-    """Replace the part of ``path`` between <!-- marker --> and <!-- /marker --> (appended if absent)."""
-    start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
-    old = path.read_text() if path.is_file() else ""
-    block = f"{start}\n{text}\n{end}"
-    if start in old and end in old:
-        new = old[: old.index(start)] + block + old[old.index(end) + len(end):]
-    else:
-        new = old.rstrip() + ("\n\n" if old else "") + block + "\n"
-    path.write_text(new)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--methods", default="JaxRadau,Tsit5,LSODA")
-    parser.add_argument("--max-steps", type=int, default=200_000)
+    parser.add_argument("--max-steps", type=int, default=20_000, help="step budget of every method")
+    parser.add_argument("--timeout", type=float, default=400.0, help="seconds each (case, method) process may take")
     parser.add_argument("--out", type=Path, default=None, help="Write the table into this markdown file (its own section).")
     parser.add_argument("--one", nargs=2, metavar=("CASE", "METHOD"), help=argparse.SUPPRESS)
     parser.add_argument("--rtol", type=float, default=None, help=argparse.SUPPRESS)
@@ -160,7 +151,7 @@ def main() -> None:
     unknown = set(cases) - set(CASES)
     if unknown:
         parser.error(f"unknown cases {sorted(unknown)}; expected some of {list(CASES)}")
-    rows = benchmark(cases, args.methods.split(","), args.max_steps)
+    rows = benchmark(cases, args.methods.split(","), args.max_steps, args.timeout)
     text = table(rows)
     print(text)
     if args.out is not None:

@@ -33,7 +33,9 @@ os.environ.setdefault("FLOWSIM_COMPILATION_CACHE", "off")
 
 from flowsim.config import load_config  # noqa: E402
 from flowsim.experiment import prepare  # noqa: E402
-from flowsim.solvers import default_rtol, solve_flow  # noqa: E402
+from flowsim.methods import default_rtol  # noqa: E402
+from flowsim.solvers import solve_flow  # noqa: E402
+from report import write_section  # noqa: E402
 
 MODELS = {
     "one_layer": (None, ["time.t_end=6000"], [0.004, 0.002]),
@@ -154,7 +156,7 @@ def main() -> None:
     print(text)
     if args.out is not None:
         command = "python benchmarks/solvers.py " + " ".join(sys.argv[1:])
-        args.out.write_text(f"# Solver benchmark\n\nProduced by `{command}`.\n\n{text}\n")
+        write_section(args.out, "solvers", f"# Solver benchmark\n\nProduced by `{command}`.\n\n{text}")
 
 
 if __name__ == "__main__":

@@ -313,3 +313,23 @@ def test_low_rank_eigensystem_finds_the_stiffest_directions():
     np.testing.assert_allclose(np.sort(np.asarray(lam)), np.sort(expected), rtol=1e-8)
     np.testing.assert_allclose(J @ np.asarray(V), np.asarray(V) * np.asarray(lam), atol=1e-6 * np.abs(expected).max())
     np.testing.assert_allclose(np.asarray(V_inv) @ np.asarray(V), np.eye(rank), atol=1e-10)
+
+
+@pytest.mark.slow
+def test_a_three_hundred_token_flow_agrees_with_tsit5():
+    """d = 300 (n = 2432, the low-rank eigensystem and the O(d² m) loss) through condensation:
+    JaxRadau against the explicit Tsit5 at a tight tolerance."""
+    from flowsim.config import resolve_config
+
+    d = 300
+    pi = 1.0 / np.arange(1, d + 1) ** 1.5
+    config = resolve_config({"chain": {"pi": (pi / pi.sum()).tolist(), "lam": 0.5}, "model": {"m": 4, "k": 4},
+                             "init": {"eps": 0.05}, "time": {"t_end": 40.0, "n_linear": 9, "n_log": 0}})
+    prepared = prepare(config)
+    radau, tsit5 = (solve_flow(prepared.flow, prepared.params0, prepared.times, method=method, rtol=rtol, atol=1e-12)
+                    for method, rtol in (("JaxRadau", 1e-8), ("Tsit5", 1e-10)))
+    assert radau.success and tsit5.success
+    assert tsit5.trajectory.loss[-1] < 0.6 * tsit5.trajectory.loss[0]  # condensation happened
+    np.testing.assert_allclose(radau.trajectory.loss, tsit5.trajectory.loss, rtol=1e-7)
+    theta, reference = (prepared.flow.flatten(result.trajectory.at(-1)) for result in (radau, tsit5))
+    assert np.abs(theta - reference).max() < 1e-5 * np.abs(reference).max()
