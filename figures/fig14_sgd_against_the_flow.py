@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 
 from figures.bridge_runs import bridge_run
 from figures.runs import read_observables
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure
+from flowsim.experiment import MEASURED
 from flowsim.observables import OBSERVABLES_NPZ, Observables
 
 NAME = "fig14_sgd_against_the_flow"
@@ -26,6 +28,7 @@ def ode_beside(run_dir: Path) -> Path:
         measured = Observables.load(run_dir)
         observables, _ = ode_observables(load_bridge_config(run_dir / CONFIG_FILE), run_dir, measured.t)
         ode_dir.mkdir(exist_ok=True)
+        observables.constants[MEASURED] = np.array("flowsim ODE")  # kept with no trajectory.npz beside it
         observables.save(ode_dir)
     return ode_dir
 

@@ -134,8 +134,11 @@ class MarkovChain:
             self._check_size(pi_arr.shape[0])
             _check_probabilities("pi", pi_arr)
             lam = float(_as_finite_array("lam", [lam], 1)[0])
-            if not lam < 1.0:
+            if lam == 1.0:
                 raise ValueError(f"lam = {lam} makes P the identity (reducible); expected lam < 1")
+            if lam > 1.0:
+                raise ValueError(f"lam = {lam} gives P = lam I + (1 - lam) 1 pi^T negative off-diagonal entries; "
+                                 "expected lam < 1")
             d = pi_arr.shape[0]
             P_arr = lam * np.eye(d) + (1.0 - lam) * np.outer(np.ones(d), pi_arr)
             _check_probabilities("P (from pi and lam)", P_arr)

@@ -9,8 +9,10 @@ from typing import List, Optional
 
 import typer
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+# rich_markup_mode=None: help texts show [v1, v2, ...] and the like as written.
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True, rich_markup_mode=None,
                   help="flowsim: exact gradient flows of small Transformers on Markov chains.")
+EXIT_INTERRUPTED = 130  # as a shell reports a process stopped by SIGINT
 
 
 def _fail(message: str) -> None:
@@ -27,21 +29,41 @@ def run(
     config: Optional[Path] = typer.Argument(None, help="TOML config; the paper default when omitted."),
     set_: List[str] = typer.Option([], "--set", help="Override a key: section.key=TOML-literal (repeatable)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default: runs/NAME-TIMESTAMP)."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this directory."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
-    """Integrate a gradient flow and write a run directory with a summary figure."""
-    from flowsim.config import ConfigError, load_config
-    from flowsim.experiment import execute_run, prepare
-    from flowsim.rundir import new_run_dir
+    """Integrate a gradient flow and write a run directory with a summary figure.
 
+    Ctrl-C (SIGINT) or SIGTERM stops it within about a second, keeping every point computed
+    so far; `flowsim run --resume DIR` continues it."""
+    from flowsim.config import ConfigError, load_config
+    from flowsim.experiment import execute_run, prepare, resume_run
+    from flowsim.io import DamagedFileError
+    from flowsim.rundir import check_output_dir, new_run_dir
+
+    if resume is not None:
+        if config is not None or set_ or out is not None:
+            _fail("--resume continues a run with its own config.toml: give no CONFIG, --set or --out with it")
+        try:
+            result, exact = resume_run(resume, progress=not quiet)
+        except (ConfigError, DamagedFileError, FileNotFoundError) as error:
+            _fail(str(error))
+        if not exact:
+            typer.echo(f"flowsim: note: {result.method} resumed afresh from the last saved point; its steps differ "
+                       "from an uninterrupted run's (JaxRadau with its saved state and gradient descent resume exactly)",
+                       err=True)
+        _report_run(result, resume)
+        return
     try:
         resolved = load_config(config, set_)
+        if out is not None:
+            check_output_dir(out)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             prepared = prepare(resolved)  # validate everything before a folder is made
         for warning in caught:
             typer.echo(f"flowsim: warning: {warning.message}", err=True)
-    except ConfigError as error:
+    except (ConfigError, ValueError) as error:
         _fail(str(error))
     if out is None:
         run_dir = new_run_dir(Path("runs"), config.stem if config else "default")
@@ -49,14 +71,24 @@ def run(
         if out.exists() and any(out.iterdir()):
             _fail(f"--out {str(out)!r} exists and is not empty; choose a new folder")
         run_dir = out
-    result = execute_run(resolved, run_dir, progress=not quiet, prepared=prepared)
+    _report_run(execute_run(resolved, run_dir, progress=not quiet, prepared=prepared), run_dir)
+
+
+def _report_run(result, run_dir: Path) -> None:
+    """The stage table, the status line and the run directory; the exit status says how it ended."""
+    from flowsim.status import Status
+
+    if result.status == Status.INTERRUPTED:
+        typer.echo(f"interrupted at t = {result.t_reached:.6g} ({len(result.trajectory)} points saved in {run_dir}); "
+                   f"continue with: flowsim run --resume {run_dir}", err=True)
+        raise typer.Exit(code=EXIT_INTERRUPTED)
     if (run_dir / "stages.txt").is_file():
         typer.echo((run_dir / "stages.txt").read_text().rstrip())
     stats = result.stats
     typer.echo(
         f"{result.status_name}: {result.message}\n"
         f"  method {result.method}, {stats.n_steps} steps, nfev {stats.nfev}, njev {stats.njev}, "
-        f"{stats.wall_time_s:.1f} s; final loss {result.trajectory.loss[-1]:.6f} at t = {result.trajectory.t[-1]:g}\n"
+        f"{stats.wall_time_s:.1f} s; final loss {result.trajectory.loss[-1]:.6g} at t = {result.trajectory.t[-1]:g}\n"
         f"  run directory: {run_dir}"
     )
     if not result.success:
@@ -67,12 +99,15 @@ def run(
 def stages(run_dir: Path = typer.Argument(..., help="A run directory written by `flowsim run`.")) -> None:
     """Label the stages of a run (condensation, focus, dilution, restart, plateau) and print them."""
     from flowsim.config import ConfigError
-    from flowsim.experiment import label_run
+    from flowsim.experiment import label_run, partial_note
 
     try:
         report = label_run(run_dir)
+        note = partial_note(run_dir)
     except (FileNotFoundError, ConfigError, ValueError) as error:
         _fail(str(error))
+    if note:
+        typer.echo(note)
     typer.echo(report.table())
     typer.echo(f"written: {run_dir / 'stages.json'}")
 
@@ -98,12 +133,19 @@ def predict(
 def compare(run_dir: Path = typer.Argument(..., help="A run directory written by `flowsim run`.")) -> None:
     """Put predicted stage onsets beside the detected ones; writes compare.json in the run directory."""
     from flowsim.config import ConfigError
+    from flowsim.experiment import check_labelable, partial_note
+    from flowsim.rundir import load_run
     from theory.predict import COMPARE_JSON, compare_run, table
 
     try:
+        check_labelable(run_dir)
+        load_run(run_dir)  # every file checked before the (slower) predictions
+        note = partial_note(run_dir)
         rows, prediction = compare_run(run_dir, progress=_progress)
-    except (FileNotFoundError, ConfigError) as error:
+    except (FileNotFoundError, ConfigError, ValueError) as error:
         _fail(str(error))
+    if note:
+        typer.echo(note)
     typer.echo(table(rows))
     typer.echo(prediction.constants())
     typer.echo(f"written: {run_dir / COMPARE_JSON}")
@@ -181,14 +223,18 @@ def bridge_train(
     from flowsim.config import ConfigError
     from flowsim.rundir import new_run_dir
 
+    from flowsim.rundir import check_output_dir
+
     try:
         from flowsim.bridge.config import load_bridge_config
         from flowsim.bridge.train import train
 
         resolved = load_bridge_config(config, set_)
+        if out is not None:
+            check_output_dir(out)
         run_dir = out if out is not None else new_run_dir(Path("runs"), f"bridge-{config.stem if config else 'markov'}")
         result = train(resolved, run_dir, progress=not quiet)
-    except (ConfigError, ImportError, FileNotFoundError, FloatingPointError) as error:
+    except (ConfigError, ImportError, FileNotFoundError, FloatingPointError, ValueError) as error:
         _fail(str(error))
     if (run_dir / "stages.txt").is_file():
         typer.echo((run_dir / "stages.txt").read_text().rstrip())
@@ -228,6 +274,7 @@ def sweep(
     workers: int = typer.Option(1, "--workers", help="Worker processes (local pool or LocalCluster)."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address (default: a LocalCluster)."),
     batch: int = typer.Option(4, "--batch", help="Runs integrated together as one JaxRadau batch (one set-up per batch)."),
+    force_new: bool = typer.Option(False, "--force-new", help="Recompute rows in --out that were made with other settings."),
 ) -> None:
     """Run a grid of configurations x seeds, label every run's stages, and write a table and a phase diagram."""
     from flowsim.config import ConfigError
@@ -235,7 +282,8 @@ def sweep(
 
     try:
         rows = run_sweep(config, parse_grid(grid), seeds, out, base_overrides=set_, backend=backend, workers=workers,
-                         scheduler=scheduler, batch=batch, progress=lambda message: typer.echo(f"flowsim: {message}", err=True))
+                         scheduler=scheduler, batch=batch, force_new=force_new,
+                         progress=lambda message: typer.echo(f"flowsim: {message}", err=True))
     except ConfigError as error:
         _fail(str(error))
     failed = [row["name"] for row in rows if row["status"] != "finished"]

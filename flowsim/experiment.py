@@ -15,36 +15,61 @@ import numpy as np
 from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError, RunConfig, load_config
 from flowsim.flow import DepthSmoothing, GradientFlow, RateSchedule
+from flowsim.interrupts import stop_requests
+from flowsim.io import DamagedFileError, file_digest, read_json, read_npz, write_atomic_npz
 from flowsim.losses import make_loss_function
 from flowsim.models import Model, OneLayerTransformer, Params, model_from_config
 from flowsim.observables import OBSERVABLES_NPZ, Observables, compute_observables
 from flowsim.plots import plot_run_summary
 from flowsim.rundir import (
     CONFIG_FILE,
+    META_FILE,
+    SOLVER_STATE_FILE,
     SUMMARY_FIGURE,
     TRAJECTORY_FILE,
     library_versions,
     load_run,
+    status_of,
+    this_process,
     write_config,
     write_meta,
 )
-from flowsim.solvers import FlowResult, solve_flow
+from flowsim.solvers import FlowResult, ResumePoint, solve_flow
+from flowsim.status import Status
 from flowsim.stages import StageReport, detect_stages
 
 MIN_SAMPLES_FOR_STAGES = 3
 ONE_LAYER_COLUMNS = {"sv_W0", "attention_entropy", "loss"}
 
 
+TRAJECTORY_DIGEST = "trajectory_sha256"  # observables.npz records the trajectory it was computed from
+MEASURED = "measured_by"  # or says that it holds measurements (a torch run's), not a cache of the trajectory
+
+
 def observables_of_run(run_dir: Path) -> Observables:
-    """The run's observables: read observables.npz, or compute and save them if missing."""
+    """The run's observables: read observables.npz when it holds measurements or was
+    computed from the run's present trajectory.npz, else compute them again and save them."""
     run_dir = Path(run_dir)
     if (run_dir / OBSERVABLES_NPZ).is_file():
-        return Observables.load(run_dir)
+        try:
+            observables = Observables.load(run_dir)
+        except DamagedFileError:
+            observables = None  # a cache: recomputed below
+        if observables is not None and MEASURED in observables.constants:
+            return observables
+        digest = file_digest(run_dir / TRAJECTORY_FILE) if (run_dir / TRAJECTORY_FILE).is_file() else None
+        if observables is not None and digest is not None and str(observables.constants.get(TRAJECTORY_DIGEST)) == digest:
+            return observables
     run = load_run(run_dir)
     prepared = prepare(load_config(run_dir / CONFIG_FILE))
     observables = compute_observables(run.trajectory, prepared.model, prepared.chain.pi, prepared.flow)
-    observables.save(run_dir)
+    _save_observables(observables, run_dir)
     return observables
+
+
+def _save_observables(observables: Observables, run_dir: Path) -> None:
+    digest = np.asarray(file_digest(Path(run_dir) / TRAJECTORY_FILE))
+    Observables(observables.t, observables.columns, {**observables.constants, TRAJECTORY_DIGEST: digest}).save(run_dir)
 
 
 def stages_apply(model: Model) -> bool:
@@ -52,8 +77,19 @@ def stages_apply(model: Model) -> bool:
     return isinstance(model, OneLayerTransformer)
 
 
+def check_labelable(run_dir: Path) -> str:
+    """The run's status name; a run whose state left the flow (diverged, non-finite) is refused."""
+    meta = read_json(Path(run_dir) / META_FILE) if (Path(run_dir) / META_FILE).is_file() else {}
+    status = status_of(meta)
+    if status in (Status.NON_FINITE.label, Status.DIVERGED.label):
+        raise ConfigError(f"{run_dir}: the run stopped with status {status!r} ({meta.get('message', '')}); "
+                          "its points are not a gradient flow, so its stages are not labelled")
+    return status
+
+
 def label_run(run_dir: Path) -> StageReport:
     """Detect the stages of a run directory and write stages.json and stages.txt."""
+    check_labelable(run_dir)
     observables = observables_of_run(run_dir)
     if not ONE_LAYER_COLUMNS <= set(observables.columns):  # the detectors read the one-layer observables
         kind = "two_layer" if "attention_entropy_2" in observables.columns else "unknown"
@@ -63,6 +99,20 @@ def label_run(run_dir: Path) -> StageReport:
     return report
 
 
+def partial_note(run_dir: Path) -> str | None:
+    """One line saying that a run stopped before its last save time, or None for a finished run."""
+    run_dir = Path(run_dir)
+    meta = read_json(run_dir / META_FILE)
+    status = status_of(meta)
+    if status == Status.FINISHED.label:
+        return None
+    reached, t_end = meta.get("t_reached"), meta.get("t_end")
+    where = f", reached t = {reached:g}" if isinstance(reached, (int, float)) else ""
+    where += f" of t_end = {t_end:g}" if where and isinstance(t_end, (int, float)) else ""
+    hint = f"; continue it with `flowsim run --resume {run_dir}`" if status in RESUMABLE and "t_end" in meta else ""
+    return f"partial run: status {status}{where}{hint}"
+
+
 def initial_params(config: RunConfig, model: Model) -> Params:
     """Seeded N(0, ε²) entries, or the arrays of ``init.file``."""
     if config.init.file is None:
@@ -70,8 +120,11 @@ def initial_params(config: RunConfig, model: Model) -> Params:
     path = Path(config.init.file)
     if not path.is_file():
         raise ConfigError(f"init.file {str(path)!r} does not exist")
-    with np.load(path) as data:
-        params = {name: np.asarray(data[name], dtype=float) for name in data.files if name in model.shapes}
+    try:
+        arrays = read_npz(path)
+    except DamagedFileError as error:
+        raise ConfigError(f"init.file: {error}") from None
+    params = {name: np.asarray(value, dtype=float) for name, value in arrays.items() if name in model.shapes}
     try:
         model.check_params(params)
     except ValueError as error:
@@ -112,11 +165,15 @@ def prepare(config: RunConfig) -> PreparedRun:
 
 
 def execute_run(
-    config: RunConfig, run_dir: Path, *, progress: bool = True, prepared: PreparedRun | None = None
+    config: RunConfig, run_dir: Path, *, progress: bool = True, prepared: PreparedRun | None = None,
+    resume: ResumePoint | None = None, history: list | None = None,
 ) -> FlowResult:
     """Integrate the configured flow and write the run directory (config, trajectory, meta, figure).
 
-    ``prepared`` is ``prepare(config)`` when the caller has already built it.
+    ``prepared`` is ``prepare(config)`` when the caller has already built it. SIGINT or
+    SIGTERM stops the solver within about a second: the points so far are written with
+    status ``interrupted`` (and JaxRadau's loop state, for ``resume_run``). ``resume`` and
+    ``history`` (earlier sessions of the run) are ``resume_run``'s.
     """
     prepared = prepare(config) if prepared is None else prepared
     chain, model = prepared.chain, prepared.model
@@ -128,8 +185,11 @@ def execute_run(
         "started": _dt.datetime.now().isoformat(timespec="seconds"),
         "command": " ".join(sys.argv),
         "seed": config.init.seed,
+        "t_end": config.time.t_end,
         "chain": chain.describe(),
         "versions": library_versions(),
+        **this_process(),
+        **({"sessions": history} if history else {}),
     }
     write_meta(run_dir, meta)
 
@@ -138,20 +198,57 @@ def execute_run(
         write_meta(run_dir, {**meta, **result.summary(), "n_saved": len(result.trajectory)})
 
     started = time.perf_counter()
-    result = solve_flow(
-        prepared.flow, prepared.params0, prepared.times, method=config.solver.method, rtol=config.solver.rtol, atol=config.solver.atol,
-        max_steps=config.solver.max_steps, lr=config.solver.lr, progress=progress, on_checkpoint=save,
-    )
+    with stop_requests() as stop:
+        result = solve_flow(
+            prepared.flow, prepared.params0, prepared.times, method=config.solver.method, rtol=config.solver.rtol,
+            atol=config.solver.atol, max_steps=config.solver.max_steps, lr=config.solver.lr, progress=progress,
+            on_checkpoint=save, should_stop=stop, resume=resume,
+        )
     meta["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
     meta["total_wall_time_s"] = time.perf_counter() - started
+    if result.radau_state is not None:
+        write_atomic_npz(run_dir / SOLVER_STATE_FILE, result.radau_state)
+    else:
+        (run_dir / SOLVER_STATE_FILE).unlink(missing_ok=True)
     save(result)
+    if result.status == Status.INTERRUPTED:
+        return result  # observables, stages and figure come when the run is resumed, or on request
     observables = compute_observables(result.trajectory, model, chain.pi, prepared.flow)
-    observables.save(run_dir)
+    _save_observables(observables, run_dir)
     stages = None
-    if stages_apply(model) and np.count_nonzero(observables.t > 0) >= MIN_SAMPLES_FOR_STAGES:
+    if stages_apply(model) and not result.status.broken and np.count_nonzero(observables.t > 0) >= MIN_SAMPLES_FOR_STAGES:
         stages = detect_stages(observables)
         stages.save(run_dir)
     if len(result.trajectory) > 1:
         title = f"{chain.describe()}, {config.solver.method}, {result.status_name}"
         plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=title, stages=stages)
     return result
+
+
+RESUMABLE = (Status.INTERRUPTED.label, Status.STEP_LIMIT.label)
+
+
+def resume_run(run_dir: Path, *, progress: bool = True) -> tuple[FlowResult, bool]:
+    """Continue an interrupted run (or one stopped by its step limit) in its own folder.
+
+    Returns the result and whether the continuation is exact (the steps of an uninterrupted
+    run: JaxRadau from its saved loop state, gradient descent from its last saved step).
+    Raises ConfigError when there is nothing to resume."""
+    run_dir = Path(run_dir)
+    run = load_run(run_dir)
+    status = run.status_name
+    if status not in RESUMABLE:
+        live = " (its process is still running)" if status == "running" else ""
+        raise ConfigError(f"--resume {str(run_dir)!r}: the run has status {status!r}{live}; "
+                          f"only runs with status {' or '.join(RESUMABLE)} can be resumed")
+    config = load_config(run_dir / CONFIG_FILE)
+    prepared = prepare(config)
+    method = config.solver.method
+    radau_state = None
+    if method == "JaxRadau" and (run_dir / SOLVER_STATE_FILE).is_file():
+        radau_state = read_npz(run_dir / SOLVER_STATE_FILE)
+    thetas = prepared.flow.flatten_batch(run.trajectory.params)
+    resume = ResumePoint(run.trajectory.t, thetas, radau_state)
+    history = [*run.meta.get("sessions", []), {key: run.meta.get(key) for key in
+                                                 ("started", "status_name", "t_reached", "n_steps", "solve_seconds")}]
+    return execute_run(config, run_dir, progress=progress, prepared=prepared, resume=resume, history=history), resume.is_exact(method)

@@ -363,6 +363,14 @@ class GradientFlow:
             out[first:first + len(chunk)] = np.asarray(batched(self.structure, jnp.asarray(padded), self.loss))[:len(chunk)]
         return out
 
+    def flatten_batch(self, params: dict[str, np.ndarray]) -> np.ndarray:
+        """Rows of flat vectors from a dict of arrays with a leading time axis (``unflatten_batch``'s inverse)."""
+        length = len(next(iter(params.values())))
+        thetas = np.empty((length, self.size))
+        for name in self.groups:
+            thetas[:, self.entries_of(name)] = np.asarray(params[name]).reshape(length, -1)
+        return thetas
+
     def unflatten_batch(self, thetas: np.ndarray) -> dict[str, np.ndarray]:
         """Split rows of flat vectors into a dict of arrays with a leading time axis."""
         thetas = np.asarray(thetas).reshape(-1, self.size)

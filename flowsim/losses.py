@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass
 from typing import get_args
 
@@ -29,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import Partial
 
+from flowsim.budget import check_memory
 from flowsim.chains import MarkovChain
 from flowsim.config import LossKind
 from flowsim.models import Model, Params, model_for_params
@@ -292,6 +294,29 @@ def with_fused_products(loss: Partial) -> Partial:
     return Partial(fused, *loss.args, **loss.keywords)
 
 
+def finite_loss_states(d: int, s: int) -> int:
+    """The size of the dynamic programme's arrays, C(s+d-1, d-1)·d (count vectors × last token):
+    an upper bound on the states the exact finite-s loss sums over (those with c_{x_s} ≥ 1,
+    d·C(s+d-2, d-1) of them)."""
+    return math.comb(s + d - 1, d - 1) * d
+
+
+def check_loss_size(kind: str, d: int, s: int, model: Model, mc_samples: int = 0) -> None:
+    """Refuse (``flowsim.budget.BudgetError``) a finite-s or Monte Carlo loss too large for the
+    memory budget, before anything is allocated. Per state (or sampled context) the estimate
+    counts its arrays and the activations of a Hessian-vector product: 8·(8d + 2m) bytes per
+    state; 8·(s + 1)·(2d + 2m) bytes per sampled sequence."""
+    width = int(getattr(model, "m", d))
+    if kind == "finite":
+        states = finite_loss_states(d, s)
+        check_memory(8.0 * states * (8 * d + 2 * width),
+                     f"loss.kind = 'finite' with s = {s}, d = {d} ({states:.3g} count states)",
+                     "lower loss.s, or use loss.kind = 'monte_carlo' or 'mean_field'")
+    elif kind == "monte_carlo":
+        check_memory(8.0 * mc_samples * (s + 1) * (2 * d + 2 * width),
+                     f"loss.kind = 'monte_carlo' with {mc_samples} sequences of s = {s}", "lower loss.mc_samples or loss.s")
+
+
 def make_loss_function(
     model: Model,
     chain: MarkovChain,
@@ -315,6 +340,7 @@ def make_loss_function(
         return Partial(ModelLoss(_mean_field_core, model), pi=jnp.asarray(chain.pi), P=jnp.asarray(chain.P))
     if s is None or not isinstance(s, (int, np.integer)) or s < 1:
         raise ValueError(f"loss.kind = {kind!r} needs a positive integer context length loss.s, got {s!r}")
+    check_loss_size(kind, chain.d, int(s), model, mc_samples)
     if kind == "finite":
         P, log_counts, query, probability = _count_law_arrays(chain, context_count_law(chain, s))
         core = ModelLoss(_count_law_core, model)

@@ -37,7 +37,7 @@ import numpy as np
 from scipy.linalg import subspace_angles
 
 from flowsim.flow import GradientFlow
-from flowsim.io import write_atomic_bytes, write_atomic_npz
+from flowsim.io import REMEDY, DamagedFileError, read_npz, write_atomic_bytes, write_atomic_npz
 from flowsim.losses import mean_field_attention
 from flowsim.models import Model, TwoLayerTransformer
 from flowsim.trajectory import Trajectory
@@ -87,11 +87,15 @@ class Observables:
 
     @classmethod
     def load(cls, run_dir: Path) -> "Observables":
-        with np.load(Path(run_dir) / OBSERVABLES_NPZ) as data:
-            arrays = {name: data[name] for name in data.files}
+        """Read observables.npz; a damaged file raises ``flowsim.io.DamagedFileError``."""
+        path = Path(run_dir) / OBSERVABLES_NPZ
+        arrays = read_npz(path, required=("t",))
         t = arrays.pop("t")
         constants = {name.split(":", 1)[1]: arrays.pop(name) for name in list(arrays) if name.startswith("constant:")}
-        return cls(t=t, columns=arrays, constants=constants)
+        try:
+            return cls(t=t, columns=arrays, constants=constants)
+        except ValueError as error:
+            raise DamagedFileError(path, str(error), REMEDY) from None
 
 
 def singular_values(matrices: np.ndarray) -> np.ndarray:

@@ -2,7 +2,11 @@
 
     RUN_DIR/config.toml      the full resolved configuration
     RUN_DIR/trajectory.npz   t (ascending, t[0] = 0), loss, W0, W_Q, W_K, W1 (leading axis = time)
-    RUN_DIR/meta.json        status, seed, solver statistics, wall time, library versions
+    RUN_DIR/meta.json        status, seed, solver statistics, wall time, library versions, the
+                             process that wrote it (pid, host: a "running" run whose process is
+                             gone was interrupted)
+    RUN_DIR/solver_state.npz JaxRadau's loop state when the run was interrupted (`--resume`
+                             continues from it with exactly the steps of an uninterrupted run)
     RUN_DIR/observables.npz  observables over time (and observables.csv), see flowsim.observables
     RUN_DIR/summary.png      loss, singular values of W0, attention entropy per query
 
@@ -14,8 +18,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
-import json
+import os
 import platform
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,10 +29,12 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from flowsim.io import write_atomic_bytes, write_atomic_json
+from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
 from flowsim.trajectory import Trajectory
 
 CONFIG_FILE, TRAJECTORY_FILE, META_FILE, SUMMARY_FIGURE = "config.toml", "trajectory.npz", "meta.json", "summary.png"
+SOLVER_STATE_FILE = "solver_state.npz"
+LOST_RUN = "the run directory cannot be trusted: run the flow again into a new folder"
 
 
 def library_versions() -> dict[str, str]:
@@ -39,6 +46,40 @@ def library_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             versions[package] = "not installed"
     return versions
+
+
+def this_process() -> dict:
+    """The pid and host that meta.json records, so a reader can tell a live run from a dead one."""
+    return {"pid": os.getpid(), "host": socket.gethostname()}
+
+
+def _process_is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def status_of(meta: dict) -> str:
+    """The run's status name; a "running" run whose process (on this host) is gone is "interrupted"."""
+    status = meta.get("status_name", "unknown")
+    if status == "running" and meta.get("host") == socket.gethostname() and isinstance(meta.get("pid"), int) \
+            and not _process_is_alive(meta["pid"]):
+        return "interrupted"
+    return status
+
+
+def check_output_dir(out: Path, flag: str = "--out") -> None:
+    """An output folder must be a folder or not exist yet (ValueError naming it otherwise)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {str(out)!r} is a file, not a folder; choose a folder")
+    for parent in out.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(f"{flag} {str(out)!r}: {str(parent)!r} is a file, not a folder")
 
 
 def new_run_dir(root: Path, name: str) -> Path:
@@ -70,6 +111,10 @@ class Run:
     trajectory: Trajectory
     meta: dict
 
+    @property
+    def status_name(self) -> str:
+        return status_of(self.meta)
+
 
 def load_run(run_dir: Path | str) -> Run:
     """Read config.toml, trajectory.npz and meta.json of a run directory."""
@@ -77,6 +122,9 @@ def load_run(run_dir: Path | str) -> Run:
     missing = [name for name in (CONFIG_FILE, TRAJECTORY_FILE, META_FILE) if not (run_dir / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{run_dir} is not a complete run directory: missing {', '.join(missing)}")
-    config = tomllib.loads((run_dir / CONFIG_FILE).read_text())
-    meta = json.loads((run_dir / META_FILE).read_text())
+    try:
+        config = tomllib.loads((run_dir / CONFIG_FILE).read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise DamagedFileError(run_dir / CONFIG_FILE, f"not valid TOML: {error}", LOST_RUN) from None
+    meta = read_json(run_dir / META_FILE, LOST_RUN)
     return Run(path=run_dir, config=config, trajectory=Trajectory.load(run_dir / TRAJECTORY_FILE), meta=meta)

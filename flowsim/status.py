@@ -17,6 +17,8 @@ class Status(enum.IntEnum):
     STEP_LIMIT = 1
     NON_FINITE = 2
     RUNNING = 3
+    DIVERGED = 4
+    INTERRUPTED = 5
     SOLVER_FAILED = -1
 
     def message(self, where: str = "", *, max_steps: int | None = None, method: str = "the solver", reason: str = "") -> str:
@@ -28,8 +30,20 @@ class Status(enum.IntEnum):
             Status.STEP_LIMIT: f"step limit max_steps = {max_steps} reached{where}",
             Status.NON_FINITE: f"the state became non-finite{where}",
             Status.RUNNING: "running",
+            Status.DIVERGED: f"the iteration blew up{where}" + (f": {reason}" if reason else ""),
+            Status.INTERRUPTED: f"stopped on request{where}",
             Status.SOLVER_FAILED: f"{method} failed{where}" + (f": {reason}" if reason else ""),
         }[self]
+
+    @property
+    def partial(self) -> bool:
+        """A run that stopped early on a sound state: its saved points are valid as far as they go."""
+        return self in (Status.STEP_LIMIT, Status.INTERRUPTED, Status.RUNNING)
+
+    @property
+    def broken(self) -> bool:
+        """A run whose state left the flow (non-finite or diverged): not labelled as a flow."""
+        return self in (Status.NON_FINITE, Status.DIVERGED)
 
     @property
     def label(self) -> str:

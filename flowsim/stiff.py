@@ -274,9 +274,8 @@ def collocation_weights(x: jax.Array) -> jax.Array:
     return jnp.stack([x, x**2, x**3], axis=-1) @ jnp.asarray(P).T
 
 
-def initial_step_size(problem: RadauProblem, y0, f0, loss, t_end, rtol, atol) -> jax.Array:
-    """The first step, as scipy's select_initial_step for a method of order 5 (one more evaluation)."""
-    t0 = jnp.zeros(y0.shape[0])
+def initial_step_size(problem: RadauProblem, t0, y0, f0, loss, t_end, rtol, atol) -> jax.Array:
+    """The first step from t0, as scipy's select_initial_step for a method of order 5 (one more evaluation)."""
     scale = atol + jnp.abs(y0) * rtol
     d0, d1 = _rms(y0 / scale, 1), _rms(f0 / scale, 1)
     h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / jnp.where(d1 > 0, d1, 1.0))
@@ -284,7 +283,7 @@ def initial_step_size(problem: RadauProblem, y0, f0, loss, t_end, rtol, atol) ->
     d2 = _rms((f1 - f0) / scale, 1) / h0
     h1 = jnp.where((d1 <= 1e-15) & (d2 <= 1e-15), jnp.maximum(1e-6, h0 * 1e-3),
                    (0.01 / jnp.maximum(d1, d2)) ** (1 / 6))
-    return jnp.minimum(jnp.minimum(100 * h0, h1), t_end)
+    return jnp.minimum(jnp.minimum(100 * h0, h1), t_end - t0)
 
 
 class NewtonCarry(NamedTuple):
@@ -425,9 +424,9 @@ def init_state(problem: RadauProblem, y0, loss, times, t_end, rtol, atol, rank: 
     """The state at t = 0 (status NON_FINITE where f(0, y0) is not finite), with each
     active member's first eigensystem."""
     batch, size = y0.shape
-    t0 = jnp.zeros(batch)
+    t0 = jnp.full(batch, times[0])  # the first save time is the start
     f0 = problem.field_batch(t0, y0, loss)
-    h = initial_step_size(problem, y0, f0, loss, t_end, rtol, atol)
+    h = initial_step_size(problem, t0, y0, f0, loss, t_end, rtol, atol)
     cdtype = jnp.complex128 if complex_eigensystem else jnp.float64
     nan = jnp.full(batch, jnp.nan)
     zeros = jnp.zeros(batch, dtype=jnp.int32)
@@ -506,10 +505,21 @@ def attempt_step(problem: RadauProblem, state: RadauState, loss, times, t_end, r
     return refresh_eigensystems(problem.eigensystem, state, need, loss)
 
 
-def advance(problem: RadauProblem, state: RadauState, loss, times, t_end, t_stop, rtol, atol, max_attempts) -> RadauState:
-    """Step until every member has stopped or reached ``t_stop``."""
-    keep_going = lambda s: jnp.any((s.status == RUNNING) & (s.t < t_stop))  # noqa: E731
-    return jax.lax.while_loop(keep_going, lambda s: attempt_step(problem, s, loss, times, t_end, rtol, atol, max_attempts), state)
+def advance(problem: RadauProblem, state: RadauState, loss, times, t_end, t_stop, rtol, atol, max_attempts,
+            chunk_attempts) -> RadauState:
+    """Step until every member has stopped or reached ``t_stop``, or ``chunk_attempts`` step
+    attempts have been made in this call (a caller bounds the wall-clock time of one call
+    with it; the steps are the same however the loop is cut)."""
+
+    def keep_going(carry):
+        state, attempts = carry
+        return jnp.any((state.status == RUNNING) & (state.t < t_stop)) & (attempts < chunk_attempts)
+
+    def step(carry):
+        state, attempts = carry
+        return attempt_step(problem, state, loss, times, t_end, rtol, atol, max_attempts), attempts + 1
+
+    return jax.lax.while_loop(keep_going, step, (state, jnp.zeros((), jnp.int32)))[0]
 
 
 # XLA options for the compiled loop. Its matrix products are tiny (n x 3 by 3 x 3, k x n by
@@ -539,7 +549,7 @@ class RadauFunctions(NamedTuple):
 def build_radau(problem: RadauProblem, batch: int, n_save: int, size: int, loss_batch, rank: int,
                 complex_eigensystem: bool) -> RadauFunctions:
     """Compile ``init(y0, loss, times, t_end, rtol, atol)`` and ``advance(state, loss,
-    times, t_end, t_stop, rtol, atol, max_attempts)`` for ``batch`` flows of ``size``
+    times, t_end, t_stop, rtol, atol, max_attempts, chunk_attempts)`` for ``batch`` flows of ``size``
     parameters, saved at ``n_save`` times (ascending; entries after t_end are never
     reached), with eigensystems of ``rank`` (``size`` for a full one). ``loss_batch`` is an
     example batched loss (its shapes)."""
@@ -547,8 +557,8 @@ def build_radau(problem: RadauProblem, batch: int, n_save: int, size: int, loss_
     def init(y0, loss, times, t_end, rtol, atol):
         return init_state(problem, y0, loss, times, t_end, rtol, atol, rank, complex_eigensystem)
 
-    def advance_problem(state, loss, times, t_end, t_stop, rtol, atol, max_attempts):
-        return advance(problem, state, loss, times, t_end, t_stop, rtol, atol, max_attempts)
+    def advance_problem(state, loss, times, t_end, t_stop, rtol, atol, max_attempts, chunk_attempts):
+        return advance(problem, state, loss, times, t_end, t_stop, rtol, atol, max_attempts, chunk_attempts)
 
     started = time.perf_counter()
     y_example = jnp.zeros((batch, size))
@@ -558,5 +568,6 @@ def build_radau(problem: RadauProblem, batch: int, n_save: int, size: int, loss_
     state_example = jax.eval_shape(init, y_example, loss_batch, times_example, scalar, scalar, scalar)
     # The state is donated: each call updates it in place instead of copying the save buffer.
     advance_compiled = _compile(jax.jit(advance_problem, donate_argnums=0).lower(
-        state_example, loss_batch, times_example, scalar, scalar, scalar, scalar, jnp.zeros((), jnp.int32)))
+        state_example, loss_batch, times_example, scalar, scalar, scalar, scalar, jnp.zeros((), jnp.int32),
+        jnp.zeros((), jnp.int32)))
     return RadauFunctions(init_compiled, advance_compiled, time.perf_counter() - started)

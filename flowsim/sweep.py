@@ -2,14 +2,17 @@
 collected into one table and a phase diagram.
 
     OUT/rows/NAME.json    one finished run: its parameters, stage onsets, end of condensation,
-                          cycles, final loss
+                          cycles, final loss, and its full resolved configuration
     OUT/sweep.csv         every finished row, in grid order
     OUT/sweep.json        the grid, the base configuration, versions, and the backend used
     OUT/phase_diagram.png end of condensation and onsets of focus, dilution and restart over
                           the first two grid keys (mean over seeds)
 
 A row is written atomically the moment its run finishes, so an interrupted sweep, run
-again with the same arguments, recomputes only the rows that are missing.
+again with the same arguments, recomputes only the rows that are missing. A row made
+with other settings (its stored configuration differs from the one the arguments give
+now) is never taken over: the sweep refuses to run, naming the keys that differ, unless
+``force_new`` recomputes such rows.
 
 Runs are grouped into chunks of flows of one structure; with ``solver.method =
 "JaxRadau"`` a chunk is integrated as one compiled batch (``solve_flow_batch``), with
@@ -27,7 +30,6 @@ import csv
 import io
 import itertools
 import json
-import math
 import multiprocessing
 import os
 import time
@@ -43,9 +45,9 @@ except ModuleNotFoundError:  # Python 3.10
 
 from flowsim.config import ConfigError, load_config
 from flowsim.experiment import prepare, stages_apply
-from flowsim.io import write_atomic_bytes, write_atomic_json
+from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
 from flowsim.observables import compute_observables
-from flowsim.rundir import library_versions
+from flowsim.rundir import check_output_dir, library_versions
 from flowsim.solvers import solve_flow, solve_flow_batch
 from flowsim.stages import detect_stages
 
@@ -122,23 +124,62 @@ def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: l
         results = [solve_flow(p.flow, p.params0, p.times, method=c.solver.method, rtol=c.solver.rtol, atol=c.solver.atol,
                               max_steps=c.solver.max_steps, lr=c.solver.lr) for p, c in zip(prepared, configs)]
     rows = []
-    for spec, run, result in zip(specs, prepared, results):
+    for spec, config, run, result in zip(specs, configs, prepared, results):
         row = {"name": spec.name, **spec.values, "seed": spec.seed, "status": result.status_name,
-               "final_loss": float(result.trajectory.loss[-1]), **{f"onset_{stage}": math.nan for stage in STAGES},
-               "end_condensation": math.nan,
-               "cycles": None, "n_steps": result.stats.n_steps, "solve_seconds": result.stats.solve_seconds}
+               "final_loss": float(result.trajectory.loss[-1]), **{f"onset_{stage}": None for stage in STAGES},
+               "end_condensation": None,
+               "cycles": None, "n_steps": result.stats.n_steps, "solve_seconds": result.stats.solve_seconds,
+               "config": resolved_settings(config)}
         if stages_apply(run.model) and len(result.trajectory) >= 4:
             # Without the flow: the detectors need no gradient norms.
             report = detect_stages(compute_observables(result.trajectory, run.model, run.chain.pi))
             for stage in STAGES:
                 starts = [interval.t_start for interval in report.of(stage)]
-                row[f"onset_{stage}"] = float(min(starts)) if starts else math.nan
+                row[f"onset_{stage}"] = float(min(starts)) if starts else None
             ends = [interval.t_end for interval in report.of("condensation") if interval.t_end is not None]
-            row["end_condensation"] = float(min(ends)) if ends else math.nan  # condensation starts at once; its end moves
+            row["end_condensation"] = float(min(ends)) if ends else None  # condensation starts at once; its end moves
             row["cycles"] = report.cycles
         write_atomic_json(Path(out) / "rows" / f"{spec.name}.json", row, indent=1)
         rows.append(row)
     return rows
+
+
+def resolved_settings(config) -> dict:
+    """A run's full resolved configuration as plain data (what a row records)."""
+    return tomllib.loads(config.to_toml())
+
+
+def _flat(settings: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def stale_rows(config_path: str | None, base_overrides: tuple[str, ...], specs: list[RunSpec], out: Path) -> dict[str, str]:
+    """The rows already in ``out`` that were made with other settings than ``specs`` give now:
+    {row name: the keys that differ, old -> new}."""
+    stale = {}
+    for spec in specs:
+        path = out / "rows" / f"{spec.name}.json"
+        if not path.is_file():
+            continue
+        try:
+            recorded = read_json(path).get("config")
+        except DamagedFileError:
+            recorded = None
+        if not isinstance(recorded, dict):
+            stale[spec.name] = "the row records no configuration (damaged, or from an older flowsim)"
+            continue
+        old, new = _flat(recorded), _flat(resolved_settings(load_config(config_path, (*base_overrides, *spec.overrides))))
+        differing = sorted(key for key in old.keys() | new.keys() if old.get(key, "(unset)") != new.get(key, "(unset)"))
+        if differing:
+            stale[spec.name] = ", ".join(f"{key}: {old.get(key, '(unset)')!r} -> {new.get(key, '(unset)')!r}"
+                                         for key in differing)
+    return stale
 
 
 def chunk_specs(config_path: str | None, base_overrides: tuple[str, ...], specs: list[RunSpec], batch: int) -> list[list[RunSpec]]:
@@ -210,7 +251,7 @@ def write_table(out: Path, specs: list[RunSpec], grid_keys: Sequence[str]) -> li
     for spec in specs:
         path = out / "rows" / f"{spec.name}.json"
         if path.is_file():
-            rows.append(json.loads(path.read_text()))
+            rows.append(read_json(path))
     columns = ["name", *grid_keys, *[c for c in ROW_COLUMNS if c != "name"]]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
@@ -232,12 +273,14 @@ def run_sweep(
     workers: int = 1,
     scheduler: str | None = None,
     batch: int = 4,
+    force_new: bool = False,
     progress: Callable[[str], None] = lambda message: None,
 ) -> list[dict]:
     """Run every missing row of the sweep and write the table and the phase diagram.
 
     Returns the rows in grid order. Raises ConfigError for a bad grid or configuration
-    (checked on every run before anything is computed).
+    (checked on every run before anything is computed), and for rows in ``out`` made with
+    other settings unless ``force_new`` (then they are computed again).
     """
     from flowsim.plots import plot_sweep_phase_diagram
 
@@ -251,7 +294,16 @@ def run_sweep(
     base = tuple(base_overrides)
     specs = expand_grid(grid, seeds)
     out = Path(out)
-    done = {spec.name for spec in specs if (out / "rows" / f"{spec.name}.json").is_file()}
+    try:
+        check_output_dir(out)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    stale = stale_rows(config_text, base, specs, out)
+    if stale and not force_new:
+        first = next(iter(stale))
+        raise ConfigError(f"--out {str(out)!r} holds {len(stale)} rows made with other settings (e.g. {first}: "
+                          f"{stale[first]}); use a new --out, or --force-new to recompute them")
+    done = {spec.name for spec in specs if (out / "rows" / f"{spec.name}.json").is_file() and spec.name not in stale}
     pending = [spec for spec in specs if spec.name not in done]
     chunks = chunk_specs(config_text, base, pending, batch)  # validates every run's configuration
     meta = {"config": config_text, "overrides": list(base), "grid": grid, "seeds": seeds, "backend": backend,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flowsim.io import write_atomic_npz
+from flowsim.io import DamagedFileError, read_npz, write_atomic_npz
 
 
 @dataclass(frozen=True)
@@ -38,10 +38,11 @@ class Trajectory:
 
     @classmethod
     def load(cls, path: Path) -> "Trajectory":
-        with np.load(Path(path)) as data:
-            arrays = {name: data[name] for name in data.files}
-        missing = {"t", "loss"} - set(arrays)
-        if missing:
-            raise ValueError(f"{path} is not a trajectory: missing arrays {sorted(missing)}")
+        """Read ``trajectory.npz``; a damaged or inconsistent file raises ``DamagedFileError``."""
+        remedy = f"run the flow again (flowsim run {Path(path).parent / 'config.toml'} --out NEW_DIR)"
+        arrays = read_npz(path, required=("t", "loss"), remedy=remedy)
         t, loss = arrays.pop("t"), arrays.pop("loss")
-        return cls(t=t, loss=loss, params=arrays)
+        try:
+            return cls(t=t, loss=loss, params=arrays)
+        except ValueError as error:
+            raise DamagedFileError(path, str(error), remedy) from None

@@ -262,3 +262,29 @@ def test_a_diverging_run_stops_with_a_clear_error_and_keeps_its_last_good_state(
     assert meta["status_name"] == "non_finite"
     state = torch.load(tmp_path / "diverged" / CHECKPOINT_FILE, weights_only=False)["model"]
     assert all(torch.isfinite(value).all() for value in state.values())
+
+
+def test_an_oversized_training_step_is_refused_before_any_data_or_folder(tmp_path, monkeypatch):
+    import flowsim.bridge.train as bridge_train
+    from flowsim.budget import BudgetError
+
+    monkeypatch.setattr(bridge_train, "build_data", lambda config: pytest.fail("the data were built"))
+    with pytest.raises(BudgetError, match=r"data.s = 100000.* over the memory budget.*lower data.s"):
+        train(load_bridge_config(None, ["data.kind='wikitext2'", "data.s=100000"]), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+    small = load_bridge_config(None, ["data.s=16", "data.batch_size=8"])
+    big = load_bridge_config(None, ["data.s=32", "data.batch_size=8"])
+    assert bridge_train.training_memory_bytes(big, 5) > bridge_train.training_memory_bytes(small, 5) > 0
+
+
+def test_compare_on_an_unfinished_bridge_run_says_how_to_resume(tmp_path):
+    from flowsim.bridge.compare import compare_bridge_run
+
+    config = load_bridge_config(None, ["optim.steps=20", "log.n_checkpoints=5", "data.batch_size=16", "data.s=8",
+                                       "log.probe_per_type=4"])
+    train(config, tmp_path / "run", progress=False, stop_at_step=3)
+    meta_path = tmp_path / "run" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "status_name": "running", "pid": 2**22 + 12345}))  # a process long gone
+    with pytest.raises(ValueError, match=r"has not finished \(status 'interrupted'.*resume it with `flowsim bridge train"):
+        compare_bridge_run(tmp_path / "run")

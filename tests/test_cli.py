@@ -46,3 +46,132 @@ def test_cli_stages_labels_a_run_without_observables(tmp_path):
     assert (tmp_path / "run" / "observables.npz").is_file()
     missing = run_cli("stages", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert missing.returncode == 2 and "not a complete run directory" in missing.stderr
+
+
+# ---------------------------------------------------------------------------------
+# Failing loudly and losing nothing
+
+
+def _invoke(*args):
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def _one_error_line(result) -> str:
+    """The command's output is one 'flowsim: error: ...' line and no traceback."""
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("flowsim: error: "), result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    return lines[0]
+
+
+def test_a_diverging_run_exits_1_with_status_diverged_and_no_stage_labels(tmp_path):
+    result = _invoke("run", "--set", "time.t_end=2000", "--set", "solver.method=gradient_descent", "--set", "solver.lr=20",
+                     "--out", str(tmp_path / "run"), "--quiet")
+    assert result.exit_code == 1 and "diverged" in result.output
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["status_name"] == "diverged" and not (tmp_path / "run" / "stages.json").exists()
+    assert "not labelled" in _one_error_line(_invoke("stages", str(tmp_path / "run")))
+
+
+def test_an_oversized_finite_loss_is_refused_in_one_line(tmp_path):
+    line = _one_error_line(_invoke("run", "--set", "loss.kind=finite", "--set", "loss.s=10000", "--out", str(tmp_path / "r")))
+    assert "over the memory budget" in line and "FLOWSIM_MEMORY_BUDGET_GB" in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_out_that_is_a_file_is_refused_by_every_command(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for command in (["run"], ["sweep", "--grid", "chain.lam=[0.3]"], ["bridge", "train"]):
+        assert "is a file, not a folder" in _one_error_line(_invoke(*command, "--out", str(tmp_path / "file")))
+
+
+def test_damaged_run_files_give_one_line_and_exit_2(tmp_path):
+    config = load_config(None, SMALL)
+    execute_run(config, tmp_path / "good", progress=False)
+    whole = (tmp_path / "good" / "trajectory.npz").read_bytes()
+    for damage, content in {"truncated": whole[: len(whole) // 3], "empty": b""}.items():
+        run_dir = tmp_path / damage
+        run_dir.mkdir()
+        for name in ("config.toml", "meta.json", "observables.npz"):  # the cached observables stay: still noticed
+            (run_dir / name).write_bytes((tmp_path / "good" / name).read_bytes())
+        (run_dir / "trajectory.npz").write_bytes(content)
+        for command in ("stages", "compare"):
+            line = _one_error_line(_invoke(command, str(run_dir)))
+            assert "trajectory.npz is damaged" in line and "run the flow again" in line
+    (tmp_path / "good" / "observables.npz").write_bytes(b"")  # a damaged cache is recomputed
+    assert _invoke("stages", str(tmp_path / "good")).exit_code == 0
+    assert (tmp_path / "good" / "observables.npz").stat().st_size > 0
+
+
+def test_a_sweep_resumed_with_other_settings_is_refused(tmp_path):
+    out = str(tmp_path / "sweep")
+    base = ["sweep", "--grid", "chain.lam=[0.3, 0.5]", "--out", out, *[item for s in SMALL for item in ("--set", s)]]
+    assert _invoke(*base).exit_code == 0
+    before = {path.name: path.read_text() for path in (tmp_path / "sweep" / "rows").iterdir()}
+    line = _one_error_line(_invoke(*base, "--set", "time.t_end=40.0"))
+    assert "2 rows made with other settings" in line and "time.t_end: 30.0 -> 40.0" in line
+    assert {path.name: path.read_text() for path in (tmp_path / "sweep" / "rows").iterdir()} == before  # untouched
+    assert _invoke(*base).exit_code == 0  # the same settings resume (nothing to run)
+    assert _invoke(*base, "--set", "time.t_end=40.0", "--force-new").exit_code == 0
+    rows = [json.loads(path.read_text()) for path in (tmp_path / "sweep" / "rows").iterdir()]
+    assert {row["config"]["time"]["t_end"] for row in rows} == {40.0}
+
+
+def test_sweep_help_shows_the_grid_syntax():
+    assert "[v1, v2, ...]" in _invoke("sweep", "--help").output
+
+
+def test_bridge_compare_on_a_flowsim_run_says_what_it_is(tmp_path):
+    execute_run(load_config(None, SMALL), tmp_path / "run", progress=False)
+    line = _one_error_line(_invoke("bridge", "compare", str(tmp_path / "run")))
+    assert "not a `flowsim bridge train` run directory" in line and "flowsim compare" in line
+
+
+def test_sigint_stops_a_run_which_resume_continues_to_the_uninterrupted_state(tmp_path):
+    """A run sent SIGINT mid-solve exits 130 with its points and JaxRadau's state written;
+    --resume then reaches, bit for bit, what an uninterrupted run reaches."""
+    import os
+    import signal
+    import time
+
+    import numpy as np
+
+    from flowsim.experiment import prepare
+    from flowsim.solvers import solve_flow
+
+    sets = ["loss.kind=finite", "loss.s=24", "time.t_end=3000"]
+    arguments = [item for s in sets for item in ("--set", s)]
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, "-m", "flowsim.cli", "run", *arguments, "--out", str(run_dir)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    progress = b""
+    while b"t=0/" not in progress or not progress.rstrip().endswith(b"]"):  # the bar is up: the solve has begun
+        chunk = os.read(process.stderr.fileno(), 4096)
+        assert chunk, f"the run ended before solving: {progress.decode(errors='replace')}"
+        progress += chunk
+    time.sleep(1.0)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)  # stops within one chunk, not at the end of the run
+    assert process.returncode == 130, stderr.decode()
+    assert f"flowsim run --resume {run_dir}" in stderr.decode() and b"Traceback" not in stderr
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["status_name"] == "interrupted" and 0 < meta["t_reached"] < 3000
+    assert (run_dir / "solver_state.npz").is_file()
+    stages = run_cli("stages", str(run_dir), cwd=tmp_path)
+    assert stages.returncode == 0 and "partial run: status interrupted" in stages.stdout
+
+    resumed = run_cli("run", "--resume", str(run_dir), "--quiet", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "finished" in resumed.stdout and "steps differ" not in resumed.stderr
+    assert json.loads((run_dir / "meta.json").read_text())["status_name"] == "finished"
+    assert not (run_dir / "solver_state.npz").exists()
+    prepared = prepare(load_config(None, sets))
+    whole = solve_flow(prepared.flow, prepared.params0, prepared.times)
+    with np.load(run_dir / "trajectory.npz") as saved:
+        for name, values in whole.trajectory.params.items():
+            np.testing.assert_array_equal(saved[name], values)

@@ -31,3 +31,44 @@ def test_an_interrupted_write_keeps_the_previous_version(tmp_path, monkeypatch):
         atomic.write_atomic_text(path, "new\n")
     assert path.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["meta.json"]  # the temporary file is removed
+
+
+def test_json_is_strict_nan_and_infinities_become_null(tmp_path):
+    path = tmp_path / "row.json"
+    atomic.write_atomic_json(path, {"a": float("nan"), "b": [np.inf, 1.5], "c": np.float32(2.0), "d": np.arange(2)})
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    # a strict parser (no NaN constants) reads it back
+    assert json.loads(text, parse_constant=lambda name: pytest.fail(f"non-strict constant {name}")) == \
+        {"a": None, "b": [None, 1.5], "c": 2.0, "d": [0, 1]}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "not_npz", "missing_array"])
+def test_a_damaged_npz_raises_one_error_naming_the_file(tmp_path, damage):
+    path = tmp_path / "trajectory.npz"
+    atomic.write_atomic_npz(path, {"t": np.arange(1000.0), "loss": np.ones(1000)})
+    whole = path.read_bytes()
+    content = {"truncated": whole[: len(whole) // 2], "empty": b"", "not_npz": b"hello",
+               "missing_array": None}[damage]
+    if content is None:
+        atomic.write_atomic_npz(path, {"t": np.arange(3.0)})
+    else:
+        path.write_bytes(content)
+    with pytest.raises(atomic.DamagedFileError) as error:
+        atomic.read_npz(path, required=("t", "loss"), remedy="do this")
+    assert str(path) in str(error.value) and str(error.value).endswith("do this") and "\n" not in str(error.value)
+
+
+def test_a_damaged_json_file_raises_one_error(tmp_path):
+    path = tmp_path / "meta.json"
+    path.write_text('{"status_na')
+    with pytest.raises(atomic.DamagedFileError, match="meta.json is damaged"):
+        atomic.read_json(path)
+
+
+def test_file_digest_changes_with_any_byte(tmp_path):
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"abc" * 1000)
+    first = atomic.file_digest(path)
+    path.write_bytes(b"abc" * 999 + b"abd")
+    assert atomic.file_digest(path) != first and len(first) == 64

@@ -247,3 +247,28 @@ def _largest_product_flops(jaxpr) -> int:
                 if inner_jaxpr is not None:
                     largest = max(largest, _largest_product_flops(inner_jaxpr))
     return largest
+
+
+def test_the_finite_loss_size_bounds_the_dynamic_programme_s_support(paper_chain):
+    from math import comb
+
+    from flowsim.losses import context_count_law, finite_loss_states
+
+    for s in (1, 3, 6):
+        law = context_count_law(paper_chain, s)  # dense chain: every state with c[x_s] >= 1 occurs
+        assert len(law.probability) == 4 * comb(s + 2, 3) <= finite_loss_states(4, s)
+
+
+def test_an_oversized_finite_loss_is_refused_before_any_allocation(paper_chain, paper_model, monkeypatch):
+    import flowsim.losses as losses
+    from flowsim.budget import BudgetError
+
+    def never(*args, **kwargs):
+        raise AssertionError("the count law was computed")
+
+    monkeypatch.setattr(losses, "context_count_law", never)
+    monkeypatch.setattr(losses.MarkovChain, "sample", never)
+    with pytest.raises(BudgetError, match=r"loss.kind = 'finite' with s = 10000, d = 4 .* over the memory budget"):
+        losses.make_loss_function(paper_model, paper_chain, "finite", 10_000)
+    with pytest.raises(BudgetError, match="monte_carlo"):
+        losses.make_loss_function(paper_model, paper_chain, "monte_carlo", 10_000, mc_samples=10**9)

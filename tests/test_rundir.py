@@ -40,3 +40,31 @@ def test_versions_name_the_numerical_libraries():
     versions = library_versions()
     assert {"python", "flowsim", "jax", "jaxlib", "diffrax", "scipy", "numpy"} <= set(versions)
     assert versions["numpy"] == np.__version__
+
+
+def test_a_running_status_whose_process_is_gone_reads_as_interrupted():
+    import subprocess
+    import sys
+
+    from flowsim.rundir import status_of, this_process
+
+    alive = {"status_name": "running", **this_process()}
+    assert status_of(alive) == "running"
+    finished_child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = {**alive, "pid": int(finished_child.stdout)}
+    assert status_of(dead) == "interrupted"
+    assert status_of({**dead, "host": "another-host"}) == "running"  # another host's process cannot be checked
+    assert status_of({**dead, "status_name": "finished"}) == "finished"
+
+
+def test_an_output_folder_must_not_be_a_file(tmp_path):
+    import pytest
+
+    from flowsim.rundir import check_output_dir
+
+    (tmp_path / "file").write_text("x")
+    check_output_dir(tmp_path / "new" / "folder")
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        check_output_dir(tmp_path / "file")
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        check_output_dir(tmp_path / "file" / "below")

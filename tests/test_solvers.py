@@ -119,3 +119,66 @@ def test_checkpoints_are_prefixes_of_the_final_trajectory(default_flow, method):
         n = len(partial.trajectory)
         np.testing.assert_array_equal(partial.trajectory.t, result.trajectory.t[:n])
         np.testing.assert_array_equal(partial.trajectory.params["W0"], result.trajectory.params["W0"][:n])
+
+
+def _stop_after(calls: int):
+    """A stop request that turns true on its ``calls``-th poll (as a signal arriving mid-run would)."""
+    polls = []
+
+    def should_stop():
+        polls.append(None)
+        return len(polls) >= calls
+
+    return should_stop
+
+
+def _same_trajectory(a, b) -> bool:
+    return np.array_equal(a.t, b.t) and all(np.array_equal(a.params[name], b.params[name]) for name in a.params)
+
+
+def test_jaxradau_in_chunks_takes_the_uninterrupted_steps(default_flow, monkeypatch):
+    import flowsim.solvers as solvers
+
+    flow, params0 = default_flow
+    times = np.linspace(0.0, 400.0, 41)
+    whole = solve_flow(flow, params0, times)
+    monkeypatch.setattr(solvers, "RADAU_CHUNK_SECONDS", 1e-4)  # a chunk of one or two attempts
+    polls = []
+    chunked = solve_flow(flow, params0, times, should_stop=lambda: polls.append(None) or False)
+    assert len(polls) > 20 and chunked.success
+    assert _same_trajectory(chunked.trajectory, whole.trajectory) and chunked.stats.n_steps == whole.stats.n_steps
+
+
+@pytest.mark.parametrize("method", ["JaxRadau", "gradient_descent", "LSODA", "Tsit5"])
+def test_an_interrupted_solve_resumes_to_the_uninterrupted_result(default_flow, method, monkeypatch):
+    import flowsim.solvers as solvers
+    from flowsim.solvers import ResumePoint
+
+    flow, params0 = default_flow
+    monkeypatch.setattr(solvers, "RADAU_CHUNK_SECONDS", 1e-4)
+    times = np.linspace(0.0, 100.0, 41)
+    options = {"method": method, "lr": 0.5, "rtol": None if method == "JaxRadau" else 1e-8}
+    whole = solve_flow(flow, params0, times, **options)
+    # polled once per step (per chunk of about one attempt for JaxRadau), once per save for gradient descent
+    polls = len(times) // 2 if method == "gradient_descent" else whole.stats.n_steps // 2
+    part = solve_flow(flow, params0, times, should_stop=_stop_after(polls), **options)
+    assert part.status == Status.INTERRUPTED and "stopped on request" in part.message
+    assert 1 < len(part.trajectory) < len(whole.trajectory)
+    assert (part.radau_state is not None) == (method == "JaxRadau")
+    resume = ResumePoint(part.trajectory.t, flow.flatten_batch(part.trajectory.params), part.radau_state)
+    resumed = solve_flow(flow, params0, times, resume=resume, **options)
+    assert resumed.success and resume.is_exact(method) == (method in ("JaxRadau", "gradient_descent"))
+    np.testing.assert_array_equal(resumed.trajectory.t, whole.trajectory.t)
+    if resume.is_exact(method):
+        assert _same_trajectory(resumed.trajectory, whole.trajectory)
+    else:  # a fresh start at the last saved point: the same flow, other steps
+        for name in whole.trajectory.params:
+            np.testing.assert_allclose(resumed.trajectory.params[name], whole.trajectory.params[name], atol=1e-6)
+
+
+def test_a_diverging_gradient_descent_stops_with_status_diverged(default_flow):
+    flow, params0 = default_flow
+    result = solve_flow(flow, params0, np.linspace(0.0, 2000.0, 101), method="gradient_descent", lr=20.0)
+    assert result.status == Status.DIVERGED and not result.success and "lower solver.lr" in result.message
+    loss = result.trajectory.loss
+    assert np.all(np.isfinite(loss)) and loss.max() <= 1e3 * loss[0] and result.t_reached < 2000.0

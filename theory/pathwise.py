@@ -47,7 +47,7 @@ from flowsim.flow import GradientFlow
 from flowsim.losses import expected_cross_entropy
 from flowsim.models import Params, TwoLayerTransformer
 from flowsim.rundir import CONFIG_FILE, load_run
-from flowsim.io import write_atomic_npz
+from flowsim.io import REMEDY, DamagedFileError, read_npz, write_atomic_npz
 from flowsim.trajectory import Trajectory
 
 UPPER_QUERY, UPPER_KEY = "W_Q2", "W_K2"
@@ -291,8 +291,11 @@ def pathwise_of_run(run_dir: Path) -> PathwiseFactors:
     """The factors of a two-layer run directory: read pathwise.npz, or compute and save it."""
     run_dir = Path(run_dir)
     if (run_dir / PATHWISE_NPZ).is_file():
-        with np.load(run_dir / PATHWISE_NPZ) as data:
-            return PathwiseFactors(**{name: data[name] for name in data.files})
+        arrays = read_npz(run_dir / PATHWISE_NPZ)
+        try:
+            return PathwiseFactors(**arrays)
+        except TypeError as error:
+            raise DamagedFileError(run_dir / PATHWISE_NPZ, str(error), REMEDY) from None
     config = load_config(run_dir / CONFIG_FILE)
     prepared = prepare(config)
     try:

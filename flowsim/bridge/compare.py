@@ -25,12 +25,12 @@ from flowsim.bridge.config import BridgeConfig, load_bridge_config
 from flowsim.bridge.data import markov_surrogate
 from flowsim.bridge.models import torch_model_for
 from flowsim.bridge.observables import checkpoint_observables, stack_observables
-from flowsim.bridge.train import build_data, type_names
+from flowsim.bridge.train import CHECKPOINT_FILE, build_data, type_names
 from flowsim.config import ConfigError, resolve_config
 from flowsim.experiment import prepare
-from flowsim.io import write_atomic_json
-from flowsim.observables import Observables, compute_observables
-from flowsim.rundir import CONFIG_FILE, TRAJECTORY_FILE
+from flowsim.io import read_json, write_atomic_json
+from flowsim.observables import OBSERVABLES_NPZ, Observables, compute_observables
+from flowsim.rundir import CONFIG_FILE, META_FILE, TRAJECTORY_FILE, status_of
 from flowsim.solvers import solve_flow
 from flowsim.stages import StageReport, detect_stages, subject_label
 from flowsim.trajectory import Trajectory
@@ -108,9 +108,25 @@ def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress
                          "surrogate_pi": surrogate.pi.tolist(), "status": result.status_name}
 
 
+def check_bridge_run(run_dir: Path) -> None:
+    """A finished (or deliberately stopped) bridge run directory, or a ValueError saying what it is instead."""
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run directory: it has no {CONFIG_FILE}")
+    if not (run_dir / CHECKPOINT_FILE).is_file():
+        hint = "; for a `flowsim run` directory use `flowsim compare`" if (run_dir / TRAJECTORY_FILE).is_file() else ""
+        raise ValueError(f"{run_dir} is not a `flowsim bridge train` run directory (no {CHECKPOINT_FILE}){hint}")
+    meta = read_json(run_dir / META_FILE) if (run_dir / META_FILE).is_file() else {}
+    status = status_of(meta)
+    if status not in ("finished", "stopped") or not (run_dir / OBSERVABLES_NPZ).is_file():
+        raise ValueError(f"the bridge run in {run_dir} has not finished (status {status!r}, step "
+                         f"{meta.get('steps_done', '?')} of {meta.get('steps', '?')}): resume it with "
+                         f"`flowsim bridge train {run_dir / CONFIG_FILE} --out {run_dir}`")
+
+
 def compare_bridge_run(run_dir: Path, progress: bool = False) -> tuple[list[EventRow], float | None, dict]:
     """Rows of predicted (ODE) vs measured (run) stage times; writes compare.json in ``run_dir``."""
     run_dir = Path(run_dir)
+    check_bridge_run(run_dir)
     config = load_bridge_config(run_dir / CONFIG_FILE)
     if config.model.kind != "one_layer":
         raise ConfigError(f"bridge compare labels stages of the one-layer model; this run has model.kind = {config.model.kind!r}")

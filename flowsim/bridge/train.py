@@ -20,6 +20,7 @@ import csv
 import datetime as _dt
 import io
 import math
+import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,13 +42,16 @@ from flowsim.bridge.observables import (
 from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer
 from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError
-from flowsim.io import write_atomic_bytes
+from flowsim.budget import check_memory
+from flowsim.experiment import MEASURED
+from flowsim.io import DamagedFileError, write_atomic_bytes
 from flowsim.models import model_from_config
 from flowsim.rundir import (
     CONFIG_FILE,
     SUMMARY_FIGURE,
     TRAJECTORY_FILE,
     library_versions,
+    this_process,
     write_config,
     write_meta,
 )
@@ -147,6 +151,31 @@ def batch_loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(model(tokens[:, :-1]), tokens[:, -1])
 
 
+def training_memory_bytes(config: BridgeConfig, vocab_size: int) -> float:
+    """A rough peak of one training step: the activations of the forward pass, kept for the
+    backward (x3), plus the validation batches held on the device. Per sequence of length s:
+    one-layer s (m + k + 2) + V, two-layer s (6m + f) + 2 s² + V, GPT layers·(16 s d_model +
+    2 heads s²) + 2 s V numbers."""
+    m, data = config.model, config.data
+    s, batch = data.s, data.batch_size
+    if m.kind == "gpt":
+        per_sequence = m.n_layer * (16 * s * m.d_model + 2 * m.n_head * s * s) + 2 * s * vocab_size
+    elif m.kind == "two_layer":
+        per_sequence = s * (6 * m.m + m.ffn_width) + 2 * s * s + vocab_size
+    else:
+        per_sequence = s * (m.m + m.k + 2) + vocab_size
+    item = 8 if config.dtype == "float64" else 4
+    return 3.0 * item * batch * per_sequence + 8.0 * config.log.val_batches * batch * (s + 1)
+
+
+def check_training_size(config: BridgeConfig, vocab_size: int) -> None:
+    """Refuse a run whose training step would not fit the memory budget (``flowsim.budget``)."""
+    check_memory(training_memory_bytes(config, vocab_size),
+                 f"a training step of model.kind = {config.model.kind!r} with data.s = {config.data.s}, "
+                 f"data.batch_size = {config.data.batch_size} and {vocab_size} tokens",
+                 "lower data.s, data.batch_size or data.vocab_size")
+
+
 def _save_torch_atomic(path: Path, state: dict) -> None:
     buffer = io.BytesIO()
     torch.save(state, buffer)
@@ -165,7 +194,10 @@ def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at
     """Train (or resume) the configured run in ``run_dir``; ``stop_at_step`` stops early
     with everything saved, as an interrupted run would be (resume by calling again)."""
     device = select_device(config.data.device)  # settings are checked before anything is written
+    if config.data.kind != "markov":
+        check_training_size(config, config.data.vocab_size + 1)  # before the corpus is read
     data = build_data(config)
+    check_training_size(config, data.vocab_size)
     run_dir = Path(run_dir)
     toml_text = config.to_toml()
     if (run_dir / CONFIG_FILE).is_file() and (run_dir / CONFIG_FILE).read_text() != toml_text:
@@ -193,7 +225,11 @@ def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at
     params: list[dict] = []
     step = 0
     if (run_dir / CHECKPOINT_FILE).is_file():
-        state = torch.load(run_dir / CHECKPOINT_FILE, map_location=device, weights_only=False)
+        try:
+            state = torch.load(run_dir / CHECKPOINT_FILE, map_location=device, weights_only=False)
+        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as error:
+            raise DamagedFileError(run_dir / CHECKPOINT_FILE, f"{type(error).__name__}: {error}",
+                                   "delete it to train this run from the start") from None
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -202,7 +238,7 @@ def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at
     paper_model = not isinstance(model, GPT)
     autocast = device.type == "cuda" and isinstance(model, GPT)
     meta = {"status_name": "running", "started": _dt.datetime.now().isoformat(timespec="seconds"), "seed": config.data.seed,
-            "device": str(device), "versions": {**library_versions(), "torch": torch.__version__}}
+            "device": str(device), "versions": {**library_versions(), "torch": torch.__version__}, **this_process()}
 
     def evaluate() -> float:
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
@@ -282,6 +318,7 @@ def write_outputs(run_dir: Path, config: BridgeConfig, data: DataSource, pi: np.
     t = np.array([entry["t"] for entry in log])
     observables = stack_observables(t, rows, pi)
     observables.constants["type_names"] = np.array(type_names(data))
+    observables.constants[MEASURED] = np.array("torch")  # measurements, not a cache of trajectory.npz
     observables.save(run_dir)
     if params:
         loss = np.array([entry["val_loss"] for entry in log])
