@@ -235,7 +235,15 @@ _RADAU_COMPILED: dict[tuple, stiff.RadauFunctions] = {}
 RADAU_FIRST_CHUNK = 8  # step attempts in the first call of the compiled loop, when chunked
 RADAU_CHUNK_SECONDS = 0.5  # later chunks are sized to about this wall-clock time
 SEQUENTIAL_STAGES_FROM_SIZE = 16_384  # larger flows evaluate the three Radau stages one by one (MEASUREMENTS.md)
-STIFF_RANK = 8  # eigenpairs of the Jacobian JaxRadau keeps: the stiff directions (benchmarks/MEASUREMENTS.md)
+# Eigenpairs of the Jacobian JaxRadau keeps (its stiff directions), by flow size: 8 at the
+# paper's sizes, 32 from n = 1024, where 8 leaves stiff directions outside the subspace and
+# the Newton iteration fails (benchmarks/MEASUREMENTS.md).
+STIFF_RANKS = ((0, 8), (1024, 32))
+
+
+def stiff_rank(size: int) -> int:
+    """The number of eigenpairs JaxRadau keeps for a flow of ``size`` parameters (STIFF_RANKS)."""
+    return max(rank for threshold, rank in STIFF_RANKS if size >= threshold)
 
 
 def _save_slots(n_times: int) -> int:
@@ -245,7 +253,8 @@ def _save_slots(n_times: int) -> int:
 
 def _radau_functions(flow: GradientFlow, batch: int, n_save: int, loss_batch) -> tuple[stiff.RadauFunctions, float]:
     """The compiled integrator for this structure (built on first use) and the seconds spent compiling now."""
-    key = (flow.structure_key, batch, n_save, STIFF_RANK)
+    rank = stiff_rank(flow.size)
+    key = (flow.structure_key, batch, n_save, rank)
     if key in _RADAU_COMPILED:
         return _RADAU_COMPILED[key], 0.0
     # Pure functions of one member with the (static) structure bound: no flow object is captured.
@@ -253,13 +262,12 @@ def _radau_functions(flow: GradientFlow, batch: int, n_save: int, loss_batch) ->
     bind = lambda function: functools.partial(function, structure)  # noqa: E731
     if not flow.eigensystem_is_real:
         eigensystem, rank = stiff.general_eigensystem(bind(flow_functions.jacobian)), flow.size
-    elif flow.size <= STIFF_RANK:
+    elif flow.size <= rank:
         eigensystem = stiff.symmetric_eigensystem(bind(flow_functions.rate_vector), bind(flow_functions.loss_hessian))
         rank = flow.size
     else:
         eigensystem = stiff.low_rank_eigensystem(bind(flow_functions.rate_vector), bind(flow_functions.loss_gradient),
-                                                 flow.size, STIFF_RANK)
-        rank = STIFF_RANK
+                                                 flow.size, rank)
     problem = stiff.RadauProblem(bind(flow_functions.vector_field), eigensystem, flow.rates.kinks,
                                  sequential_stages=flow.size >= SEQUENTIAL_STAGES_FROM_SIZE)
     functions = stiff.build_radau(problem, batch, n_save, flow.size, loss_batch, rank,

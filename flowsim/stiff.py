@@ -29,7 +29,7 @@ takes exactly the steps it takes alone; a Jacobian is recomputed only for the me
 that need one. Member status is ``flowsim.status.Status``.
 
 Cost per Newton iteration: three vector-field evaluations and O(n k) for the solve,
-with k the rank of the eigensystem kept (n for a full one, ``STIFF_RANK`` otherwise).
+with k the rank of the eigensystem kept (n for a full one, ``solvers.stiff_rank(n)`` otherwise).
 """
 
 from __future__ import annotations

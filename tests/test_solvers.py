@@ -182,3 +182,22 @@ def test_a_diverging_gradient_descent_stops_with_status_diverged(default_flow):
     assert result.status == Status.DIVERGED and not result.success and "lower solver.lr" in result.message
     loss = result.trajectory.loss
     assert np.all(np.isfinite(loss)) and loss.max() <= 1e3 * loss[0] and result.t_reached < 2000.0
+
+
+@pytest.mark.slow
+def test_the_stiff_subspace_grows_with_the_flow_so_a_sixteen_token_flow_finishes():
+    """d = 16, m = k = 16 (n = 1024), Zipf π, to t = 6000: with 8 eigenpairs most stiff
+    directions lay outside the subspace (step limit after 20000 attempts at t = 4633); with
+    the size-dependent rank the run finishes in under 2000 attempts and descends."""
+    from flowsim.config import resolve_config
+    from flowsim.experiment import prepare
+    from flowsim.solvers import stiff_rank
+
+    pi = 1.0 / np.arange(1, 17)
+    config = resolve_config({"chain": {"pi": (pi / pi.sum()).tolist(), "lam": 0.5}, "model": {"m": 16, "k": 16},
+                             "time": {"t_end": 6000.0, "n_linear": 31, "n_log": 20}})
+    prepared = prepare(config)
+    assert prepared.flow.size == 1024 and stiff_rank(prepared.flow.size) > 8 == stiff_rank(832)
+    result = solve_flow(prepared.flow, prepared.params0, prepared.times, max_steps=2000)
+    assert result.success, result.message
+    assert np.all(np.diff(result.trajectory.loss) <= 1e-9) and result.trajectory.loss[-1] < 0.7 * result.trajectory.loss[0]
