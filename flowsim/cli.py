@@ -218,6 +218,9 @@ def bridge_train(
     set_: List[str] = typer.Option([], "--set", help="Override a key: section.key=TOML-literal (repeatable)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory; an existing one with the same config resumes."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    check_flow_regime: bool = typer.Option(False, "--check-flow-regime",
+                                           help="Also train at lr/2 for twice the steps and compare on the t = lr x steps clock "
+                                                "(OUT/lr, OUT/lr_half, OUT/regime.json); exit 1 outside the flow regime."),
 ) -> None:
     """Train a torch model (seeded, resumable) and write a run directory flowsim can label."""
     from flowsim.config import ConfigError
@@ -233,9 +236,20 @@ def bridge_train(
         if out is not None:
             check_output_dir(out)
         run_dir = out if out is not None else new_run_dir(Path("runs"), f"bridge-{config.stem if config else 'markov'}")
-        result = train(resolved, run_dir, progress=not quiet)
+        if check_flow_regime:
+            from flowsim.bridge.regime import REGIME_JSON, check_flow_regime as check
+
+            report = check(resolved, run_dir, progress=not quiet)
+        else:
+            result = train(resolved, run_dir, progress=not quiet)
     except (ConfigError, ImportError, FileNotFoundError, FloatingPointError, ValueError) as error:
         _fail(str(error))
+    if check_flow_regime:
+        typer.echo(report.table())
+        typer.echo(f"written: {run_dir / REGIME_JSON}")
+        if not report.in_flow_regime:
+            raise typer.Exit(code=1)
+        return
     if (run_dir / "stages.txt").is_file():
         typer.echo((run_dir / "stages.txt").read_text().rstrip())
     last = result.log[-1]

@@ -247,10 +247,26 @@ def test_short_text_run_trains_is_labelled_and_meets_its_surrogate(tmp_path, cor
     report = label_run(tmp_path / corpus)
     assert report.of("condensation")
     rows, agreement, description = compare_bridge_run(tmp_path / corpus)
-    assert "surrogate" in description["ode"] and len(description["surrogate_pi"]) == 5
+    assert "all 101 tokens" in description["ode"] and description["surrogate_d"] == 101  # nothing folded
     condensation = [row for row in rows if row.stage == "condensation"]
     assert condensation and condensation[0].predicted is not None and condensation[0].measured is not None
+    order = description["focus_order"]
+    assert [row["token"] for row in order["tokens"]][:4] == list(observables.constants["type_names"][:4])
     assert (tmp_path / corpus / "compare.json").is_file()
+
+    # the ODE starts from the run's own initial parameters: a run with another start predicts otherwise
+    import shutil
+
+    other = tmp_path / f"{corpus}-other-start"
+    shutil.copytree(tmp_path / corpus, other)
+    with np.load(other / "trajectory.npz") as saved:
+        arrays = {name: saved[name] for name in saved.files}
+    for name in ("W0", "W1"):
+        arrays[name] = arrays[name].copy()
+        arrays[name][0] *= 3.0
+    np.savez(other / "trajectory.npz", **arrays)
+    moved = {row.stage: row.predicted for row in compare_bridge_run(other)[0] if row.stage == "condensation"}
+    assert moved["condensation"] < 0.9 * condensation[0].predicted  # a larger start condenses sooner
 
 
 def test_a_diverging_run_stops_with_a_clear_error_and_keeps_its_last_good_state(tmp_path):
@@ -288,3 +304,26 @@ def test_compare_on_an_unfinished_bridge_run_says_how_to_resume(tmp_path):
     meta_path.write_text(json.dumps({**meta, "status_name": "running", "pid": 2**22 + 12345}))  # a process long gone
     with pytest.raises(ValueError, match=r"has not finished \(status 'interrupted'.*resume it with `flowsim bridge train"):
         compare_bridge_run(tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_the_flow_regime_check_tells_a_small_learning_rate_from_a_large_one(tmp_path):
+    """Halving lr (twice the steps) leaves a small-lr run unchanged on the t clock and moves a large-lr one."""
+    from typer.testing import CliRunner
+
+    from flowsim.bridge.regime import check_flow_regime, halved_learning_rate
+    from flowsim.cli import app
+
+    base = ["data.batch_size=1024", "data.s=16", "log.n_checkpoints=30", "log.probe_per_type=16"]
+    small = load_bridge_config(None, [*base, "optim.lr=0.25", "optim.steps=600"])  # t = 150: condensation and focus
+    twin = halved_learning_rate(small)
+    assert (twin.optim.lr, twin.optim.steps, twin.data) == (0.125, 1200, small.data)
+    report = check_flow_regime(small, tmp_path / "small", progress=False)
+    assert report.in_flow_regime, report.table()
+    assert {row.series.split("[")[0] for row in report.rows} == {"loss", "attention_entropy", "sv_W0"}
+    large = [*base, "optim.lr=5.0", "optim.steps=30"]  # the same horizon in 30 steps
+    result = CliRunner().invoke(app, ["bridge", "train", "--check-flow-regime", "--quiet", "--out", str(tmp_path / "large"),
+                                      *[item for s in large for item in ("--set", s)]])
+    assert result.exit_code == 1 and "NOT in the flow regime" in result.output, result.output
+    saved = json.loads((tmp_path / "large" / "regime.json").read_text())
+    assert saved["in_flow_regime"] is False and saved["worst"]["deviation"] > 0.05

@@ -4,9 +4,11 @@
   finite-s loss for the run's context length s; its observables are measured with the
   run's own probe set (the ODE parameters loaded into the torch model), so both sides
   are read by identical code.
-* Text: a Markov surrogate, the bigram chain of the training tokens folded to the
-  run's top-d tokens plus "other" (``flowsim.bridge.data.markov_surrogate``), integrated
-  with the mean-field loss from flowsim's seeded initialisation at the run's ε.
+* Text: a Markov surrogate, the bigram chain of the training split over the run's whole
+  vocabulary (``text_surrogate``: d = vocab_size + 1, additive smoothing
+  ``compare.smoothing``), with the mean-field loss, from the run's own initial parameters
+  and measured with the run's probe set as well; folding into tracked types and "other"
+  is only how both sides are displayed.
 
 Both sides are labelled by flowsim's detectors. Each stage event (stage, query or
 direction, occurrence) is a row with the ODE's onset, the run's and the relative error
@@ -22,14 +24,16 @@ from pathlib import Path
 import numpy as np
 
 from flowsim.bridge.config import BridgeConfig, load_bridge_config
-from flowsim.bridge.data import markov_surrogate
 from flowsim.bridge.models import torch_model_for
 from flowsim.bridge.observables import checkpoint_observables, stack_observables
-from flowsim.bridge.train import CHECKPOINT_FILE, build_data, type_names
-from flowsim.config import ConfigError, resolve_config
-from flowsim.experiment import prepare
+from flowsim.bridge.train import CHECKPOINT_FILE, DataSource, build_data, type_names
+from flowsim.chains import MarkovChain
+from flowsim.config import ConfigError
+from flowsim.flow import GradientFlow
 from flowsim.io import read_json, write_atomic_json
-from flowsim.observables import OBSERVABLES_NPZ, Observables, compute_observables
+from flowsim.losses import make_loss_function
+from flowsim.models import model_from_config
+from flowsim.observables import OBSERVABLES_NPZ, Observables
 from flowsim.rundir import CONFIG_FILE, META_FILE, TRAJECTORY_FILE, status_of
 from flowsim.solvers import solve_flow
 from flowsim.stages import StageReport, detect_stages, subject_label
@@ -75,37 +79,64 @@ def order_agreement(predicted: dict[tuple, float], measured: dict[tuple, float])
     return float(same / len(pairs))
 
 
+def text_surrogate(config: BridgeConfig, data: DataSource) -> MarkovChain:
+    """The bigram chain of the training split over the run's whole vocabulary (d = vocab_size
+    + 1, <unk> included, nothing folded): P[i, j] = (c_ij + α) / Σ_j' (c_ij' + α) with α =
+    compare.smoothing, π its stationary law. O(d²) to build, O(d³) for π."""
+    ids, d = data.corpus.train, data.vocab_size
+    counts = np.bincount(ids[:-1] * d + ids[1:], minlength=d * d).reshape(d, d).astype(float)
+    return MarkovChain.from_counts(counts, config.compare.smoothing)
+
+
 def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress: bool = False) -> tuple[Observables, dict]:
-    """Integrate the ODE beside the run and return its observables and a description."""
+    """Integrate the ODE beside the run, from the run's own initial parameters, and measure
+    it with the run's probe set (the ODE's parameters loaded into the torch twin), so both
+    sides are read by identical code. Returns its observables and a description."""
     data = build_data(config)
-    method = config.compare.method or ("Tsit5" if data.chain is not None else "LSODA")
-    solver = {"method": method, "rtol": config.compare.rtol, "atol": config.compare.atol}
-    model_keys = config.model.flowsim_keys()
+    method = config.compare.method or ("Tsit5" if data.chain is not None else "JaxRadau")
+    model = model_from_config(config.model, data.vocab_size)
     if data.chain is not None:
-        chain = config.chain.model_dump(exclude_none=True)
-        ode_config = resolve_config({"chain": chain, "model": model_keys, "loss": {"kind": "finite", "s": config.data.s},
-                                     "init": {"eps": config.model.init_eps, "seed": config.data.seed}, "solver": solver})
-        prepared = prepare(ode_config)
-        params0 = Trajectory.load(run_dir / TRAJECTORY_FILE).at(0)  # the run's own start
-        result = solve_flow(prepared.flow, params0, t, method=solver["method"], rtol=solver["rtol"], atol=solver["atol"], progress=progress)
-        twin = torch_model_for(prepared.model)
-        probe = data.probe_set()
-        rows = []
-        for i in range(len(result.trajectory)):
-            row = checkpoint_observables(twin.load_flowsim_params(result.trajectory.at(i)), probe, data.frequencies)
-            row["loss"] = row["val_loss"] = np.asarray(result.trajectory.loss[i])
-            rows.append(row)
-        observables = stack_observables(result.trajectory.t, rows, probe.pi)
-        return observables, {"ode": f"finite-s exact loss, s = {config.data.s}, from the run's initial parameters",
-                             "status": result.status_name}
-    surrogate = markov_surrogate(data.corpus.train, data.fold())
-    ode_config = resolve_config({"chain": {"P": surrogate.P.tolist()}, "model": model_keys, "loss": {"kind": "mean_field"},
-                                 "init": {"eps": config.model.init_eps, "seed": config.data.seed}, "solver": solver})
-    prepared = prepare(ode_config)
-    result = solve_flow(prepared.flow, prepared.params0, t, method=solver["method"], rtol=solver["rtol"], atol=solver["atol"], progress=progress)
-    observables = compute_observables(result.trajectory, prepared.model, prepared.chain.pi)
-    return observables, {"ode": f"mean-field loss on the Markov surrogate over {surrogate.d} folded types",
-                         "surrogate_pi": surrogate.pi.tolist(), "status": result.status_name}
+        chain, loss_kind = data.chain, "finite"
+        ode = f"finite-s exact loss, s = {config.data.s}, from the run's initial parameters"
+        extra = {}
+    else:
+        chain, loss_kind = text_surrogate(config, data), "mean_field"
+        ode = (f"mean-field loss on the bigram chain of the training split over all {chain.d} tokens "
+               f"(additive smoothing {config.compare.smoothing:g}), from the run's initial parameters")
+        extra = {"smoothing": config.compare.smoothing, "surrogate_d": chain.d}
+    params0 = Trajectory.load(run_dir / TRAJECTORY_FILE).at(0)  # the run's own start
+    try:
+        flow = GradientFlow(make_loss_function(model, chain, loss_kind, config.data.s), params0)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    result = solve_flow(flow, params0, t, method=method, rtol=config.compare.rtol, atol=config.compare.atol, progress=progress)
+    twin = torch_model_for(model)
+    probe = data.probe_set()
+    rows = []
+    for i in range(len(result.trajectory)):
+        row = checkpoint_observables(twin.load_flowsim_params(result.trajectory.at(i)), probe, data.frequencies)
+        row["loss"] = row["val_loss"] = np.asarray(result.trajectory.loss[i])
+        rows.append(row)
+    observables = stack_observables(result.trajectory.t, rows, probe.pi)
+    return observables, {"ode": ode, "method": method, "status": result.status_name, **extra}
+
+
+def focus_order(predicted: dict[tuple, float], measured: dict[tuple, float], names: list[str], pi: np.ndarray) -> dict:
+    """The first focus of each tracked type, most frequent first, on both sides, and whether
+    each side's onsets follow the frequency order (frequent first)."""
+    first = lambda events, q: events.get(("focus", q, None, 1))  # noqa: E731
+    queries = [q for q in np.argsort(-np.asarray(pi), kind="stable") if names[q] != "other"]
+    table = [{"token": names[q], "pi": float(pi[q]), "predicted": first(predicted, q), "measured": first(measured, q)}
+             for q in queries]
+
+    def follows_frequency(side: str) -> bool | None:
+        onsets = [row[side] for row in table if row[side] is not None]
+        return None if len(onsets) < 2 else bool(np.all(np.diff(onsets) >= 0))
+
+    first_focus = lambda events: {key: value for key, value in events.items() if key[0] == "focus" and key[3] == 1}  # noqa: E731
+    return {"tokens": table, "predicted_follows_frequency": follows_frequency("predicted"),
+            "measured_follows_frequency": follows_frequency("measured"),
+            "agreement": order_agreement(first_focus(predicted), first_focus(measured))}
 
 
 def check_bridge_run(run_dir: Path) -> None:
@@ -143,6 +174,7 @@ def compare_bridge_run(run_dir: Path, progress: bool = False) -> tuple[list[Even
         error = None if p is None or m is None or m == 0 else abs(p - m) / m
         rows.append(EventRow(stage, query, direction, occurrence, names[query] if query is not None else "-", p, m, error))
     agreement = order_agreement(predicted, measured)
+    description["focus_order"] = focus_order(predicted, measured, names, measured_observables.constants["pi"])
     payload = {"rows": [asdict(row) for row in rows], "order_agreement": agreement, **description}
     write_atomic_json(run_dir / BRIDGE_COMPARE_JSON, payload)
     return rows, agreement, description

@@ -90,10 +90,12 @@ class LogConfig(Section):
 
 class CompareConfig(Section):
     # default: Tsit5 for the finite-s loss of Markov runs (its exact Hessian costs hundreds of
-    # gradients, so stiff solvers are slow there), LSODA for the mean-field surrogate of text runs
+    # gradients, so stiff solvers are slow there), JaxRadau for the mean-field surrogate of
+    # text runs (d = vocab_size + 1: no dense Hessian fits)
     method: Literal[METHODS] | None = None  # type: ignore[valid-type]
     rtol: Positive = 1e-7
     atol: Positive = 1e-10
+    smoothing: Annotated[float, Field(ge=0)] = 0.1  # text: additive smoothing of the surrogate's bigram counts
 
 
 class BridgeConfig(Sections):

@@ -153,16 +153,3 @@ def folded_types(frequencies: np.ndarray, d: int, tracked: tuple[int, ...] = ())
     fold = np.full(len(frequencies), len(keep), dtype=np.int64)
     fold[keep] = np.arange(len(keep))
     return fold
-
-
-def markov_surrogate(ids: np.ndarray, fold: np.ndarray) -> MarkovChain:
-    """The bigram chain of a token stream over folded types (π its stationary law).
-
-    A pseudo-count of 1e-6 per transition keeps every row a distribution (an unseen
-    type would otherwise have an empty row)."""
-    folded = fold[ids]
-    n_types = int(fold.max()) + 1
-    counts = np.zeros((n_types, n_types))
-    np.add.at(counts, (folded[:-1], folded[1:]), 1.0)
-    counts += 1e-6
-    return MarkovChain(P=counts / counts.sum(axis=1, keepdims=True))
