@@ -305,12 +305,15 @@ def check_loss_size(kind: str, d: int, s: int, model: Model, mc_samples: int = 0
     """Refuse (``flowsim.budget.BudgetError``) a finite-s or Monte Carlo loss too large for the
     memory budget, before anything is allocated. Per state (or sampled context) the estimate
     counts its arrays and the activations of a Hessian-vector product: 8·(8d + 2m) bytes per
-    state; 8·(s + 1)·(2d + 2m) bytes per sampled sequence."""
+    state; 8·(s + 1)·(2d + 2m) bytes per sampled sequence. The message also gives the
+    dynamic programme's work, about s·d·states operations."""
     width = int(getattr(model, "m", d))
     if kind == "finite":
         states = finite_loss_states(d, s)
+        operations = float(s) * d * states  # the dynamic programme: s steps of a (d, d) @ (d, states / d) product
         check_memory(8.0 * states * (8 * d + 2 * width),
-                     f"loss.kind = 'finite' with s = {s}, d = {d} ({states:.3g} count states)",
+                     f"loss.kind = 'finite' with s = {s}, d = {d} ({states:.3g} count states; building them takes "
+                     f"about {operations:.2g} operations, {operations / 1e9:.2g} s at 1e9 per second)",
                      "lower loss.s, or use loss.kind = 'monte_carlo' or 'mean_field'")
     elif kind == "monte_carlo":
         check_memory(8.0 * mc_samples * (s + 1) * (2 * d + 2 * width),
