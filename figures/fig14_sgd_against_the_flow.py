@@ -10,8 +10,7 @@ import numpy as np
 from figures.bridge_runs import bridge_run
 from figures.runs import read_observables
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure
-from flowsim.experiment import MEASURED
-from flowsim.observables import OBSERVABLES_NPZ, Observables
+from flowsim.observables import MEASURED, OBSERVABLES_NPZ, Observables
 
 NAME = "fig14_sgd_against_the_flow"
 TINY = ("optim.steps=120", "data.batch_size=256", "data.s=16", "log.n_checkpoints=20", "log.probe_per_type=16")

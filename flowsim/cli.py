@@ -224,9 +224,7 @@ def bridge_train(
 ) -> None:
     """Train a torch model (seeded, resumable) and write a run directory flowsim can label."""
     from flowsim.config import ConfigError
-    from flowsim.rundir import new_run_dir
-
-    from flowsim.rundir import check_output_dir
+    from flowsim.rundir import check_output_dir, new_run_dir
 
     try:
         from flowsim.bridge.config import load_bridge_config

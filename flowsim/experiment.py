@@ -16,19 +16,19 @@ from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError, RunConfig, load_config
 from flowsim.flow import DepthSmoothing, GradientFlow, RateSchedule
 from flowsim.interrupts import stop_requests
-from flowsim.io import DamagedFileError, file_digest, read_json, read_npz, write_atomic_npz
+from flowsim.io import DamagedFileError, file_digest, read_npz, write_atomic_npz
 from flowsim.losses import make_loss_function
 from flowsim.models import Model, OneLayerTransformer, Params, model_from_config
-from flowsim.observables import OBSERVABLES_NPZ, Observables, compute_observables
+from flowsim.observables import MEASURED, OBSERVABLES_NPZ, TRAJECTORY_DIGEST, Observables, compute_observables
 from flowsim.plots import plot_run_summary
 from flowsim.rundir import (
     CONFIG_FILE,
-    META_FILE,
     SOLVER_STATE_FILE,
     SUMMARY_FIGURE,
     TRAJECTORY_FILE,
     library_versions,
     load_run,
+    read_meta,
     status_of,
     this_process,
     write_config,
@@ -40,10 +40,6 @@ from flowsim.stages import StageReport, detect_stages
 
 MIN_SAMPLES_FOR_STAGES = 3
 ONE_LAYER_COLUMNS = {"sv_W0", "attention_entropy", "loss"}
-
-
-TRAJECTORY_DIGEST = "trajectory_sha256"  # observables.npz records the trajectory it was computed from
-MEASURED = "measured_by"  # or says that it holds measurements (a torch run's), not a cache of the trajectory
 
 
 def observables_of_run(run_dir: Path) -> Observables:
@@ -79,7 +75,7 @@ def stages_apply(model: Model) -> bool:
 
 def check_labelable(run_dir: Path) -> str:
     """The run's status name; a run whose state left the flow (diverged, non-finite) is refused."""
-    meta = read_json(Path(run_dir) / META_FILE) if (Path(run_dir) / META_FILE).is_file() else {}
+    meta = read_meta(run_dir)
     status = status_of(meta)
     if status in (Status.NON_FINITE.label, Status.DIVERGED.label):
         raise ConfigError(f"{run_dir}: the run stopped with status {status!r} ({meta.get('message', '')}); "
@@ -102,7 +98,7 @@ def label_run(run_dir: Path) -> StageReport:
 def partial_note(run_dir: Path) -> str | None:
     """One line saying that a run stopped before its last save time, or None for a finished run."""
     run_dir = Path(run_dir)
-    meta = read_json(run_dir / META_FILE)
+    meta = read_meta(run_dir)
     status = status_of(meta)
     if status == Status.FINISHED.label:
         return None

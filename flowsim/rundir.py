@@ -72,6 +72,12 @@ def status_of(meta: dict) -> str:
     return status
 
 
+def read_meta(run_dir: Path) -> dict:
+    """meta.json of a run directory ({} when it has none); a damaged one raises DamagedFileError."""
+    path = Path(run_dir) / META_FILE
+    return read_json(path, LOST_RUN) if path.is_file() else {}
+
+
 def check_output_dir(out: Path, flag: str = "--out") -> None:
     """An output folder must be a folder or not exist yet (ValueError naming it otherwise)."""
     out = Path(out)
@@ -126,5 +132,5 @@ def load_run(run_dir: Path | str) -> Run:
         config = tomllib.loads((run_dir / CONFIG_FILE).read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise DamagedFileError(run_dir / CONFIG_FILE, f"not valid TOML: {error}", LOST_RUN) from None
-    meta = read_json(run_dir / META_FILE, LOST_RUN)
+    meta = read_meta(run_dir)
     return Run(path=run_dir, config=config, trajectory=Trajectory.load(run_dir / TRAJECTORY_FILE), meta=meta)

@@ -175,10 +175,10 @@ def stale_rows(config_path: str | None, base_overrides: tuple[str, ...], specs: 
             stale[spec.name] = "the row records no configuration (damaged, or from an older flowsim)"
             continue
         old, new = _flat(recorded), _flat(resolved_settings(load_config(config_path, (*base_overrides, *spec.overrides))))
-        differing = sorted(key for key in old.keys() | new.keys() if old.get(key, "(unset)") != new.get(key, "(unset)"))
+        value = lambda settings, key: settings.get(key, "(unset)")  # noqa: E731
+        differing = sorted(key for key in old.keys() | new.keys() if value(old, key) != value(new, key))
         if differing:
-            stale[spec.name] = ", ".join(f"{key}: {old.get(key, '(unset)')!r} -> {new.get(key, '(unset)')!r}"
-                                         for key in differing)
+            stale[spec.name] = ", ".join(f"{key}: {value(old, key)!r} -> {value(new, key)!r}" for key in differing)
     return stale
 
 

@@ -30,11 +30,11 @@ from flowsim.bridge.train import CHECKPOINT_FILE, DataSource, build_data, type_n
 from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError
 from flowsim.flow import GradientFlow
-from flowsim.io import read_json, write_atomic_json
+from flowsim.io import write_atomic_json
 from flowsim.losses import make_loss_function
 from flowsim.models import model_from_config
 from flowsim.observables import OBSERVABLES_NPZ, Observables
-from flowsim.rundir import CONFIG_FILE, META_FILE, TRAJECTORY_FILE, status_of
+from flowsim.rundir import CONFIG_FILE, TRAJECTORY_FILE, read_meta, status_of
 from flowsim.solvers import solve_flow
 from flowsim.stages import StageReport, detect_stages, subject_label
 from flowsim.trajectory import Trajectory
@@ -146,7 +146,7 @@ def check_bridge_run(run_dir: Path) -> None:
     if not (run_dir / CHECKPOINT_FILE).is_file():
         hint = "; for a `flowsim run` directory use `flowsim compare`" if (run_dir / TRAJECTORY_FILE).is_file() else ""
         raise ValueError(f"{run_dir} is not a `flowsim bridge train` run directory (no {CHECKPOINT_FILE}){hint}")
-    meta = read_json(run_dir / META_FILE) if (run_dir / META_FILE).is_file() else {}
+    meta = read_meta(run_dir)
     status = status_of(meta)
     if status not in ("finished", "stopped") or not (run_dir / OBSERVABLES_NPZ).is_file():
         raise ValueError(f"the bridge run in {run_dir} has not finished (status {status!r}, step "

@@ -39,7 +39,7 @@ TOLERANCE = 0.05
 @dataclass(frozen=True)
 class SeriesDeviation:
     series: str  # e.g. "attention_entropy[2]"
-    deviation: float  # max gap / range of the lr run's series
+    deviation: float  # largest gap / the observable's scale
     at_t: float  # where the gap is largest
 
 

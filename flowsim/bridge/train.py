@@ -40,12 +40,12 @@ from flowsim.bridge.observables import (
     stack_observables,
 )
 from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer
+from flowsim.budget import check_memory
 from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError
-from flowsim.budget import check_memory
-from flowsim.experiment import MEASURED
 from flowsim.io import DamagedFileError, write_atomic_bytes
 from flowsim.models import model_from_config
+from flowsim.observables import MEASURED
 from flowsim.rundir import (
     CONFIG_FILE,
     SUMMARY_FIGURE,
