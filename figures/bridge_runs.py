@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from figures.runs import FigureInputError, run_name
+from figures.runs import FigureInputError, read_observables, run_name
 from flowsim.config import shipped_config
 from flowsim.rundir import META_FILE
 
@@ -36,3 +36,12 @@ def bridge_run(cache: Path, config_name: str, overrides: Sequence[str] = ()) -> 
     except FileNotFoundError as error:  # no corpora on this machine
         raise FigureInputError(str(error)) from None
     return run_dir
+
+
+def ode_run(run_dir: Path):
+    """The observables of the ODE integrated beside a bridge run (cached in RUN/ode/ by
+    flowsim.bridge.compare.ode_beside), read as the figures read every run."""
+    from flowsim.bridge.compare import ODE_DIR, ode_beside
+
+    ode_beside(run_dir)
+    return read_observables(run_dir / ODE_DIR)

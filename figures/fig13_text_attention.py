@@ -1,4 +1,5 @@
-"""Figure 13: attention of a tracked mid-frequency word over training on WikiText-2 and TinyStories."""
+"""Figure 13: attention of a tracked mid-frequency word over training on WikiText-2 and TinyStories,
+with the prediction of the full-vocabulary bigram surrogate's gradient flow from the same start."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from figures.bridge_runs import bridge_run
+from figures.bridge_runs import bridge_run, ode_run
 from figures.runs import observables_and_stages
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure, shade_stages
 
@@ -35,13 +36,21 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
             top, bottom = axes[0, column], axes[1, column]
             shade_stages(top, report, t[-1], ("focus", "dilution"), query=query)
             bottom.stackplot(t, attention[:, query, :].T, labels=names, colors=[str(g) for g in np.linspace(0.1, 0.9, len(names))])
-            top.plot(t, entropy[:, query], color="black", marker="")
+            ode = ode_run(run_dir)
+            ode_keep = ode.t > 0
+            ode_t, ode_entropy = ode.t[ode_keep], ode["attention_entropy"][ode_keep]
+            top.plot(t, entropy[:, query], color="black", marker="", label="SGD (torch)")
+            top.plot(ode_t, ode_entropy[:, query], color="C3", ls="--", marker="", label="bigram surrogate's flow (ODE)")
+            top.legend(fontsize=6, loc="lower left")
             top.set(xscale="log", title=f"{corpus}: query '{word}' (π = {observables.constants['pi'][query]:.2g})",
                     ylabel="attention entropy (nats)")
             bottom.set(xscale="log", xlabel=T_LABEL, ylabel="attention mass on each key type", ylim=(0, 1))
             bottom.legend(fontsize=5, ncol=2, loc="lower left")
-            data.update({f"{name}:t": t, f"{name}:attention": attention, f"{name}:attention_entropy": entropy})
+            data.update({f"{name}:t": t, f"{name}:attention": attention, f"{name}:attention_entropy": entropy,
+                         f"{name}/ode:t": ode_t, f"{name}/ode:attention_entropy": ode_entropy})
     caption = ("A tracked mid-frequency word's attention over training (one-layer model, SGD, t = lr × steps): "
                "its entropy alternates between falls (focus, grey) and rises (dilution, hatched) as the mass on "
-               "the frequent tokens comes and goes.")
+               "the frequent tokens comes and goes. Dashed: the exact mean-field gradient flow of the bigram chain of "
+               "the training split over the whole vocabulary, from the run's own initial parameters, read with the "
+               "same probe windows.")
     return save_figure(figure, out, NAME, caption, data)

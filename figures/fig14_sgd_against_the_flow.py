@@ -5,37 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import numpy as np
 
-from figures.bridge_runs import bridge_run
+from figures.bridge_runs import bridge_run, ode_run
 from figures.runs import read_observables
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure
-from flowsim.observables import MEASURED, OBSERVABLES_NPZ, Observables
 
 NAME = "fig14_sgd_against_the_flow"
 TINY = ("optim.steps=120", "data.batch_size=256", "data.s=16", "log.n_checkpoints=20", "log.probe_per_type=16")
 
 
-def ode_beside(run_dir: Path) -> Path:
-    """RUN/ode: the observables of the finite-s ODE integrated beside the bridge run (cached)."""
-    from flowsim.bridge.compare import ode_observables
-    from flowsim.bridge.config import load_bridge_config
-    from flowsim.rundir import CONFIG_FILE
-
-    ode_dir = run_dir / "ode"
-    if not (ode_dir / OBSERVABLES_NPZ).is_file():
-        measured = Observables.load(run_dir)
-        observables, _ = ode_observables(load_bridge_config(run_dir / CONFIG_FILE), run_dir, measured.t)
-        ode_dir.mkdir(exist_ok=True)
-        observables.constants[MEASURED] = np.array("flowsim ODE")  # kept with no trajectory.npz beside it
-        observables.save(ode_dir)
-    return ode_dir
-
-
 def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
     run_dir = bridge_run(cache, "markov-default", TINY if tiny else ())
     name = run_dir.name
-    runs = {"SGD (torch)": (name, read_observables(run_dir)), "gradient flow (ODE)": (f"{name}/ode", read_observables(ode_beside(run_dir)))}
+    runs = {"SGD (torch)": (name, read_observables(run_dir)), "gradient flow (ODE)": (f"{name}/ode", ode_run(run_dir))}
     data = {}
     with figure_style():
         figure, (left, right) = plt.subplots(1, 2, figsize=(9.0, 3.4))

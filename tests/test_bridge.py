@@ -232,7 +232,8 @@ def test_sgd_on_sampled_sequences_reproduces_the_finite_s_flow(tmp_path):
 @needs_data
 @pytest.mark.slow
 @pytest.mark.parametrize("corpus", ["wikitext2", "tinystories"])
-def test_short_text_run_trains_is_labelled_and_meets_its_surrogate(tmp_path, corpus):
+def test_short_text_run_trains_is_labelled_and_meets_its_surrogate(tmp_path, corpus, monkeypatch):
+    import flowsim.bridge.compare
     from flowsim.bridge.compare import compare_bridge_run
     from flowsim.experiment import label_run
 
@@ -253,6 +254,9 @@ def test_short_text_run_trains_is_labelled_and_meets_its_surrogate(tmp_path, cor
     order = description["focus_order"]
     assert [row["token"] for row in order["tokens"]][:4] == list(observables.constants["type_names"][:4])
     assert (tmp_path / corpus / "compare.json").is_file()
+    with monkeypatch.context() as patched:  # a second compare reads the ODE cached beside the run
+        patched.setattr(flowsim.bridge.compare, "solve_flow", lambda *a, **k: pytest.fail("the cached ODE was not reused"))
+        assert compare_bridge_run(tmp_path / corpus)[0] == rows
 
     # the ODE starts from the run's own initial parameters: a run with another start predicts otherwise
     import shutil

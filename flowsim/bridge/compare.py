@@ -18,6 +18,7 @@ of pairs of events seen on both sides that happen in the same order.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,16 +31,18 @@ from flowsim.bridge.train import CHECKPOINT_FILE, DataSource, build_data, type_n
 from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError
 from flowsim.flow import GradientFlow
-from flowsim.io import write_atomic_json
+from flowsim.io import DamagedFileError, file_digest, read_json, write_atomic_json
 from flowsim.losses import make_loss_function
 from flowsim.models import model_from_config
-from flowsim.observables import OBSERVABLES_NPZ, Observables
+from flowsim.observables import MEASURED, OBSERVABLES_NPZ, Observables
 from flowsim.rundir import CONFIG_FILE, TRAJECTORY_FILE, read_meta, status_of
 from flowsim.solvers import solve_flow
 from flowsim.stages import StageReport, detect_stages, subject_label
 from flowsim.trajectory import Trajectory
 
 BRIDGE_COMPARE_JSON = "compare.json"
+ODE_DIR = "ode"  # the ODE's observables beside a run (RUN/ode/observables.npz)
+ODE_JSON = "ode.json"
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,33 @@ def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress
         row["loss"] = row["val_loss"] = np.asarray(result.trajectory.loss[i])
         rows.append(row)
     observables = stack_observables(result.trajectory.t, rows, probe.pi)
-    return observables, {"ode": ode, "method": method, "status": result.status_name, **extra}
+    description = {"ode": ode, "method": method, "status": result.status_name,
+                   "solve_seconds": result.stats.solve_seconds, **extra}
+    return observables, description
+
+
+def ode_beside(run_dir: Path, progress: bool = False) -> tuple[Observables, dict]:
+    """``ode_observables`` on the run's checkpoint times, cached in RUN/ode/ (observables.npz
+    and ode.json); recomputed when the run's start, checkpoints or [compare] settings changed."""
+    run_dir = Path(run_dir)
+    config = load_bridge_config(run_dir / CONFIG_FILE)
+    t = Observables.load(run_dir).t
+    key = {"compare": config.compare.model_dump(), "t_digest": hashlib.sha256(np.asarray(t, float).tobytes()).hexdigest(),
+           "trajectory_sha256": file_digest(run_dir / TRAJECTORY_FILE)}  # the start the ODE integrates from
+    ode_dir = run_dir / ODE_DIR
+    if (ode_dir / ODE_JSON).is_file() and (ode_dir / OBSERVABLES_NPZ).is_file():
+        try:
+            cached = read_json(ode_dir / ODE_JSON)
+            if cached.get("key") == key:
+                return Observables.load(ode_dir), cached["description"]
+        except DamagedFileError:
+            pass  # recomputed below
+    observables, description = ode_observables(config, run_dir, t, progress)
+    ode_dir.mkdir(exist_ok=True)
+    observables.constants[MEASURED] = np.array("flowsim ODE")  # kept with no trajectory.npz beside it
+    observables.save(ode_dir)
+    write_atomic_json(ode_dir / ODE_JSON, {"key": key, "description": description})
+    return observables, description
 
 
 def focus_order(predicted: dict[tuple, float], measured: dict[tuple, float], names: list[str], pi: np.ndarray) -> dict:
@@ -162,8 +191,7 @@ def compare_bridge_run(run_dir: Path, progress: bool = False) -> tuple[list[Even
     if config.model.kind != "one_layer":
         raise ConfigError(f"bridge compare labels stages of the one-layer model; this run has model.kind = {config.model.kind!r}")
     measured_observables = Observables.load(run_dir)
-    t = measured_observables.t
-    ode, description = ode_observables(config, run_dir, t, progress)
+    ode, description = ode_beside(run_dir, progress)
     measured = _events(detect_stages(measured_observables))
     predicted = _events(detect_stages(ode))
     names = [str(name) for name in measured_observables.constants.get("type_names", type_names(build_data(config)))]

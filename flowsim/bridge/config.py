@@ -8,7 +8,7 @@
                qk_rho (1: off), qk_hold, qk_ramp (fractions of the steps); Window Smoothing
                smoothing_a (0: off), smoothing_variant
     [log]      n_checkpoints (log-spaced steps), val_batches, probe_per_type, fold_d
-    [compare]  method (default: Tsit5 on Markov data, LSODA on text), rtol, atol of the ODE beside the run
+    [compare]  method (default: Tsit5 on Markov data, JaxRadau on text), rtol, atol, smoothing of the ODE beside the run
     device     under [data]: auto | cpu | cuda
 """
 
