@@ -67,6 +67,15 @@ class ChainConfig(Section):
         return data
 
 
+class TaskConfig(Section):
+    """The data: a Markov chain ([chain], the default) or a sequence task (flowsim.tasks)."""
+
+    kind: Literal["markov", "induction"] = "markov"
+    d: Annotated[int, Field(ge=2)] = 3  # induction: tokens
+    s: Annotated[int, Field(ge=2)] = 6  # induction: context length (the model's positions)
+    noise: Annotated[float, Field(ge=0, lt=1)] = 0.1  # induction: chance of a uniform next token
+
+
 class ModelConfig(Section):
     kind: Literal["one_layer", "two_layer"] = "one_layer"
     m: PositiveInt = 8
@@ -146,6 +155,7 @@ class Sections(Section):
 
 
 class RunConfig(Sections):
+    task: TaskConfig = TaskConfig()
     chain: ChainConfig = ChainConfig()
     model: ModelConfig = ModelConfig()
     init: InitConfig = InitConfig()

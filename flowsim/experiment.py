@@ -17,8 +17,8 @@ from flowsim.config import ConfigError, RunConfig, load_config
 from flowsim.flow import DepthSmoothing, GradientFlow, RateSchedule
 from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, file_digest, read_npz, write_atomic_npz
-from flowsim.losses import make_loss_function
-from flowsim.models import Model, OneLayerTransformer, Params, model_from_config
+from flowsim.losses import make_loss_function, make_task_loss
+from flowsim.models import Model, OneLayerTransformer, Params, PositionalTwoLayerTransformer, model_from_config
 from flowsim.observables import MEASURED, OBSERVABLES_NPZ, TRAJECTORY_DIGEST, Observables, compute_observables
 from flowsim.plots import plot_run_summary
 from flowsim.rundir import (
@@ -36,6 +36,7 @@ from flowsim.rundir import (
 )
 from flowsim.solvers import FlowResult, ResumePoint, solve_flow
 from flowsim.status import Status
+from flowsim.tasks import InductionTask, SequenceLaw
 from flowsim.stages import StageReport, detect_stages
 
 MIN_SAMPLES_FOR_STAGES = 3
@@ -58,7 +59,7 @@ def observables_of_run(run_dir: Path) -> Observables:
             return observables
     run = load_run(run_dir)
     prepared = prepare(load_config(run_dir / CONFIG_FILE))
-    observables = compute_observables(run.trajectory, prepared.model, prepared.chain.pi, prepared.flow)
+    observables = compute_observables(run.trajectory, prepared.model, prepared.chain.pi, prepared.flow, law_of(prepared.chain))
     _save_observables(observables, run_dir)
     return observables
 
@@ -132,22 +133,50 @@ def initial_params(config: RunConfig, model: Model) -> Params:
 class PreparedRun:
     """Everything a configured run needs, built and validated."""
 
-    chain: MarkovChain
+    chain: MarkovChain | InductionTask  # the data: a Markov chain or a sequence task
     model: Model
     flow: GradientFlow
     params0: Params
     times: np.ndarray
 
 
+def law_of(data: MarkovChain | InductionTask) -> SequenceLaw | None:
+    """A sequence task's exact law of contexts (the positional observables average over it)."""
+    return data.law if isinstance(data, InductionTask) else None
+
+
+def task_and_model(config: RunConfig) -> tuple[InductionTask, PositionalTwoLayerTransformer]:
+    """The sequence task of [task] and the two-layer model over its positions."""
+    if config.model.kind != "two_layer":
+        raise ConfigError(f"task.kind = {config.task.kind!r} needs model.kind = 'two_layer' (the composition it "
+                          f"tests has two attention layers), got {config.model.kind!r}")
+    if config.loss.kind == "mean_field":
+        raise ConfigError("loss.kind = 'mean_field' does not apply to a sequence task (it has no s -> infinity "
+                          "limit); expected 'finite' (exact, by enumeration) or 'monte_carlo'")
+    try:
+        task = InductionTask(config.task.d, config.task.s, config.task.noise)
+        model = PositionalTwoLayerTransformer(d=task.d, s=task.s, m=config.model.m, k=config.model.k,
+                                              ffn=config.model.ffn, ffn_width=config.model.ffn_width)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return task, model
+
+
 def prepare(config: RunConfig) -> PreparedRun:
-    """Build the chain, model, flow, initial point and save times, or raise ConfigError."""
-    chain = MarkovChain.from_config(config.chain)
-    model = model_from_config(config.model, chain.d)
+    """Build the chain (or task), model, flow, initial point and save times, or raise ConfigError."""
+    if config.task.kind == "markov":
+        chain = MarkovChain.from_config(config.chain)
+        model = model_from_config(config.model, chain.d)
+    else:
+        chain, model = task_and_model(config)
     params0 = initial_params(config, model)
     rates = RateSchedule.from_config(config.flow, model.slow_groups)
     smoothing = DepthSmoothing.from_config(config.flow, model.repeated_blocks, config.model.kind)
     try:
-        loss = make_loss_function(model, chain, config.loss.kind, config.loss.s, config.loss.mc_samples, config.loss.mc_seed)
+        if isinstance(chain, InductionTask):
+            loss = make_task_loss(model, chain, config.loss.kind, config.loss.mc_samples, config.loss.mc_seed)
+        else:
+            loss = make_loss_function(model, chain, config.loss.kind, config.loss.s, config.loss.mc_samples, config.loss.mc_seed)
         flow = GradientFlow(loss, params0, rates, smoothing)
     except ValueError as error:
         raise ConfigError(str(error)) from None
@@ -209,7 +238,7 @@ def execute_run(
     save(result)
     if result.status == Status.INTERRUPTED:
         return result  # observables, stages and figure come when the run is resumed, or on request
-    observables = compute_observables(result.trajectory, model, chain.pi, prepared.flow)
+    observables = compute_observables(result.trajectory, model, chain.pi, prepared.flow, law_of(chain))
     _save_observables(observables, run_dir)
     stages = None
     if stages_apply(model) and not result.status.broken and np.count_nonzero(observables.t > 0) >= MIN_SAMPLES_FOR_STAGES:

@@ -15,6 +15,9 @@ All losses are the expected next-token cross-entropy
 * ``population_loss_enumerated``: brute force over all d^s contexts (small s; tests).
 * ``loss_monte_carlo``: a sampled estimate with its standard error (the only sampled
   loss here).
+* ``population_loss_task``: a sequence task's exact loss (``flowsim.tasks``), the sum over
+  the N contexts of positive probability of p(context) · cross-entropy against the exact
+  law of the next token: O(N) forward passes.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from flowsim.budget import check_memory
 from flowsim.chains import MarkovChain
 from flowsim.config import LossKind
 from flowsim.models import Model, Params, model_for_params
+from flowsim.tasks import InductionTask
 
 LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
 
@@ -353,6 +357,35 @@ def make_loss_function(
     sequences = chain.sample(mc_samples, s + 1, mc_seed)
     core = ModelLoss(_sampled_loss_core, model)
     return Partial(core, contexts=jnp.asarray(sequences[:, :-1]), targets=jnp.asarray(sequences[:, -1]))
+
+
+def population_loss_task(params: Params, task: InductionTask, model: Model) -> jax.Array:
+    """The exact population loss of ``model`` on a sequence task (every context of positive
+    probability, weighted by it, against the exact law of the next token)."""
+    law = task.law
+    return _enumerated_core_jit(model, params, law.contexts, law.next_law, law.probability)
+
+
+def make_task_loss(model: Model, task: InductionTask, kind: LossKind = "finite", mc_samples: int = 4096,
+                   mc_seed: int = 0) -> Partial:
+    """``loss(params)`` on a sequence task: exact (``finite``, the default) or the empirical
+    loss on ``mc_samples`` sampled sequences (``monte_carlo``, seeded, so its flow is
+    deterministic). A task has no s → ∞ limit: ``mean_field`` is refused."""
+    if getattr(model, "s", None) != task.s or model.d != task.d:
+        raise ValueError(f"the model (d = {model.d}, s = {getattr(model, 's', None)}) does not fit the task "
+                         f"(d = {task.d}, s = {task.s}); a task needs model.kind = 'two_layer', which takes its d and s")
+    if kind == "finite":
+        law = task.law
+        return Partial(ModelLoss(_enumerated_core, model), contexts=jnp.asarray(law.contexts),
+                       target_probabilities=jnp.asarray(law.next_law), probability=jnp.asarray(law.probability))
+    if kind == "monte_carlo":
+        if not isinstance(mc_samples, (int, np.integer)) or mc_samples < 2:
+            raise ValueError(f"loss.mc_samples must be an integer >= 2, got {mc_samples!r}")
+        sequences = task.sample(mc_samples, mc_seed)
+        return Partial(ModelLoss(_sampled_loss_core, model), contexts=jnp.asarray(sequences[:, :-1]),
+                       targets=jnp.asarray(sequences[:, -1]))
+    raise ValueError(f"loss.kind = {kind!r} does not apply to a sequence task (it has no s -> infinity limit); "
+                     "expected 'finite' (exact) or 'monte_carlo'")
 
 
 def population_loss(

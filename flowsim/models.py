@@ -268,7 +268,69 @@ class TwoLayerTransformer:
         return h3 @ params["W_U"]
 
 
-Model = OneLayerTransformer | TwoLayerTransformer
+@dataclass(frozen=True)
+class PositionalTwoLayerTransformer:
+    """The two-layer model over positions, for sequence tasks (``flowsim.tasks``): every
+    position has its own residual stream, attention is causal, and a learned positional
+    embedding W_P (s x m) is added to the token embedding. The other parameters are the
+    ``TwoLayerTransformer``'s (same names, same FFN options). For a context x_1..x_s:
+
+        h0_j = W_E[x_j] + W_P[j]
+        h1_i = h0_i + Σ_{j ≤ i} A1[i, j] h0_j W_V1 W_O1,   A1[i, :] = softmax_{j ≤ i}(h0_i W_Q1 W_K1^T h0_j^T)
+        h2   = h1 + FFN(h1)
+        h3   = h2_s + Σ_j A2[j] h2_j W_V2 W_O2,           A2 = softmax_j(h2_s W_Q2 W_K2^T h2_j^T)
+        logits = h3 W_U
+
+    Cost per context: O(s² m + s m (m + k + f)); a population loss over N contexts is N times that.
+    """
+
+    d: int
+    s: int = 6
+    m: int = 8
+    k: int = 8
+    ffn: FFNKind = "none"
+    ffn_width: int = 16
+    fused_products: bool = False
+
+    def __post_init__(self) -> None:
+        TwoLayerTransformer.__post_init__(self)
+        if not isinstance(self.s, (int, np.integer)) or self.s < 1:
+            raise ValueError(f"the positional model needs a positive integer context length s, got {self.s!r}")
+
+    slow_groups = TwoLayerTransformer.slow_groups
+    repeated_blocks = TwoLayerTransformer.repeated_blocks
+    init = OneLayerTransformer.init
+    check_params = OneLayerTransformer.check_params
+    _matmul = OneLayerTransformer._matmul
+    feed_forward = TwoLayerTransformer.feed_forward
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, int]]:
+        return {**TwoLayerTransformer.shapes.fget(self), "W_P": (self.s, self.m)}
+
+    def streams(self, params: Params, tokens: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(A1 (batch, s, s), A2 (batch, s), h2 (batch, s, m)) for contexts ``tokens`` (batch, s)."""
+        tokens = jnp.asarray(tokens)
+        if tokens.shape[-1] != self.s:
+            raise ValueError(f"the positional model has s = {self.s} positions, got contexts of length {tokens.shape[-1]}")
+        h0 = params["W_E"][tokens] + params["W_P"]
+        logits1 = (h0 @ params["W_Q1"]) @ jnp.swapaxes(h0 @ params["W_K1"], -1, -2)
+        causal = jnp.tril(jnp.ones((self.s, self.s), dtype=bool))
+        A1 = jax.nn.softmax(jnp.where(causal, logits1, -jnp.inf), axis=-1)
+        h1 = h0 + A1 @ (h0 @ params["W_V1"] @ params["W_O1"])
+        h2 = h1 + self.feed_forward(params, h1)
+        query = h2[:, -1, :]
+        A2 = jax.nn.softmax(jnp.einsum("bk,bjk->bj", query @ params["W_Q2"], h2 @ params["W_K2"]), axis=-1)
+        return A1, A2, h2
+
+    def forward(self, params: Params, tokens: jax.Array) -> jax.Array:
+        """Logits (batch, d) of the next token after each context ``tokens`` (batch, s)."""
+        _, A2, h2 = self.streams(params, tokens)
+        h3 = h2[:, -1, :] + jnp.einsum("bj,bjm->bm", A2, h2 @ params["W_V2"] @ params["W_O2"])
+        return h3 @ params["W_U"]
+
+
+Model = OneLayerTransformer | TwoLayerTransformer | PositionalTwoLayerTransformer
 
 
 MODEL_CLASSES = {"one_layer": OneLayerTransformer, "two_layer": TwoLayerTransformer}

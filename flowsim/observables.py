@@ -19,6 +19,15 @@ embedding_norm (rows of W_E); basis_angle (largest principal angle between span 
 and span h2 at the last time: the lower layers' residual basis has matured when it is
 small); grad_norm_G.
 
+For the two-layer model over positions on a sequence task (``positional_observables``),
+averaged over the task's contexts with their exact probabilities: attention_entropy_1 per
+token type (the lower layer's rows at positions 2..s, by the token there),
+attention_entropy_2 per query type x_s; prev_token_mass (the lower layer's mean attention
+on the previous position), induction_mass (the upper layer's attention on positions j whose
+previous token equals the query, the circuit the task rewards); sv_h2 (square roots of the
+eigenvalues of the residual stream's second moment E Σ_i h2_i^T h2_i) and basis_angle (its
+top-min(2d, m-1) eigenspace at t against the last time); sv_X for the weights; grad_norm_G.
+
 Saved as ``observables.npz`` (every column and constant) and ``observables.csv`` (every
 column flattened to scalar columns: ``attention_entropy[0]``, ``attention[1,2]``, ...).
 """
@@ -39,7 +48,8 @@ from scipy.linalg import subspace_angles
 from flowsim.flow import GradientFlow
 from flowsim.io import REMEDY, DamagedFileError, read_npz, write_atomic_bytes, write_atomic_npz
 from flowsim.losses import mean_field_attention
-from flowsim.models import Model, TwoLayerTransformer
+from flowsim.models import Model, PositionalTwoLayerTransformer, TwoLayerTransformer
+from flowsim.tasks import SequenceLaw
 from flowsim.trajectory import Trajectory
 
 OBSERVABLES_NPZ, OBSERVABLES_CSV = "observables.npz", "observables.csv"
@@ -148,9 +158,14 @@ def _two_layer_maps(model: TwoLayerTransformer, params: dict, pi: jax.Array) -> 
 
 
 def compute_observables(
-    trajectory: Trajectory, model: Model, pi: np.ndarray, flow: GradientFlow | None = None
+    trajectory: Trajectory, model: Model, pi: np.ndarray, flow: GradientFlow | None = None, law: SequenceLaw | None = None,
 ) -> Observables:
-    """All observables of a trajectory on a chain with frequencies ``pi``."""
+    """All observables of a trajectory on a chain with frequencies ``pi`` (a sequence task:
+    its query law, and ``law`` the task's exact law of contexts)."""
+    if isinstance(model, PositionalTwoLayerTransformer):
+        if law is None:
+            raise ValueError("the observables of the positional model average over a task's contexts: pass law=task.law")
+        return positional_observables(trajectory, model, law, flow)
     if isinstance(model, TwoLayerTransformer):
         return two_layer_observables(trajectory, model, pi, flow)
     phi, value_map, attention = (np.asarray(x) for x in _one_layer_maps(model, dict(trajectory.params), jnp.asarray(pi)))
@@ -205,6 +220,59 @@ def two_layer_observables(
         for name, norms in gradient_norms(trajectory, flow).items():
             columns[f"grad_norm_{name}"] = norms
     return Observables(t=np.asarray(trajectory.t), columns=columns, constants={"pi": np.asarray(pi)})
+
+
+def _positional_probe(model: PositionalTwoLayerTransformer, params: dict, contexts: jax.Array, probability: jax.Array,
+                      previous_matches: jax.Array, by_type: jax.Array) -> dict[str, jax.Array]:
+    """The reduced probes at one time (see ``positional_observables``)."""
+    A1, A2, h2 = model.streams(params, contexts)
+    entropy = lambda a: -jnp.sum(jnp.where(a > 0, a * jnp.log(jnp.where(a > 0, a, 1.0)), 0.0), axis=-1)  # noqa: E731
+    lower, upper = entropy(A1)[:, 1:], entropy(A2)  # (N, s-1), (N,)
+    weight1 = probability[:, None, None] * by_type[:, 1:, :]  # (N, s-1, d): position i of type q
+    weight2 = probability[:, None] * by_type[:, -1, :]
+    previous = jnp.diagonal(A1, offset=-1, axis1=-2, axis2=-1)  # A1[i, i-1], (N, s-1)
+    moment = jnp.einsum("n,nim,nil->ml", probability, h2, h2)
+    return {"attention_entropy_1": jnp.einsum("ni,niq->q", lower, weight1) / weight1.sum(axis=(0, 1)),
+            "attention_entropy_2": upper @ weight2 / weight2.sum(axis=0),
+            "prev_token_mass": probability @ previous.mean(axis=1),
+            "induction_mass": probability @ jnp.sum(A2 * previous_matches, axis=1),
+            "moment": moment}
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _positional_probes(model: PositionalTwoLayerTransformer, params: dict, contexts, probability, previous_matches, by_type):
+    return jax.lax.map(lambda p: _positional_probe(model, p, contexts, probability, previous_matches, by_type), params)
+
+
+def positional_observables(
+    trajectory: Trajectory, model: PositionalTwoLayerTransformer, law: SequenceLaw, flow: GradientFlow | None = None
+) -> Observables:
+    """Probes of the positional two-layer model on a sequence task, exact averages over the
+    law's N contexts (module docstring). O(T N s (s + m) m) for T saved times."""
+    contexts = np.asarray(law.contexts)
+    # position j (>= 2) follows an occurrence of the query token: where the induction head should look
+    previous_matches = np.zeros(contexts.shape, dtype=float)
+    previous_matches[:, 1:] = contexts[:, :-1] == contexts[:, -1:]
+    by_type = np.eye(model.d)[contexts]
+    probes = {name: np.asarray(value) for name, value in _positional_probes(
+        model, dict(trajectory.params), jnp.asarray(contexts), jnp.asarray(law.probability),
+        jnp.asarray(previous_matches), jnp.asarray(by_type)).items()}
+    moment = probes.pop("moment")
+    eigenvalues, eigenvectors = np.linalg.eigh(moment)  # ascending
+    rank = min(2 * model.d, model.m - 1)  # the token and previous-token features, a proper subspace
+    top = eigenvectors[:, :, ::-1][:, :, :rank]
+    columns: dict[str, np.ndarray] = {"loss": np.asarray(trajectory.loss), **probes}
+    for name in ("W_E", "W_P", "W_Q1", "W_K1", "W_Q2", "W_K2"):
+        sigma = singular_values(trajectory.params[name])
+        columns[f"sv_{name}"] = sigma
+        columns[f"stable_rank_{name}"] = stable_rank(sigma)
+    columns["sv_h2"] = np.sqrt(np.clip(eigenvalues[:, ::-1], 0, None))
+    columns["embedding_norm"] = np.linalg.norm(trajectory.params["W_E"], axis=2)
+    columns["basis_angle"] = np.array([subspace_angles(basis, top[-1]).max() for basis in top])
+    if flow is not None:
+        for name, norms in gradient_norms(trajectory, flow).items():
+            columns[f"grad_norm_{name}"] = norms
+    return Observables(t=np.asarray(trajectory.t), columns=columns, constants={"pi": law.query_law})
 
 
 def gradient_norms(trajectory: Trajectory, flow: GradientFlow) -> dict[str, np.ndarray]:

@@ -2,7 +2,10 @@
 collected into one table and a phase diagram.
 
     OUT/rows/NAME.json    one finished run: its parameters, stage onsets, end of condensation,
-                          cycles, final loss, and its full resolved configuration
+                          cycles, final loss, and its full resolved configuration; for a
+                          two-layer model instead of stages: the premature-specialisation
+                          probes (flowsim.specialisation), the Bayes loss of a sequence task,
+                          and the curves of loss, upper entropy and basis angle
     OUT/sweep.csv         every finished row, in grid order
     OUT/sweep.json        the grid, the base configuration, versions, and the backend used
     OUT/phase_diagram.png end of condensation and onsets of focus, dilution and restart over
@@ -44,17 +47,18 @@ except ModuleNotFoundError:  # Python 3.10
 
 
 from flowsim.config import ConfigError, load_config
-from flowsim.experiment import prepare, stages_apply
+from flowsim.experiment import law_of, prepare, stages_apply
 from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
 from flowsim.observables import compute_observables
 from flowsim.rundir import check_output_dir, library_versions
 from flowsim.solvers import solve_flow, solve_flow_batch
+from flowsim.specialisation import summarise
 from flowsim.stages import detect_stages
 
 BACKENDS = ("local", "dask")
 STAGES = ("condensation", "focus", "dilution", "restart")
 ROW_COLUMNS = ("name", "seed", "status", "final_loss", *(f"onset_{stage}" for stage in STAGES), "end_condensation",
-               "cycles", "n_steps", "solve_seconds")
+               "cycles", "t_basis_mature", "premature_index", "bayes_loss", "n_steps", "solve_seconds")
 # BLAS and OpenMP threads of every worker process, as Dask's nanny sets them: equal
 # settings give bit-identical results on either backend.
 WORKER_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
@@ -130,6 +134,16 @@ def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: l
                "end_condensation": None,
                "cycles": None, "n_steps": result.stats.n_steps, "solve_seconds": result.stats.solve_seconds,
                "config": resolved_settings(config)}
+        if not stages_apply(run.model) and len(result.trajectory) >= 4:
+            # the two-layer probes, and the loss curve (times to any loss target are read from it)
+            observables = compute_observables(result.trajectory, run.model, run.chain.pi, law=law_of(run.chain))
+            summary = summarise(observables)
+            row.update({"t_basis_mature": summary.t_basis_mature, "premature_index": summary.premature_index,
+                        "upper_entropy_fall_at_maturity": summary.upper_entropy_fall_at_maturity,
+                        "bayes_loss": getattr(run.chain, "bayes_loss", None),
+                        "curve": {"t": observables.t.tolist(), "loss": observables["loss"].tolist(),
+                                  "upper_entropy": (observables["attention_entropy_2"] @ observables.constants["pi"]).tolist(),
+                                  "basis_angle": observables["basis_angle"].tolist()}})
         if stages_apply(run.model) and len(result.trajectory) >= 4:
             # Without the flow: the detectors need no gradient norms.
             report = detect_stages(compute_observables(result.trajectory, run.model, run.chain.pi))

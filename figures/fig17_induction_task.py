@@ -1,0 +1,46 @@
+"""Figure 17: premature specialisation on the induction task, where the upper layer must read a
+feature the lower layer writes (configs/induction)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from figures.runs import flowsim_run, read_observables
+from figures.style import T_LABEL, FigureResult, figure_style, save_figure
+from flowsim.config import load_config, shipped_config
+from flowsim.tasks import InductionTask
+
+NAME = "fig17_induction_task"
+SHIPPED = shipped_config("induction")
+RUNS = ("baseline", "slowed", "glu", "glu_slowed", "smoothing_0.1")
+RUNS_TINY = ("baseline", "glu_slowed")
+TINY = ("time.t_end=20.0", "time.n_linear=21", "time.n_log=15")
+
+
+def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
+    data = {}
+    task_config = load_config(SHIPPED / "baseline.toml").task
+    bayes = InductionTask(task_config.d, task_config.s, task_config.noise).bayes_loss
+    with figure_style():
+        figure, (left, middle, right) = plt.subplots(1, 3, figsize=(11.0, 3.4))
+        for name in RUNS_TINY if tiny else RUNS:
+            run_dir = flowsim_run(cache, TINY if tiny else (), config_path=SHIPPED / f"{name}.toml")
+            observables = read_observables(run_dir)
+            keep = observables.t > 0
+            t, pi = observables.t[keep], observables.constants["pi"]
+            entropy, angle, loss = observables["attention_entropy_2"][keep], observables["basis_angle"][keep], observables["loss"][keep]
+            left.plot(t, entropy @ (pi / pi.sum()), label=name)
+            middle.plot(t, angle, label=name)
+            right.plot(t, loss - bayes, label=name)
+            data.update({f"{run_dir.name}:t": t, f"{run_dir.name}:attention_entropy_2": entropy,
+                         f"{run_dir.name}:basis_angle": angle, f"{run_dir.name}:loss": loss})
+        left.set(xscale="log", xlabel=T_LABEL, ylabel="upper-layer attention entropy (nats)")
+        middle.set(xscale="log", xlabel=T_LABEL, ylabel="angle of the residual basis to its final span (rad)")
+        right.set(xscale="log", yscale="log", xlabel=T_LABEL, ylabel="loss - Bayes loss")
+        left.legend(fontsize=7)
+    caption = ("The induction task (d = 3, s = 5, exact loss): the upper layer's attention entropy falls while the "
+               "residual basis it attends over is still turning towards its final span (premature specialisation); "
+               "the variants' losses above the Bayes loss (seed 0; benchmarks/RESULTS.md has the seeded table).")
+    return save_figure(figure, out, NAME, caption, data)
