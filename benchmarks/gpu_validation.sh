@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The bridge's validation end to end on one CUDA GPU, in about 10 minutes:
+# The bridge's validation end to end on one CUDA GPU, in about an hour:
 #   1. SGD on the default Markov chain (batch 8192) beside the finite-s ODE of the same start;
-#   2. the one-layer model on WikiText-2 and TinyStories beside their Markov surrogates;
+#   2. the one-layer model on WikiText-2 and TinyStories at lr and lr/2 beside their full-vocabulary
+#      bigram surrogates (benchmarks/text_validation.py; the longest part);
 #   3. the GPT-family study (mlp / glu x plain / Q/K schedule / smoothing, 3 seeds) at
 #      8 layers, width 256, bf16 autocast.
 # Needs flowsim installed with the bridge extra and the corpora (data.data_dir or
@@ -14,10 +15,9 @@ start=$SECONDS
 
 flowsim bridge train configs/bridge/markov-default.toml --out "$OUT/markov" "${CUDA[@]}" --set data.batch_size=8192 --quiet
 flowsim bridge compare "$OUT/markov"
-for corpus in wikitext2 tinystories; do
-    flowsim bridge train "configs/bridge/$corpus-onelayer.toml" --out "$OUT/$corpus" "${CUDA[@]}" --quiet
-    flowsim bridge compare "$OUT/$corpus"
-done
+# the text validation in the flow regime: lr 20x below the CPU configs' (4e5 and 8e5 steps), large batches
+python benchmarks/text_validation.py --out "$OUT/text" "${CUDA[@]}" --set optim.lr=0.0025 --set optim.steps=400000 \
+    --set data.batch_size=4096
 echo "one-layer validation: $((SECONDS - start)) s"
 
 python benchmarks/gpt_study.py --out "$OUT/gpt" "${CUDA[@]}" --set model.n_layer=8 --set model.d_model=256 \

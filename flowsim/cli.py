@@ -176,7 +176,8 @@ def compare_runs(
         try:
             config = load_config(run_dir / CONFIG_FILE)
             summary = summarise(observables_of_run(run_dir), loss_target)
-            pathwise = pathwise_of_run(run_dir).summary()
+            # the pathwise factors are derived for the mean-field two-layer model only
+            pathwise = pathwise_of_run(run_dir).summary() if config.task.kind == "markov" else None
         except (FileNotFoundError, ConfigError, ValueError) as error:
             _fail(f"{run_dir}: {error}")
         name = run_dir.name[:16]
@@ -184,6 +185,9 @@ def compare_runs(
                            f"{summary.t_end:6.4g} {summary.final_loss:9.7f} {show(summary.t_loss_target):>9} "
                            f"{show(summary.t_basis_mature):>8} {show(summary.upper_entropy_fall_at_maturity):>8} "
                            f"{show(summary.premature_index):>6}")
+        if pathwise is None:
+            factor_lines.append(f"{name:16} (none: task.kind = {config.task.kind!r}; derived for the mean-field model only)")
+            continue
         factor_lines.append(f"{name:16} {pathwise['step_0']:8.4g} {pathwise['residual_energy_0']:9.4g} "
                             f"{pathwise['ffn_write_0']:9.4g} {pathwise['peak_bound']:10.4g} "
                             f"{pathwise['peak_direct']:11.4g} {pathwise['direct_share']:12.4g}")

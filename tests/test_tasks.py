@@ -12,6 +12,7 @@ import pytest
 import scipy.optimize
 from jax.flatten_util import ravel_pytree
 
+from flowsim.cli import compare_runs
 from flowsim.config import ConfigError, load_config
 from flowsim.experiment import execute_run, prepare
 from flowsim.flow import DepthSmoothing, GradientFlow
@@ -169,7 +170,7 @@ def test_the_slow_window_and_depth_smoothing_act_on_the_intended_tensors():
         np.testing.assert_allclose(-np.asarray(field[name]), np.asarray(gradient[name]), atol=1e-14)
 
 
-def test_the_task_runs_through_flowsim_run_with_its_probes(tmp_path):
+def test_the_task_runs_through_flowsim_run_with_its_probes(tmp_path, capsys):
     config = task_config()
     result = execute_run(config, tmp_path / "run", progress=False)
     assert result.success, result.message
@@ -182,6 +183,8 @@ def test_the_task_runs_through_flowsim_run_with_its_probes(tmp_path):
     assert observables["basis_angle"][-1] == pytest.approx(0.0, abs=1e-6)
     summary = summarise(observables, loss_target=float(loss[-1]) + 1e-3)
     assert summary.final_loss == pytest.approx(loss[-1]) and summary.t_loss_target is not None
+    compare_runs([tmp_path / "run"], loss_target=None)  # the probes table across runs reads it too
+    assert "derived for the mean-field model only" in capsys.readouterr().out
 
 
 def test_bad_task_settings_are_named():
