@@ -1,10 +1,18 @@
 """The multi-layer study: the GPT-family configs (mlp / glu × plain / upper-Q/K schedule /
-Window Smoothing) over several seeds, with validation perplexity at the last step.
+Window Smoothing) over several seeds on WikiText-2 and the TinyStories sample.
 
-    python benchmarks/gpt_study.py [--seeds 0 1 2] [--out runs/gpt-study] [--set data.device=cuda ...]
+    python benchmarks/gpt_study.py [--seeds 0 1 2] [--corpus wikitext2 --corpus tinystories]
+                                   [--out runs/gpt-study] [--set data.device=cuda ...]
 
-Each run is a resumable bridge run directory (an interrupted study picks up where it
-stopped); the table is printed and written to OUT/study.json.
+Per corpus and variant, mean ± standard deviation over seeds (data.seed: the same seed gives
+every variant the same initialisation and batches, so each variant is also compared with
+gpt-mlp seed by seed): the validation loss at the last step; how far the top layer's
+π-weighted attention entropy fell; when the residual stream it reads (after the block below
+it) matured (its largest principal angle to its final span stays below 0.1 rad); and the
+premature-specialisation index (the entropy fall by then over the largest fall,
+flowsim.specialisation). The mean curves of the top layer's entropy and of that basis angle
+over the checkpoints go to OUT/study.json (figure 16 draws them); the table to
+benchmarks/RESULTS.md (section gpt-study). Each run is a resumable bridge run directory.
 """
 
 from __future__ import annotations
@@ -19,43 +27,93 @@ from flowsim.bridge.train import train
 from flowsim.config import shipped_config
 from flowsim.io import write_atomic_json
 from flowsim.observables import Observables
+from flowsim.specialisation import summarise
+
+from report import write_section
 
 CONFIGS = shipped_config("bridge")
 VARIANTS = ("gpt-mlp", "gpt-mlp-qk", "gpt-mlp-smooth", "gpt-glu", "gpt-glu-qk", "gpt-glu-smooth")
+RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
-def upper_entropy_fall(observables: Observables) -> float:
-    """How far the top layer's π-weighted attention entropy fell from its start to its end."""
+def upper_layer_view(observables: Observables) -> Observables:
+    """The top layer's attention and the residual basis it reads, under the names
+    flowsim.specialisation expects (attention_entropy_2, basis_angle)."""
     layers = sorted(int(name.rsplit("_", 1)[1]) for name in observables.columns if name.startswith("attention_entropy_"))
-    entropy = observables[f"attention_entropy_{layers[-1]}"] @ observables.constants["pi"]
-    return float(entropy[0] - entropy[-1])
+    top = layers[-1]
+    columns = {"loss": observables["loss"], "attention_entropy_2": observables[f"attention_entropy_{top}"],
+               "basis_angle": observables[f"basis_angle_{top - 1}"]}
+    return Observables(t=observables.t, columns=columns, constants={"pi": observables.constants["pi"]})
+
+
+def run_row(run_dir: Path, seed: int, final_log: dict) -> dict:
+    view = upper_layer_view(Observables.load(run_dir))
+    summary = summarise(view)
+    pi = view.constants["pi"] / view.constants["pi"].sum()
+    upper = view["attention_entropy_2"] @ pi
+    return {"seed": seed, "val_loss": final_log["val_loss"], "val_perplexity": final_log["val_perplexity"],
+            "upper_entropy_fall": float(upper[0] - upper[-1]), "t_basis_mature": summary.t_basis_mature,
+            "premature_index": summary.premature_index,
+            "curve": {"t": view.t.tolist(), "upper_entropy": upper.tolist(), "basis_angle": view["basis_angle"].tolist(),
+                      "val_loss": view["loss"].tolist()}}
+
+
+def spread(values: list) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "never"
+    return f"{np.mean(values):.4g} ± {np.std(values, ddof=1) if len(values) > 1 else 0.0:.2g}"
+
+
+def corpus_table(corpus: str, results: dict[str, list[dict]]) -> str:
+    base = {row["seed"]: row["val_loss"] for row in results.get("gpt-mlp", [])}
+    lines = [f"### {corpus}", "",
+             "| variant | seeds | validation loss | paired Δ vs gpt-mlp | top-layer entropy fall | basis mature (t = lr × step) | premature index |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for variant, rows in results.items():
+        paired = [row["val_loss"] - base[row["seed"]] for row in rows if row["seed"] in base]
+        lines.append(f"| {variant} | {len(rows)} | {spread([r['val_loss'] for r in rows])} | "
+                     f"{spread(paired) if variant != 'gpt-mlp' else '-'} | {spread([r['upper_entropy_fall'] for r in rows])} | "
+                     f"{spread([r['t_basis_mature'] for r in rows])} | {spread([r['premature_index'] for r in rows])} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--corpus", action="append", choices=["wikitext2", "tinystories"])
     parser.add_argument("--out", type=Path, default=Path("runs/gpt-study"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value for every run")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
     args = parser.parse_args()
-    results = {}
-    for variant in args.variants:
-        rows = []
-        for seed in args.seeds:
-            config = load_bridge_config(CONFIGS / f"{variant}.toml", [*args.overrides, f"data.seed={seed}"])
-            result = train(config, args.out / f"{variant}-seed{seed}", progress=False)
-            observables = Observables.load(args.out / f"{variant}-seed{seed}")
-            rows.append({"seed": seed, "val_perplexity": result.log[-1]["val_perplexity"],
-                         "upper_entropy_fall": upper_entropy_fall(observables),
-                         "ffn_write_1": float(observables["ffn_write_1"][-1])})
-            print(f"{variant:16} seed {seed}: perplexity {rows[-1]['val_perplexity']:.2f}", flush=True)
-        results[variant] = rows
-    print(f"\n{'variant':16} {'val perplexity (mean ± sd)':>28} {'upper H fall':>13} {'FFN-1 write':>12}")
-    for variant, rows in results.items():
-        ppl = np.array([row["val_perplexity"] for row in rows])
-        print(f"{variant:16} {ppl.mean():19.2f} ± {ppl.std(ddof=1) if len(ppl) > 1 else 0.0:6.2f} "
-              f"{np.mean([r['upper_entropy_fall'] for r in rows]):13.3f} {np.mean([r['ffn_write_1'] for r in rows]):12.3g}")
-    write_atomic_json(args.out / "study.json", results)
+    study, tables = {}, []
+    for corpus in args.corpus or ["wikitext2", "tinystories"]:
+        results = {}
+        for variant in args.variants:
+            rows = []
+            for seed in args.seeds:
+                config = load_bridge_config(CONFIGS / f"{variant}.toml",
+                                            [f"data.kind='{corpus}'", *args.overrides, f"data.seed={seed}"])
+                run_dir = args.out / corpus / f"{variant}-seed{seed}"
+                result = train(config, run_dir, progress=False)
+                rows.append(run_row(run_dir, seed, result.log[-1]))
+                print(f"{corpus:11} {variant:16} seed {seed}: validation loss {rows[-1]['val_loss']:.4f}", flush=True)
+            results[variant] = rows
+        study[corpus] = results
+        tables.append(corpus_table(corpus, results))
+    config = load_bridge_config(CONFIGS / f"{args.variants[0]}.toml", args.overrides)
+    text = "\n\n".join([
+        "## GPT study (`python benchmarks/gpt_study.py`)",
+        f"{config.model.n_layer} layers, width {config.model.d_model}, {config.model.n_head} heads, contexts of "
+        f"{config.data.s}, batch {config.data.batch_size}, {config.optim.name} lr {config.optim.lr:g} for "
+        f"{config.optim.steps} steps, vocabulary {config.data.vocab_size} + <unk>; seeds {args.seeds} (mean ± standard "
+        "deviation; the paired difference seed by seed). The top layer's entropy is π-weighted over the probe types; "
+        "'basis mature' is the first checkpoint after which the stream below the top layer stays within 0.1 rad of its "
+        "final span ('never': not within the run).",
+        *tables])
+    print(text)
+    write_atomic_json(args.out / "study.json", study)
+    write_section(RESULTS, "gpt-study", text)
 
 
 if __name__ == "__main__":

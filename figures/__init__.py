@@ -40,6 +40,7 @@ FIGURE_MODULES = (
     "fig13_text_attention",
     "fig14_sgd_against_the_flow",
     "fig15_phase_diagram",
+    "fig16_gpt_study",
     "fig17_induction_task",
 )
 

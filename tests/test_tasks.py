@@ -196,3 +196,23 @@ def test_bad_task_settings_are_named():
         task_config(["task.noise=1.0"])
     with pytest.raises(ValueError, match="over the limit"):
         InductionTask(d=5, s=9)
+
+
+def test_a_sweep_over_seeds_records_the_specialisation_probes(tmp_path):
+    from flowsim.sweep import run_sweep
+
+    base = ["task.kind='induction'", "task.d=3", "task.s=4", "model.kind='two_layer'", "model.m=6", "model.k=4",
+            "loss.kind='finite'", "init.eps=0.3", "solver.method='Tsit5'", "time.t_end=10.0", "time.n_linear=11",
+            "time.n_log=5", "time.t_log_min=0.5"]
+    rows = run_sweep(None, {"flow.qk_rho": [1.0, 0.25]}, 2, tmp_path / "sweep", base_overrides=base)
+    assert len(rows) == 4 and {row["seed"] for row in rows} == {0, 1}
+    task = InductionTask(d=3, s=4, noise=0.1)
+    for row in rows:
+        assert row["bayes_loss"] == pytest.approx(task.bayes_loss, rel=1e-12)
+        assert row["curve"]["loss"][-1] == pytest.approx(row["final_loss"])
+        assert len(row["curve"]["t"]) == len(row["curve"]["basis_angle"]) == len(row["curve"]["upper_entropy"])
+        assert "premature_index" in row and "t_basis_mature" in row
+    # the same seed starts every variant from the same parameters
+    starts = {(row["flow.qk_rho"], row["seed"]): row["curve"]["loss"][0] for row in rows}
+    assert starts[(1.0, 0)] == starts[(0.25, 0)] != starts[(1.0, 1)]
+    assert "premature_index" in (tmp_path / "sweep" / "sweep.csv").read_text().splitlines()[0]
