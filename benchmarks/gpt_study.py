@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
 
 from flowsim.bridge.config import load_bridge_config
 from flowsim.bridge.train import train
@@ -29,7 +28,7 @@ from flowsim.io import write_atomic_json
 from flowsim.observables import Observables
 from flowsim.specialisation import summarise
 
-from report import write_section
+from report import spread, write_section
 
 CONFIGS = shipped_config("bridge")
 VARIANTS = ("gpt-mlp", "gpt-mlp-qk", "gpt-mlp-smooth", "gpt-glu", "gpt-glu-qk", "gpt-glu-smooth")
@@ -56,13 +55,6 @@ def run_row(run_dir: Path, seed: int, final_log: dict) -> dict:
             "premature_index": summary.premature_index,
             "curve": {"t": view.t.tolist(), "upper_entropy": upper.tolist(), "basis_angle": view["basis_angle"].tolist(),
                       "val_loss": view["loss"].tolist()}}
-
-
-def spread(values: list) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "never"
-    return f"{np.mean(values):.4g} ± {np.std(values, ddof=1) if len(values) > 1 else 0.0:.2g}"
 
 
 def corpus_table(corpus: str, results: dict[str, list[dict]]) -> str:

@@ -31,7 +31,7 @@ from flowsim.io import write_atomic_json
 from flowsim.specialisation import first_time_below
 from flowsim.sweep import run_sweep
 
-from report import write_section
+from report import spread, write_section
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 BASE = shipped_config("induction") / "baseline.toml"
@@ -50,13 +50,6 @@ def with_target_time(row: dict) -> dict:
     target = row["bayes_loss"] + TARGET_ABOVE_BAYES
     return {**row, "t_target": first_time_below(np.asarray(curve["t"]), np.asarray(curve["loss"]), target),
             "gap": row["final_loss"] - row["bayes_loss"]}
-
-
-def spread(values: list) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "never"
-    return f"{np.mean(values):.4g} ± {np.std(values, ddof=1) if len(values) > 1 else 0:.2g}"
 
 
 def table(groups: dict[str, list[dict]], baseline: str = "baseline") -> str:

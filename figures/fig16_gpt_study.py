@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 
 from figures.bridge_runs import bridge_run
 from figures.runs import read_observables
-from figures.style import T_LABEL, FigureResult, figure_style, save_figure
+from figures.style import T_LABEL, FigureResult, figure_style, plot_specialisation, save_figure
 
 NAME = "fig16_gpt_study"
 RUNS = ("gpt-mlp", "gpt-mlp-qk", "gpt-glu", "gpt-glu-qk")
@@ -27,15 +27,8 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
             run_dir = bridge_run(cache, name, TINY if tiny else ())
             observables = read_observables(run_dir)
             top = max(int(c.rsplit("_", 1)[1]) for c in observables.columns if c.startswith("attention_entropy_"))
-            keep = observables.t > 0
-            t, pi = observables.t[keep], observables.constants["pi"]
-            entropy = observables[f"attention_entropy_{top}"][keep]
-            angle, loss = observables[f"basis_angle_{top - 1}"][keep], observables["loss"][keep]
-            left.plot(t, entropy @ (pi / pi.sum()), label=name)
-            middle.plot(t, angle, label=name)
-            right.plot(t, loss, label=name)
-            data.update({f"{run_dir.name}:t": t, f"{run_dir.name}:attention_entropy_{top}": entropy,
-                         f"{run_dir.name}:basis_angle_{top - 1}": angle, f"{run_dir.name}:loss": loss})
+            data.update(plot_specialisation((left, middle, right), observables, name, run_dir.name,
+                                            f"attention_entropy_{top}", f"basis_angle_{top - 1}"))
         left.set(xscale="log", xlabel=T_LABEL, ylabel="top-layer attention entropy (nats)")
         middle.set(xscale="log", xlabel=T_LABEL, ylabel="angle of the stream below it to its final span (rad)")
         right.set(xscale="log", xlabel=T_LABEL, ylabel="validation loss")

@@ -8,7 +8,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from figures.runs import flowsim_run, read_observables
-from figures.style import T_LABEL, FigureResult, figure_style, save_figure
+from figures.style import T_LABEL, FigureResult, figure_style, plot_specialisation, save_figure
 from flowsim.config import load_config, shipped_config
 from flowsim.tasks import InductionTask
 
@@ -28,14 +28,8 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
         for name in RUNS_TINY if tiny else RUNS:
             run_dir = flowsim_run(cache, TINY if tiny else (), config_path=SHIPPED / f"{name}.toml")
             observables = read_observables(run_dir)
-            keep = observables.t > 0
-            t, pi = observables.t[keep], observables.constants["pi"]
-            entropy, angle, loss = observables["attention_entropy_2"][keep], observables["basis_angle"][keep], observables["loss"][keep]
-            left.plot(t, entropy @ (pi / pi.sum()), label=name)
-            middle.plot(t, angle, label=name)
-            right.plot(t, loss - bayes, label=name)
-            data.update({f"{run_dir.name}:t": t, f"{run_dir.name}:attention_entropy_2": entropy,
-                         f"{run_dir.name}:basis_angle": angle, f"{run_dir.name}:loss": loss})
+            data.update(plot_specialisation((left, middle, right), observables, name, run_dir.name,
+                                            "attention_entropy_2", "basis_angle", loss_offset=bayes))
         left.set(xscale="log", xlabel=T_LABEL, ylabel="upper-layer attention entropy (nats)")
         middle.set(xscale="log", xlabel=T_LABEL, ylabel="angle of the residual basis to its final span (rad)")
         right.set(xscale="log", yscale="log", xlabel=T_LABEL, ylabel="loss - Bayes loss")

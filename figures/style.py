@@ -74,3 +74,17 @@ def shade_stages(axis, report, t_last: float, stages: tuple[str, ...], query: in
         end = t_last if interval.t_end is None else interval.t_end
         axis.axvspan(interval.t_start, end, facecolor="0.85" if interval.stage != "dilution" else "none",
                      edgecolor="0.4", hatch=hatches[interval.stage], lw=0, alpha=0.6, zorder=0)
+
+
+def plot_specialisation(axes, observables, name: str, key: str, entropy_column: str, angle_column: str,
+                        loss_offset: float = 0.0) -> dict[str, np.ndarray]:
+    """One run on three axes against t (t > 0): the π-weighted upper-layer entropy, the residual
+    basis's angle to its final span, the loss minus ``loss_offset``. Returns the plotted columns
+    as figure data under ``key`` (the run's folder name)."""
+    keep = observables.t > 0
+    t, pi = observables.t[keep], observables.constants["pi"]
+    entropy, angle, loss = (observables[column][keep] for column in (entropy_column, angle_column, "loss"))
+    for axis, values in zip(axes, (entropy @ (pi / pi.sum()), angle, loss - loss_offset)):
+        axis.plot(t, values, label=name)
+    return {f"{key}:t": t, f"{key}:{entropy_column}": entropy, f"{key}:{angle_column}": angle, f"{key}:loss": loss}
+
