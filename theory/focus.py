@@ -13,9 +13,24 @@ the unstable vectors are W_Q = α ξ^T, W_K = -sign(h) α ξ^T. Along them Φ = 
 φ = -sign(h) a²/2 for amplitude a, so query i's logits grow ∝ π_i π_j: the most frequent
 token's query focuses first, on the most frequent token.
 
-Focus onset: the amplitude grows as a(t) = a_attn(0) exp(∫ |h(s)| ds) along the
-condensation orbit (h rises from 0 to -μ2 as M condenses), and the onset is when the
-query's attention entropy at γ* falls halfway from H(π) to 0.
+Focus onset, by matched asymptotics (as condensation matches its orbit). While the
+attention is small its amplitude obeys the linear equation a' = |h(t)| a along the
+condensation orbit (h rises from 0 to -μ2 as M condenses; φ = q·r enters the loss at
+second order, so the attention does not feed back on condensation), hence
+
+    a(t) = a_attn(0) exp(G(t)),   G(t) = ∫_0^t |h(s)| ds,   G(t) = μ2 t + K for t past condensation.
+
+The nonlinear phase is the *focus orbit*: the rank-one flow from the condensed point
+(γ*, β*) along the unstable attention vector, started at a tiny amplitude δ (computed
+once per chain, ``focus_orbit``). Along it the amplitude is δ e^{μ2 τ} while linear, so
+the two clocks match where a(t) = δ:
+
+    t = τ + t_shift,   t_shift = T + (log δ - log a_attn(0) - G(T)) / μ2,
+
+for any T at which condensation has settled and the attention is still linear; the
+result does not depend on δ as δ → 0. The first query's focus onset is then the
+detector's own (``detect_focus_and_dilution``: halfway from the entropy's peak to the
+trough that follows) read on the orbit's entropy on that clock.
 """
 
 from __future__ import annotations
@@ -26,11 +41,12 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 from scipy.integrate import cumulative_trapezoid
-from scipy.optimize import brentq
 from scipy.special import softmax
 
 from flowsim.observables import attention_entropy
+from flowsim.stages import StageThresholds, detect_focus_and_dilution
 from theory.origin import CondensationPrediction
+from theory.manifold import ReducedFlow, ReducedState
 from theory.symbolic import MeanFieldTwin
 
 
@@ -67,9 +83,38 @@ def attention_coupling(twin: MeanFieldTwin, gamma: np.ndarray, beta: np.ndarray)
     return float(gamma @ G_Phi @ gamma)
 
 
-def query_entropy(phi: float, gamma: np.ndarray, pi: np.ndarray, query: int) -> float:
-    """Entropy of softmax(φ γ_query γ + log π), the query's attention at scale φ."""
-    return float(attention_entropy(softmax(phi * gamma[query] * gamma + np.log(pi))))
+@dataclass(frozen=True)
+class FocusOrbit:
+    """The rank-one flow from (γ*, β*) along the unstable attention vector, started at amplitude ``delta``."""
+
+    mu2: float
+    h: float
+    delta: float
+    tau: np.ndarray  # the orbit's own clock, from 0
+    entropy: np.ndarray  # (T, d) attention entropy of each query along the orbit
+
+
+@functools.lru_cache(maxsize=16)
+def focus_orbit(pi: tuple[float, ...], P: tuple[tuple[float, ...], ...], delta: float = 1e-10,
+                tau_over_mu: float = 80.0) -> FocusOrbit:
+    """Integrate the focus orbit for ``tau_over_mu`` / μ2 time units: log(1/δ)/μ2 of linear growth, then the
+    nonlinear focus. The attention amplitude u splits as q = u/√2, r = -sign(h) u/√2 (k = 1 suffices:
+    Φ depends on q and r only through q·r)."""
+    pi_arr, P_arr = np.asarray(pi), np.asarray(P)
+    twin = MeanFieldTwin(pi_arr, P_arr)
+    gamma, beta = condensed_point(pi_arr)
+    h = attention_coupling(twin, gamma, beta)
+    mu2 = abs(h)
+    u = delta / np.sqrt(2.0)
+    start = ReducedState(gamma[:, None], beta[:, None], np.array([[u]]), np.array([[-np.sign(h) * u]]))
+    tau = np.concatenate([[0.0], np.geomspace(1e-3 / mu2, tau_over_mu / mu2, 3000)])
+    solution = ReducedFlow(twin, k=1).solve(start, tau, rtol=1e-10, atol=1e-12 * delta)
+    entropy = []
+    for y in solution.y.T:
+        state = ReducedState.unpack(y, twin.d, 1)
+        Phi = state.Gamma @ state.Q.T @ state.R @ state.Gamma.T
+        entropy.append(attention_entropy(softmax(Phi + np.log(pi_arr)[None, :], axis=1)))
+    return FocusOrbit(mu2, h, delta, solution.t, np.array(entropy))
 
 
 @dataclass(frozen=True)
@@ -80,32 +125,32 @@ class FocusPrediction:
     h: float  # sign of the coupling: h < 0 means W_K = W_Q along the unstable vector
     gamma_star: np.ndarray
     beta_star: np.ndarray
-    order: list[int]  # queries in the order they focus (most frequent first)
+    order: list[int]  # queries in the order of π (most frequent first)
     a_attn0: float  # initial amplitude of (W_Q, W_K) along the unstable vectors
-    t_onset: dict[int, float]  # predicted focus onset per query, for the first query
-    phi_half: float  # attention scale at which the first query's entropy is halved
+    t_onset: dict[int, float]  # predicted focus onset of the first query (empty if the orbit does not focus it)
+    t_shift: float  # real time = focus-orbit time + t_shift, for this initial point
+    orbit: FocusOrbit
 
 
-def predict_focus(twin: MeanFieldTwin, params0, condensation: CondensationPrediction, k: int) -> FocusPrediction:
-    """Focus onset of the first query: ∫|h| along the orbit reaches log(a_half / a_attn(0))."""
+def predict_focus(twin: MeanFieldTwin, params0, condensation: CondensationPrediction, k: int,
+                  thresholds: StageThresholds | None = None) -> FocusPrediction:
+    """The first query's focus onset: the linear growth along the condensation orbit matched to the focus orbit."""
+    th = StageThresholds() if thresholds is None else thresholds
     pi = twin.pi
+    orbit = focus_orbit(tuple(map(float, pi)), tuple(map(tuple, np.asarray(twin.P, dtype=float))))
     gamma_star, beta_star = condensed_point(pi)
-    h = attention_coupling(twin, gamma_star, beta_star)
-    mu2 = abs(h)
     alpha = condensation.alpha
-    xi = (np.asarray(params0["W_Q"]).T @ alpha - np.sign(h) * np.asarray(params0["W_K"]).T @ alpha) / np.sqrt(2.0)
+    xi = (np.asarray(params0["W_Q"]).T @ alpha - np.sign(orbit.h) * np.asarray(params0["W_K"]).T @ alpha) / np.sqrt(2.0)
     a_attn0 = float(np.linalg.norm(xi))
+    stage_one = condensation.orbit
+    rates = np.array([abs(attention_coupling(twin, g, b)) for g, b in zip(stage_one.gamma, stage_one.beta)])
+    growth = cumulative_trapezoid(rates, stage_one.t, initial=0.0)
+    matched_at = stage_one.t[-1] + condensation.shift  # real time of the condensation orbit's end
+    t_shift = matched_at + (np.log(orbit.delta) - np.log(a_attn0) - growth[-1]) / orbit.mu2
     order = [int(i) for i in np.argsort(-pi, kind="stable") if pi[i] > 0]
     first = order[0]
-    h0 = query_entropy(0.0, gamma_star, pi, first)
-    sign = -np.sign(h)
-    phi_half = brentq(lambda phi: query_entropy(sign * phi, gamma_star, pi, first) - h0 / 2, 0.0, 1e3)
-    log_growth_needed = np.log(np.sqrt(2.0 * phi_half) / a_attn0)
-    orbit = condensation.orbit
-    rates = np.array([abs(attention_coupling(twin, g, b)) for g, b in zip(orbit.gamma, orbit.beta)])
-    growth = cumulative_trapezoid(rates, orbit.t, initial=0.0)
-    if growth[-1] >= log_growth_needed:
-        tau = float(np.interp(log_growth_needed, growth, orbit.t))
-    else:
-        tau = float(orbit.t[-1] + (log_growth_needed - growth[-1]) / mu2)
-    return FocusPrediction(mu2, h, gamma_star, beta_star, order, a_attn0, {first: tau + condensation.shift}, phi_half)
+    t_real = orbit.tau + t_shift
+    keep = t_real > 0
+    focused = [i for i in detect_focus_and_dilution(t_real[keep], orbit.entropy[keep, first], first, th) if i.stage == "focus"]
+    t_onset = {first: focused[0].t_start} if focused else {}
+    return FocusPrediction(orbit.mu2, orbit.h, gamma_star, beta_star, order, a_attn0, t_onset, float(t_shift), orbit)

@@ -6,7 +6,15 @@ Rows (stage names as in stages.json):
 * focus, first query: its onset (t_start), Stage II;
 * restart, direction 1: the time σ1(W0) passes the detector's threshold (t_start), Stage IV;
 * dilution (per query) and focus of the other queries: onsets detected on the predicted
-  trajectory continued on the rank-two manifold after the restart, Stage III.
+  trajectory continued on the rank-two manifold after the restart, Stage III. The detectors
+  confirm an event only once it has held (``StageThresholds``), on the predicted trajectory
+  as on the run, so an event near the horizon t_end is predicted only when the run's
+  horizon would let it be measured too: both sides read the same window.
+
+``compare`` lists every row of both sides: predicted and measured (with the relative
+error), predicted but not measured within the run, and measured with no prediction
+(each marked in ``note``). A restart the theory rules out is a row with no predicted time
+and the verdict in ``note`` (the degenerate point of symmetric rare tokens: μ_δ = 0).
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import numpy as np
 from flowsim.config import ConfigError, RunConfig, load_config
 from flowsim.experiment import label_run, prepare
 from flowsim.rundir import CONFIG_FILE
-from flowsim.stages import StageReport, subject_label
+from flowsim.stages import StageReport, StageThresholds, subject_label
 from flowsim.io import write_atomic_json
 from theory.dilution import DilutionPrediction, predict_dilution
 from theory.focus import FocusPrediction, predict_focus
@@ -31,14 +39,20 @@ from theory.symbolic import MeanFieldTwin
 COMPARE_JSON = "compare.json"
 
 
+# A transverse rate below this (relative to μ2) is read as zero: the settled point is degenerate.
+DEGENERATE_RATE = 1e-8
+NOT_MEASURED, NOT_PREDICTED = "predicted, not measured", "measured, not predicted"
+
+
 @dataclass(frozen=True)
 class Row:
     stage: str
     query: int | None
     direction: int | None
-    predicted: float
+    predicted: float | None  # None: the theory predicts no such event (``note`` says why) or has no prediction
     measured: float | None = None
     rel_error: float | None = None
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -88,8 +102,8 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     check_supported(config)
     prepared = prepare(config)
     chain = prepared.chain
-    if not 2 <= chain.d <= 4:
-        raise ConfigError(f"the symbolic model covers d = 2, 3, 4; this chain has d = {chain.d}")
+    if not 2 <= chain.d <= 5:
+        raise ConfigError(f"the symbolic model covers d = 2 to 5; this chain has d = {chain.d}")
     if np.any(chain.pi <= 0):
         raise ConfigError(f"predictions need every token to have π > 0, got π = {chain.pi.tolist()}")
     eps = config.init.eps if config.init.file is None else float(np.sqrt(np.mean(np.asarray(prepared.params0["W0"]) ** 2)))
@@ -105,8 +119,17 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     dilution = predict_dilution(twin, prepared.flow, prepared.model, condensation.alpha, restart, float(config.time.t_end))
     rows = [Row("condensation", None, None, condensation.t_end)]
     rows += [Row("focus", query, None, t) for query, t in focus.t_onset.items()]
+    if not focus.t_onset:
+        drop = focus.orbit.entropy[0, focus.order[0]] - focus.orbit.entropy[:, focus.order[0]].min()
+        rows.append(Row("focus", focus.order[0], None, None, note=f"no focus: on the focus orbit the entropy falls only "
+                                                                  f"{drop:.3g} nats (a focus needs {StageThresholds().focus_drop:g})"))
     if restart.t_onset is not None:
         rows.append(Row("restart", None, 1, restart.t_onset))
+    elif restart.mu_transverse <= DEGENERATE_RATE * focus.mu2:
+        rows.append(Row("restart", None, 1, None, note=f"no restart: μ_δ = {restart.mu_transverse:.2g} ≈ 0, degenerate point"))
+    else:
+        rows.append(Row("restart", None, 1, None, note=f"no restart by t = {config.time.t_end:g} "
+                                                       f"(transverse rate μ = {restart.mu_transverse:.3g})"))
     if dilution is not None:
         for stage in ("focus", "dilution"):
             for query in focus.order:
@@ -125,17 +148,31 @@ def measured_time(report: StageReport, row: Row) -> float | None:
     return None if not found else found[0].t_start
 
 
+def compared_rows(predicted: list[Row], report: StageReport) -> list[Row]:
+    """Each predicted row with its measured time, then the first occurrence of every measured
+    (stage, query, direction) that no row predicts."""
+    rows = []
+    for row in predicted:
+        measured = measured_time(report, row)
+        error = None if measured is None or row.predicted is None else abs(row.predicted - measured) / measured
+        note = row.note or (NOT_MEASURED if measured is None else "")
+        rows.append(Row(row.stage, row.query, row.direction, row.predicted, measured, error, note))
+    covered = {(row.stage, row.query, row.direction) for row in rows}
+    for interval in report.intervals:
+        key = (interval.stage, interval.query, interval.direction)
+        if key not in covered:
+            covered.add(key)
+            time = interval.t_end if interval.stage == "condensation" else interval.t_start
+            rows.append(Row(*key, None, time, None, NOT_PREDICTED))
+    return rows
+
+
 def compare_run(run_dir: Path, progress: Callable[[str], None] = _quiet) -> tuple[list[Row], Prediction]:
     """Predicted beside measured for a run directory; writes compare.json there."""
     run_dir = Path(run_dir)
     config = load_config(run_dir / CONFIG_FILE)
     prediction = predict_run(config, progress)
-    report = label_run(run_dir)
-    rows = []
-    for row in prediction.rows:
-        measured = measured_time(report, row)
-        error = None if measured is None else abs(row.predicted - measured) / measured
-        rows.append(Row(row.stage, row.query, row.direction, row.predicted, measured, error))
+    rows = compared_rows(prediction.rows, label_run(run_dir))
     payload = {"rows": [asdict(row) for row in rows]}
     write_atomic_json(run_dir / COMPARE_JSON, payload)
     return rows, prediction
@@ -146,10 +183,12 @@ def table(rows: list[Row], measured: bool = True) -> str:
     header = f"{'stage':13} {'q/dir':6} {'predicted':>10}" + (f" {'measured':>10} {'rel.err':>8}" if measured else "")
     lines = [header]
     for row in rows:
-        line = f"{row.stage:13} {subject_label(row.query, row.direction):6} {row.predicted:10.4g}"
+        predicted = "-" if row.predicted is None else f"{row.predicted:.4g}"
+        line = f"{row.stage:13} {subject_label(row.query, row.direction):6} {predicted:>10}"
         if measured:
             value = "-" if row.measured is None else f"{row.measured:.4g}"
             error = "-" if row.rel_error is None else f"{100 * row.rel_error:.1f}%"
             line += f" {value:>10} {error:>8}"
-        lines.append(line)
+        note = row.note if measured or row.note not in (NOT_MEASURED, NOT_PREDICTED) else ""
+        lines.append(line + (f"  {note}" if note else ""))
     return "\n".join(lines)

@@ -1,0 +1,90 @@
+"""The theory's predicted onsets against the exact flow on a seeded random family of chains.
+
+    python benchmarks/theory_accuracy.py [--chains 24] [--seed 0] [--eps 1e-3 --eps 1e-6]
+
+Each chain of ``theory.accuracy.random_family`` (d = 3, 4, 5 in turn, π from a Dirichlet,
+λ in [0.2, 0.8]) is integrated at each ε (seed 0 initial point) to twice its predicted
+first focus; the table gives, per ε, the predicted and measured end of condensation and
+onset of the first query's focus with their relative errors, and a summary of the median
+and worst error per stage. A chain whose measured flow registers no focus of that query
+is listed with its first σ1 restart, which then interrupts the focus. The tables go into
+benchmarks/RESULTS.md (section theory-accuracy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from theory.accuracy import ChainAccuracy, chain_accuracy, random_family
+
+from report import write_section
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+def _time(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}%"
+
+
+def chain_table(rows: list[ChainAccuracy]) -> str:
+    lines = ["| # | π | λ | condensation: theory / flow | error | first focus: theory / flow | error | first σ1 restart |",
+             "|---:|---|---:|---|---:|---|---:|---:|"]
+    for index, row in enumerate(rows):
+        lines.append(
+            f"| {index} | {', '.join(f'{p:.3f}' for p in row.pi)} | {row.lam:.2f} "
+            f"| {_time(row.condensation[0])} / {_time(row.condensation[1])} | {_percent(ChainAccuracy.error(row.condensation))} "
+            f"| {_time(row.focus[0])} / {_time(row.focus[1])} | {_percent(ChainAccuracy.error(row.focus))} "
+            f"| {_time(row.restart_measured)} |")
+    return "\n".join(lines)
+
+
+def summary_table(by_eps: dict[float, list[ChainAccuracy]]) -> str:
+    lines = ["| ε | stage | chains measured | median error | worst error |", "|---|---|---:|---:|---:|"]
+    for eps, rows in by_eps.items():
+        for stage in ("condensation", "focus"):
+            errors = [e for e in (ChainAccuracy.error(getattr(row, stage)) for row in rows) if e is not None]
+            median = _percent(float(np.median(errors))) if errors else "-"
+            worst = _percent(max(errors)) if errors else "-"
+            lines.append(f"| {eps:g} | {stage} | {len(errors)} of {len(rows)} | {median} | {worst} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--chains", type=int, default=24)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eps", type=float, action="append", help="initial scale (repeatable; default 1e-3 and 1e-6)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    epsilons = args.eps or [1e-3, 1e-6]
+    family = random_family(args.chains, args.seed)
+    started = time.perf_counter()
+    by_eps: dict[float, list[ChainAccuracy]] = {}
+    for eps in epsilons:
+        by_eps[eps] = []
+        for index, (pi, lam) in enumerate(family):
+            row = chain_accuracy(pi, lam, eps)
+            by_eps[eps].append(row)
+            print(f"ε = {eps:g} chain {index}: condensation {_percent(ChainAccuracy.error(row.condensation))}, "
+                  f"focus {_time(row.focus[0])} / {_time(row.focus[1])} {_percent(ChainAccuracy.error(row.focus))}", flush=True)
+    text = [f"## Theory accuracy on a random family (`python benchmarks/theory_accuracy.py --chains {args.chains} "
+            f"--seed {args.seed}`)", "",
+            f"{args.chains} chains P = λI + (1 - λ)1π^T (d = 3, 4, 5 in turn, π ~ Dirichlet(1) floored at 0.02, "
+            f"λ ~ U[0.2, 0.8]), m = k = 8, mean-field loss, seed-0 initial point; {time.perf_counter() - started:.0f} s "
+            "on a 2-core CPU.", "", summary_table(by_eps)]
+    for eps, rows in by_eps.items():
+        text += ["", f"### ε = {eps:g}", "", chain_table(rows)]
+    write_section(args.out, "theory-accuracy", "\n".join(text))
+    print(summary_table(by_eps))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The theory's accuracy on chains it was not developed on: a seeded random family.
+
+``random_family`` draws paper-family chains P = λ I + (1 - λ) 1 π^T with π from a flat
+Dirichlet (entries floored at ``min_pi`` so every token can be measured, then sorted so
+token 0 is the most frequent) and λ uniform in [0.2, 0.8]. ``chain_accuracy`` integrates
+the exact flow of one of them and puts the predicted onsets beside the detectors' own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from flowsim.config import load_config
+from flowsim.experiment import prepare
+from flowsim.observables import compute_observables
+from flowsim.solvers import solve_flow
+from flowsim.stages import detect_stages
+from theory.focus import predict_focus
+from theory.origin import predict_condensation
+from theory.symbolic import MeanFieldTwin
+
+
+def random_family(n: int, seed: int = 0, dims: tuple[int, ...] = (3, 4, 5), min_pi: float = 0.02,
+                  lam_range: tuple[float, float] = (0.2, 0.8)) -> list[tuple[list[float], float]]:
+    """n chains (π, λ), the vocabulary size cycling through ``dims``; π rounded to 6 digits, summing to 1."""
+    if n < 1 or not dims or min(dims) < 2:
+        raise ValueError(f"need n >= 1 and vocabulary sizes >= 2, got n = {n}, dims = {dims}")
+    rng = np.random.default_rng(seed)
+    chains = []
+    for index in range(n):
+        d = dims[index % len(dims)]
+        pi = np.maximum(np.sort(rng.dirichlet(np.ones(d)))[::-1], min_pi)
+        pi = np.round(pi / pi.sum(), 6)
+        pi[-1] = 1.0 - pi[:-1].sum()
+        chains.append(([float(x) for x in pi], float(rng.uniform(*lam_range))))
+    return chains
+
+
+@dataclass(frozen=True)
+class ChainAccuracy:
+    """Predicted and measured onsets on one chain (None where a side has no such event)."""
+
+    pi: list[float]
+    lam: float
+    eps: float
+    t_end: float
+    condensation: tuple[float, float | None]  # (predicted, measured) end of condensation
+    focus: tuple[float | None, float | None]  # (predicted, measured) onset of the first query's focus
+    restart_measured: float | None  # the first σ1 restart of the measured flow (it can interrupt a focus)
+
+    @staticmethod
+    def error(pair: tuple[float | None, float | None]) -> float | None:
+        predicted, measured = pair
+        return None if predicted is None or measured is None else abs(predicted - measured) / measured
+
+
+def chain_accuracy(pi: list[float], lam: float, eps: float, seed: int = 0, horizon_factor: float = 2.0,
+                   n_save: int = 600) -> ChainAccuracy:
+    """Predict condensation and the first focus, then integrate the exact flow (m = k = 8, mean field) to
+    ``horizon_factor`` × the predicted focus (or, where the theory predicts none, × the end of the focus
+    orbit's linear phase) on ``n_save`` log-spaced times and detect its stages."""
+    overrides = [f"chain.pi={pi}", f"chain.lam={lam}", f"init.eps={eps}", f"init.seed={seed}"]
+    prepared = prepare(load_config(None, overrides))
+    chain = prepared.chain
+    condensation = predict_condensation(chain.pi, chain.P, prepared.params0, eps)
+    focus = predict_focus(MeanFieldTwin(chain.pi, chain.P), prepared.params0, condensation, prepared.model.k)
+    first = focus.order[0]
+    predicted_focus = focus.t_onset.get(first)
+    # no focus predicted: run past the end of the orbit's linear phase, where its entropy settles
+    linear_phase_end = focus.t_shift + np.log(1.0 / focus.orbit.delta) / focus.mu2
+    t_end = horizon_factor * (predicted_focus if predicted_focus is not None else linear_phase_end)
+    atol = min(1e-12, 1e-3 * eps**2)
+    config = load_config(None, overrides + [f"time.t_end={t_end}", "time.n_linear=2", f"time.n_log={n_save}",
+                                            f"solver.atol={atol}"])
+    prepared = prepare(config)
+    result = solve_flow(prepared.flow, prepared.params0, prepared.times, rtol=1e-8, atol=atol)
+    if not result.success:
+        raise RuntimeError(f"the flow of π = {pi}, λ = {lam} did not finish: {result.message}")
+    report = detect_stages(compute_observables(result.trajectory, prepared.model, chain.pi))
+    condensed = report.of("condensation")
+    focused = report.of("focus", first)
+    restarts = [i.t_start for i in report.of("restart") if i.direction == 1]
+    return ChainAccuracy(
+        pi, lam, eps, t_end,
+        (condensation.t_end, condensed[0].t_end if condensed else None),
+        (predicted_focus, focused[0].t_start if focused else None),
+        restarts[0] if restarts else None,
+    )
