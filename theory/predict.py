@@ -4,9 +4,11 @@ Rows (stage names as in stages.json):
 
 * condensation: the time condensation completes (the detector's t_end), Stage I;
 * focus, first query: its onset (t_start), Stage II;
-* restart, direction 1: the time σ1(W0) passes the detector's threshold (t_start), Stage IV;
+* restart, direction r = 1, 2, ...: the time σ_r(W0) passes the detector's threshold (t_start),
+  Stage IV, from the transverse equation on the rank-r manifold (``theory.restart``: the
+  settled-point formula, or the crossing itself when the restart comes before the flow settles);
 * dilution (per query) and focus of the other queries: onsets detected on the predicted
-  trajectory continued on the rank-two manifold after the restart, Stage III. The detectors
+  trajectory chained through the rank-r manifolds (``theory.cycles``), Stage III. The detectors
   confirm an event only once it has held (``StageThresholds``), on the predicted trajectory
   as on the run, so an event near the horizon t_end is predicted only when the run's
   horizon would let it be measured too: both sides read the same window.
@@ -14,7 +16,8 @@ Rows (stage names as in stages.json):
 ``compare`` lists every row of both sides: predicted and measured (with the relative
 error), predicted but not measured within the run, and measured with no prediction
 (each marked in ``note``). A restart the theory rules out is a row with no predicted time
-and the verdict in ``note`` (the degenerate point of symmetric rare tokens: μ_δ = 0).
+and the verdict in ``note`` (the degenerate point of symmetric rare tokens: μ_δ = 0; a restart
+the formula puts beyond the horizon).
 """
 
 from __future__ import annotations
@@ -30,17 +33,14 @@ from flowsim.experiment import label_run, prepare
 from flowsim.rundir import CONFIG_FILE
 from flowsim.stages import StageReport, StageThresholds, subject_label
 from flowsim.io import write_atomic_json
-from theory.dilution import DilutionPrediction, predict_dilution
+from theory.cycles import CyclePrediction, predict_cycles
 from theory.focus import FocusPrediction, predict_focus
 from theory.origin import CondensationPrediction, predict_condensation
-from theory.restart import RestartPrediction, predict_restart
+from theory.restart import RestartPrediction
 from theory.symbolic import MeanFieldTwin
 
 COMPARE_JSON = "compare.json"
 
-
-# A transverse rate below this (relative to μ2) is read as zero: the settled point is degenerate.
-DEGENERATE_RATE = 1e-8
 NOT_MEASURED, NOT_PREDICTED = "predicted, not measured", "measured, not predicted"
 
 
@@ -60,18 +60,31 @@ class Prediction:
     rows: list[Row]
     condensation: CondensationPrediction
     focus: FocusPrediction
-    restart: RestartPrediction
-    dilution: DilutionPrediction | None
+    cycles: CyclePrediction
 
     def constants(self) -> str:
-        c, f, r = self.condensation, self.focus, self.restart
+        c, f = self.condensation, self.focus
         return (f"μ1 = {c.mu1:.6g} (condensation: log(1/ε)/μ1 = {c.leading_order:.4g}, O(1) correction {c.correction:+.4g}; "
                 f"unstable amplitude a0 = {c.a0:.4g})\n"
                 f"μ2 = {f.mu2:.6g} at the condensed point (h = {f.h:+.4g}; attention amplitude {f.a_attn0:.4g}); "
-                f"queries focus in the order {f.order}, on token {f.order[0]}\n"
-                f"transverse rate where the rank-one flow settles: μ = {r.mu_transverse:.4g}"
-                + "".join(f"\npredicted {i.stage} of q{i.query}: {i.evidence}" for i in
-                          ([] if self.dilution is None else self.dilution.dilutions())))
+                f"queries focus in the order {f.order}, on token {f.order[0]}"
+                + "".join(f"\n{restart_line(stage.restart)}" for stage in self.cycles.stages)
+                + "".join(f"\npredicted {i.stage} of q{i.query}: {i.evidence}" for i in self.cycles.dilutions()))
+
+
+def restart_line(r: RestartPrediction) -> str:
+    """How the restart of direction r was predicted, with the numbers of its rule."""
+    head = f"restart σ{r.direction}: transverse rate μ = {r.rate:.4g} where the rank-{r.direction} flow ends"
+    check = "" if r.t_integrated is None else f"; transverse equation integrated to the threshold: t = {r.t_integrated:.4g}"
+    if r.rule == "formula":
+        return (f"{head}; settled at t_s = {r.t_settle:.4g}: t_s + log(ℓ/a_s)/μ = {r.t_settle:.4g} + "
+                f"log({r.threshold:.3g}/{r.amplitude:.3g})/{r.rate:.4g} = {r.t_onset:.4g}{check}")
+    if r.rule == "before settling":
+        settles = "does not settle by the horizon" if r.t_settle is None else f"settles at t = {r.t_settle:.4g}"
+        return f"{head}; σ{r.direction} passes ℓ = {r.threshold:.3g} before the flow {settles}{check}"
+    if r.rule == "degenerate":
+        return f"{head}: degenerate (largest rate on the way {r.peak_rate:.3g}), no restart"
+    return f"{head}; the flow has not settled by the horizon and σ{r.direction} stays below ℓ = {r.threshold:.3g}"
 
 
 def check_supported(config: RunConfig) -> None:
@@ -113,30 +126,32 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     condensation = predict_condensation(chain.pi, chain.P, prepared.params0, eps)
     progress("Stage II: condensed point, attention block, focus onset")
     focus = predict_focus(twin, prepared.params0, condensation, prepared.model.k)
-    progress("Stage IV: rank-one flow and the variational equation up to the restart")
-    restart = predict_restart(twin, prepared.flow, prepared.params0, condensation.alpha, float(config.time.t_end))
-    progress("Stage III: the rank-two manifold after the restart")
-    dilution = predict_dilution(twin, prepared.flow, prepared.model, condensation.alpha, restart, float(config.time.t_end))
+    progress("Stages III-IV: the rank-r flows, their transverse equations and restarts")
+    t_end = float(config.time.t_end)
+    cycles = predict_cycles(twin, prepared.flow, prepared.model, prepared.params0, condensation.alpha, t_end)
     rows = [Row("condensation", None, None, condensation.t_end)]
     rows += [Row("focus", query, None, t) for query, t in focus.t_onset.items()]
     if not focus.t_onset:
         drop = focus.orbit.entropy[0, focus.order[0]] - focus.orbit.entropy[:, focus.order[0]].min()
         rows.append(Row("focus", focus.order[0], None, None, note=f"no focus: on the focus orbit the entropy falls only "
                                                                   f"{drop:.3g} nats (a focus needs {StageThresholds().focus_drop:g})"))
-    if restart.t_onset is not None:
-        rows.append(Row("restart", None, 1, restart.t_onset))
-    elif restart.mu_transverse <= DEGENERATE_RATE * focus.mu2:
-        rows.append(Row("restart", None, 1, None, note=f"no restart: μ_δ = {restart.mu_transverse:.2g} ≈ 0, degenerate point"))
-    else:
-        rows.append(Row("restart", None, 1, None, note=f"no restart by t = {config.time.t_end:g} "
-                                                       f"(transverse rate μ = {restart.mu_transverse:.3g})"))
-    if dilution is not None:
-        for stage in ("focus", "dilution"):
-            for query in focus.order:
-                found = dilution.report.of(stage, query)
-                if found and not (stage == "focus" and query in focus.t_onset):
-                    rows.append(Row(stage, query, None, found[0].t_start))
-    return Prediction(rows, condensation, focus, restart, dilution)
+    rows += [restart_row(stage.restart, t_end) for stage in cycles.stages]
+    for stage in ("focus", "dilution"):
+        for query in focus.order:
+            found = cycles.report.of(stage, query)
+            if found and not (stage == "focus" and query in focus.t_onset):
+                rows.append(Row(stage, query, None, found[0].t_start))
+    return Prediction(rows, condensation, focus, cycles)
+
+
+def restart_row(r: RestartPrediction, t_end: float) -> Row:
+    """The row of direction r's restart: its time, or the verdict that rules it out."""
+    if r.t_onset is not None and r.t_onset <= t_end:
+        return Row("restart", None, r.direction, r.t_onset)
+    if r.rule == "degenerate":
+        return Row("restart", None, r.direction, None, note=f"no restart: μ_δ = {r.rate:.2g} ≈ 0, degenerate point")
+    beyond = "" if r.t_onset is None else f"; the formula puts it at t = {r.t_onset:.4g}"
+    return Row("restart", None, r.direction, None, note=f"no restart by t = {t_end:g} (transverse rate μ = {r.rate:.3g}{beyond})")
 
 
 def measured_time(report: StageReport, row: Row) -> float | None:

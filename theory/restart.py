@@ -1,104 +1,177 @@
-"""Stage IV: the transverse instability that opens a new direction, and the restart time.
+"""Stage IV: the restart of direction r, from the transverse equation on the rank-r manifold.
 
-After focus the rank-one flow settles at a critical point θ_deg of the rank-one manifold.
-With perfectly symmetric low-frequency tokens (π = (0.7, 0.1, 0.1, 0.1)) the Hessian
-there has no negative eigenvalue off the manifold: the point is degenerate and the
-flow stalls. An asymmetry δ among those tokens (π = (0.7, 0.1 + δ/2, 0.1, 0.1 - δ/2))
-creates one transverse direction with Hessian eigenvalue -μ_δ < 0, μ_δ = c δ^p at
-leading order (``transverse_leading_order`` measures p and c from μ at δ and 2δ; for
-the chain above p = 1, c ≈ 0.031, with δ² corrections visible from δ ≈ 0.05 on).
+Split the parameters at the manifold of span(A) (A: m × r, orthonormal) and an orthonormal basis E
+of its complement: θ = the manifold point of coordinates (Γ, B, Q, R) = (W0 A, W1^T A, W_Q^T A, W_K^T A)
+plus the transverse part Z = (W0 E; W1^T E; W_Q^T E; W_K^T E), one column per direction of E. To
+first order in Z the coordinates follow the reduced flow (``theory.manifold``) and Z the linear
+transverse equation dZ/dt = -H_T(t) Z, H_T = [[0, C], [C^T, 0]] (``theory.transverse``). Direction r
+restarts when σ_r(W0) passes the detector's threshold ℓ_r = restart_factor × σ_r(W0(0)).
 
-Restart time: the part of θ(0) off the rank-one manifold is carried along the rank-one
-trajectory θ_1(t) by the variational equation dδθ/dt = J(θ_1(t)) δθ, which grows it at
-rate μ_δ once θ_1 is near θ_deg; the restart is predicted where σ1 of
-W0 = W0_1(t) + δW0(t) passes the detector's restart_factor × its floor.
+The prediction, per direction:
+
+* **settled, then the formula.** Once the rank-r flow has settled (its transverse rate σ_max(C(t))
+  stays within ``SETTLED`` of its final value μ from t_s on) Z grows along the fastest mode v as
+  e^{μ (t - t_s)}, so
+
+      t_restart = t_s + log(ℓ_r / a_s) / μ,   a_s = ‖v^T Z(t_s)‖ ‖P ā‖ / √2,
+
+  with ā/√2 the W0 part of v and P the projection off the directions already open (off the range
+  of Γ): a_s is the transverse amplitude carried from θ(0) to t_s.
+* **the rule for what comes first.** If σ_r(W0) passes ℓ_r before t_s, the restart comes during the
+  focus, while the rank-r flow still moves: the prediction is that crossing of the transverse
+  equation (no constant rate to extrapolate with).
+* **degenerate.** μ below ``DEGENERATE_RATE`` × the largest transverse rate met on the way: the point
+  is degenerate (C = 0 at symmetric rare tokens) and no direction opens.
+
+The transverse equation integrated to the threshold is kept beside the formula as its check
+(``t_integrated``). Cost per direction: the reduced flow (2d + 2k) r equations and the linear
+transverse equation (2d + 2k)(m - r), each C O(d² (d + k) r).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import jax
 import numpy as np
 from scipy.integrate import solve_ivp
+from scipy.linalg import null_space
 
-from flowsim.flow import GradientFlow
-from flowsim.stages import StageThresholds
-from theory.manifold import ReducedFlow, ReducedState, embed, project
+from theory.manifold import ReducedFlow, ReducedState, project
 from theory.symbolic import MeanFieldTwin
+from theory.transverse import coupling_at, fastest_transverse_mode, transverse_hessian
 
-
-def transverse_eigenpair(twin: MeanFieldTwin, params) -> tuple[float, np.ndarray]:
-    """(μ, v): minus the smallest Hessian eigenvalue at ``params`` (a flow growth rate) and its
-    unit eigenvector, in flowsim's sorted-name layout."""
-    values, vectors = np.linalg.eigh(twin.hessian(params))
-    return float(-values[0]), vectors[:, 0]
-
-
-def settled_rank_one_point(twin: MeanFieldTwin, state0: ReducedState, alpha: np.ndarray, t_settle: float, k: int):
-    """The rank-one flow's state after ``t_settle`` (its critical point when it has settled)."""
-    flow = ReducedFlow(twin, k)
-    solution = flow.solve(state0, np.array([t_settle]))
-    return embed(ReducedState.unpack(solution.y[:, -1], twin.d, k), alpha)
-
-
-def transverse_leading_order(mu_at: dict[float, float]) -> tuple[float, float]:
-    """(p, c) with μ_δ ≈ c δ^p, from μ at the two smallest δ given (take them small)."""
-    (d1, m1), (d2, m2) = sorted(mu_at.items())[:2]
-    p = float(np.log(m2 / m1) / np.log(d2 / d1))
-    return p, float(m1 / d1**p)
+SETTLED = 0.01  # the transverse rate within 1% of its final value: settled
+DEGENERATE_RATE = 1e-8  # μ below this × the largest rate on the way: a degenerate point
 
 
 @dataclass(frozen=True)
 class RestartPrediction:
-    """Stage IV for one initial point: the predicted restart onset of direction 1."""
+    """The restart of direction r (σ_r(W0) passing ``threshold``)."""
 
-    t_onset: float | None  # None when σ1 does not pass the threshold within the horizon
-    mu_transverse: float  # μ at the point the rank-one flow settles on (if it settles)
-    floor: float
+    direction: int
+    t_onset: float | None  # the prediction (None: degenerate, or never within reach)
+    rule: str  # "formula", "before settling", "degenerate", "not settled"
+    t_integrated: float | None  # the transverse equation integrated to the threshold (None: not by t_end)
+    t_settle: float | None  # when the rank-r flow settled (None: not by t_end)
+    rate: float  # μ = σ_max(C) where the rank-r flow ends (settled or at t_end)
+    peak_rate: float  # the largest transverse rate met on the way
+    amplitude: float | None  # a_s, the transverse W0 amplitude along the fastest mode at t_settle
+    threshold: float
+
+
+@dataclass(frozen=True)
+class RankStage:
+    """The predicted trajectory while the manifold has rank r, up to the restart of direction r."""
+
+    rank: int
+    A: np.ndarray  # m × r
     t: np.ndarray
-    sigma1: np.ndarray  # predicted σ1(W0) on the grid t
-    thetas: np.ndarray  # predicted flat parameters (rank-one flow + variational part) on the grid t
-    theta_at_onset: np.ndarray | None  # the same at t_onset
+    params: dict[str, np.ndarray]  # full parameters on ``t`` (manifold point + transverse part)
+    velocity: dict[str, np.ndarray]  # their time derivative: reduced field + transverse equation
+    restart: RestartPrediction
 
 
-def predict_restart(twin: MeanFieldTwin, flow: GradientFlow, params0, alpha: np.ndarray, t_end: float,
-                    thresholds: StageThresholds | None = None) -> RestartPrediction:
-    """Carry θ(0)'s off-manifold part along the rank-one trajectory; σ1 crossing → restart."""
-    th = StageThresholds() if thresholds is None else thresholds
-    k = np.shape(params0["W_Q"])[1]
-    reduced = ReducedFlow(twin, k)
-    state0 = project(params0, alpha)
-    grid = np.concatenate([[0.0], np.geomspace(1e-1, t_end, 600)])
-    rank_one = reduced.solve(state0, grid)
+def complement(A: np.ndarray) -> np.ndarray:
+    """An orthonormal basis E of span(A)^⊥ (m × (m - r))."""
+    return null_space(A.T)
 
-    def on_manifold(t: float) -> np.ndarray:
-        return flow.flatten(embed(ReducedState.unpack(rank_one.sol(t), twin.d, k), alpha))
 
-    tangent = jax.jit(lambda t, theta, x: jax.jvp(lambda th: flow.vector_field(t, th), (theta,), (x,))[1])
-    floor = float(np.linalg.svd(np.asarray(params0["W0"]), compute_uv=False)[1])
-    level = th.restart_factor * floor
-    W0_entries = flow.entries_of("W0")
+def transverse_part(params, E: np.ndarray) -> np.ndarray:
+    """Z = (W0 E; W1^T E; W_Q^T E; W_K^T E): (2d + 2k) × (m - r)."""
+    return np.vstack([np.asarray(params["W0"]) @ E, np.asarray(params["W1"]).T @ E,
+                      np.asarray(params["W_Q"]).T @ E, np.asarray(params["W_K"]).T @ E])
 
-    def sigma1(t: float, x: np.ndarray) -> float:
-        W0 = (on_manifold(t) + x)[W0_entries].reshape(np.shape(params0["W0"]))
-        return float(np.linalg.svd(W0, compute_uv=False)[1])
 
-    def passes_threshold(t, x):
-        return sigma1(t, x) - level
+def assemble(state: ReducedState, A: np.ndarray, Z: np.ndarray, E: np.ndarray) -> dict[str, np.ndarray]:
+    """θ = the manifold point of ``state`` + the transverse part Z."""
+    d, k = state.Gamma.shape[0], state.Q.shape[0]
+    U, W, X, Y = np.split(Z, np.cumsum([d, d, k]), axis=0)
+    return {"W0": state.Gamma @ A.T + U @ E.T, "W1": A @ state.B.T + E @ W.T,
+            "W_Q": A @ state.Q.T + E @ X.T, "W_K": A @ state.R.T + E @ Y.T}
 
-    passes_threshold.terminal = True
-    off = {name: np.asarray(params0[name]) - value for name, value in embed(state0, alpha).items()}
-    solution = solve_ivp(lambda t, x: np.asarray(tangent(t, on_manifold(t), x)), (0.0, t_end), flow.flatten(off),
-                         method="LSODA", t_eval=grid, events=passes_threshold,
-                         jac=lambda t, x: flow.jacobian(t, on_manifold(t)), rtol=1e-8, atol=1e-14)
-    if solution.status == -1:
-        raise RuntimeError(f"the variational equation failed: {solution.message}")
-    crossings = solution.t_events[0]
-    t_onset = float(crossings[0]) if len(crossings) else None
-    theta_at_onset = None if t_onset is None else on_manifold(t_onset) + solution.y_events[0][0]
-    thetas = np.array([on_manifold(t) + x for t, x in zip(solution.t, solution.y.T)])
-    predicted_sigma1 = np.array([sigma1(t, x) for t, x in zip(solution.t, solution.y.T)])
-    settled = embed(ReducedState.unpack(rank_one.y[:, -1], twin.d, k), alpha)
-    mu, _ = transverse_eigenpair(twin, settled)
-    return RestartPrediction(t_onset, mu, floor, solution.t, predicted_sigma1, thetas, theta_at_onset)
+
+def _sigma(W0: np.ndarray, r: int) -> float:
+    values = np.linalg.svd(W0, compute_uv=False)
+    return float(values[r]) if r < len(values) else 0.0
+
+
+def propagate_rank(twin: MeanFieldTwin, params, A: np.ndarray, t_start: float, t_end: float,
+                   threshold: float, grid: np.ndarray) -> RankStage:
+    """Integrate the rank-r flow and the transverse equation from ``params`` at ``t_start``; predict
+    the restart of direction r = A.shape[1] (σ_r(W0) passing ``threshold``)."""
+    A = np.asarray(A, dtype=float)
+    rank, E = A.shape[1], complement(A)
+    k = np.shape(params["W_Q"])[1]
+    d = twin.d
+    times = np.concatenate([[t_start], grid[(grid > t_start) & (grid <= t_end)]])
+    reduced_flow = ReducedFlow(twin, k, rank)
+    reduced_field = reduced_flow.vector_field
+    reduced = reduced_flow.solve(project(params, A), times, t_start=t_start)
+
+    def state_at(t: float) -> ReducedState:
+        return ReducedState.unpack(reduced.sol(t), d, k)
+
+    columns = E.shape[1]
+
+    def field(t, z):
+        H = transverse_hessian(coupling_at(twin, state_at(t)))
+        return -(H @ z.reshape(-1, columns)).ravel()
+
+    def jacobian(t, z):
+        return -np.kron(transverse_hessian(coupling_at(twin, state_at(t))), np.eye(columns))
+
+    def passes(t, z):
+        return _sigma(assemble(state_at(t), A, z.reshape(-1, columns), E)["W0"], rank) - threshold
+
+    passes.terminal = True
+    Z0 = transverse_part(params, E)
+    transverse = solve_ivp(field, (t_start, float(times[-1])), Z0.ravel(), method="LSODA", t_eval=times,
+                           events=passes, jac=jacobian, rtol=1e-8, atol=1e-14 * max(1.0, float(np.abs(Z0).max()) * 1e6))
+    if transverse.status == -1:
+        raise RuntimeError(f"the transverse equation failed: {transverse.message}")
+    crossing = transverse.t_events[0]
+    t_integrated = float(crossing[0]) if len(crossing) else None
+
+    # the transverse rate along the whole rank-r flow (to t_end), and where it settles
+    rates = np.array([np.linalg.svd(coupling_at(twin, ReducedState.unpack(y, d, k)), compute_uv=False)[0]
+                      for y in reduced.y.T])
+    rate, peak = float(rates[-1]), float(rates.max())
+    off = np.abs(rates - rate) > SETTLED * rate
+    t_settle = None
+    if peak > 0 and rate > DEGENERATE_RATE * peak:
+        moving = np.flatnonzero(off)
+        first_settled = 0 if len(moving) == 0 else int(moving[-1]) + 1
+        if first_settled < len(times) - 1:
+            t_settle = float(times[first_settled])
+
+    amplitude = None
+    if peak == 0 or rate <= DEGENERATE_RATE * peak:
+        rule, t_onset = "degenerate", None
+    elif t_integrated is not None and (t_settle is None or t_integrated <= t_settle):
+        rule, t_onset = "before settling", t_integrated
+    elif t_settle is None:
+        rule, t_onset = "not settled", None
+    else:
+        settled_state = state_at(t_settle)
+        mode = fastest_transverse_mode(coupling_at(twin, settled_state))
+        Z_settle = transverse.y[:, int(np.flatnonzero(transverse.t == t_settle)[0])].reshape(-1, columns)
+        basis = np.linalg.svd(settled_state.Gamma, full_matrices=True)[0]
+        off_open = basis[:, rank:] @ basis[:, rank:].T
+        amplitude = float(np.linalg.norm(mode.direction @ Z_settle) * np.linalg.norm(off_open @ mode.u))
+        rule, t_onset = "formula", t_settle + float(np.log(threshold / amplitude)) / rate
+
+    kept = transverse.t
+    if t_integrated is not None:
+        kept = np.append(kept, t_integrated)
+        Z_path = np.vstack([transverse.y.T, transverse.y_events[0][0][None]])
+    else:
+        Z_path = transverse.y.T
+    full = [assemble(state_at(t), A, z.reshape(-1, columns), E) for t, z in zip(kept, Z_path)]
+    # assemble is linear in (coordinates, Z), so the predicted velocity is assemble of their fields
+    speeds = [assemble(ReducedState.unpack(reduced_field(t, reduced.sol(t)), d, k), A, field(t, z).reshape(-1, columns), E)
+              for t, z in zip(kept, Z_path)]
+    stacked = {name: np.stack([p[name] for p in full]) for name in full[0]}
+    velocity = {name: np.stack([v[name] for v in speeds]) for name in speeds[0]}
+    restart = RestartPrediction(rank, t_onset, rule, t_integrated, t_settle, rate, peak, amplitude, threshold)
+    return RankStage(rank, A, np.asarray(kept), stacked, velocity, restart)
+

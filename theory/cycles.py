@@ -1,0 +1,120 @@
+"""Stages III and IV chained: the rank-r flows and their restarts, one direction after another.
+
+On the rank-one manifold the paper chain's flow focuses and then settles, still focused
+(``theory.manifold``): dilution and the next focus need new directions. From θ(0) the prediction
+follows the rank-one flow and its transverse equation (``theory.restart``) up to the restart of
+direction 1; from that crossing it continues on the rank-two manifold spanned by α and the direction
+α2 in which the transverse part grew (the top right singular vector of W0's transverse part, off the
+directions already open), with the transverse equation of the remaining m - 2 directions, up to
+the restart of direction 2; and so on for every rank r < min(d, m). The stage detectors then read the
+predicted trajectory: the later focuses, every dilution, and how the embeddings moved over them.
+
+**Dilution, as a sign.** Query i's attention on token f is A_if = π_f e^{Φ_if} / Σ_j π_j e^{Φ_ij}, so
+
+    D_i = d log A_if / dt = Σ_j (δ_jf - A_ij) dΦ_ij/dt,   dΦ/dt = Ẇ0 S W0^T + W0 S Ẇ0^T + W0 Ṡ W0^T,
+
+S = W_Q W_K^T, Ẇ = -∂L/∂W. A focus of query i on token f is D_i > 0; its dilution is D_i < 0, mass
+leaving f. The first two terms of dΦ/dt (``embedding`` below) are the embeddings moving, the frequent
+and the rare tokens' rows of W0 redistributing the attention mass; the third (``attention``) is the
+query-key map moving. ``dilution_rates`` evaluates both along the predicted trajectory; where the
+embedding part is the negative one the dilution is the embeddings' doing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from flowsim.flow import GradientFlow
+from flowsim.models import OneLayerTransformer
+from flowsim.observables import compute_observables
+from flowsim.stages import Interval, StageReport, StageThresholds, detect_stages
+from flowsim.trajectory import Trajectory
+from theory.restart import RankStage, complement, propagate_rank
+from theory.symbolic import MeanFieldTwin
+
+
+@dataclass(frozen=True)
+class CyclePrediction:
+    stages: list[RankStage]  # rank 1, 2, ...: each up to its restart (or t_end)
+    report: StageReport  # the detectors on the predicted trajectory
+    trajectory: Trajectory
+    velocity: dict[str, np.ndarray]  # dθ/dt of the prediction on trajectory.t
+    pi: np.ndarray
+
+    def dilutions(self) -> list[Interval]:
+        return self.report.of("dilution")
+
+
+def next_direction(params, A: np.ndarray) -> np.ndarray:
+    """The unit vector of span(A)^⊥ along which W0's transverse part grew most, off the open directions."""
+    E = complement(A)
+    W0 = np.asarray(params["W0"])
+    open_rows = np.linalg.svd(W0 @ A, full_matrices=True)[0][:, A.shape[1]:]
+    transverse = open_rows.T @ W0 @ E  # W0's transverse part, off the range of Γ
+    return E @ np.linalg.svd(transverse)[2][0]
+
+
+def predict_cycles(twin: MeanFieldTwin, flow: GradientFlow, model: OneLayerTransformer, params0, alpha: np.ndarray,
+                   t_end: float, thresholds: StageThresholds | None = None, n_save: int = 600) -> CyclePrediction:
+    """The chained rank-r predictions from θ(0) to ``t_end``."""
+    th = StageThresholds() if thresholds is None else thresholds
+    grid = np.geomspace(min(0.1, t_end / 10), t_end, n_save)
+    floors = np.linalg.svd(np.asarray(params0["W0"]), compute_uv=False)
+    A = np.asarray(alpha, dtype=float).reshape(-1, 1)
+    params, t_start, stages = {name: np.asarray(value) for name, value in params0.items()}, 0.0, []
+    while True:
+        rank = A.shape[1]
+        stage = propagate_rank(twin, params, A, t_start, t_end, th.restart_factor * float(floors[rank]), grid)
+        stages.append(stage)
+        crossed = stage.restart.t_integrated
+        if crossed is None or rank + 1 >= min(twin.d, A.shape[0]):
+            break
+        params = {name: value[-1] for name, value in stage.params.items()}
+        A = np.column_stack([A, next_direction(params, A)])
+        t_start = crossed
+    t = np.concatenate([stage.t[1 if n else 0:] for n, stage in enumerate(stages)])
+    thetas = {name: np.concatenate([stage.params[name][1 if n else 0:] for n, stage in enumerate(stages)])
+              for name in stages[0].params}
+    velocity = {name: np.concatenate([stage.velocity[name][1 if n else 0:] for n, stage in enumerate(stages)])
+                for name in stages[0].velocity}
+    trajectory = Trajectory(t=t, loss=flow.loss_along(flow.flatten_batch(thetas)), params=thetas)
+    report = detect_stages(compute_observables(trajectory, model, twin.pi), th)
+    return CyclePrediction(stages, report, trajectory, velocity, twin.pi)
+
+
+@dataclass(frozen=True)
+class DilutionRates:
+    """D_i = d log A_if/dt along a trajectory, split into its embedding and attention parts."""
+
+    query: int
+    token: int
+    t: np.ndarray
+    total: np.ndarray
+    embedding: np.ndarray
+    attention: np.ndarray
+
+
+def dilution_rates(prediction: CyclePrediction, query: int, token: int) -> DilutionRates:
+    """D_i and its two parts at every saved point, from the prediction's own velocity."""
+    total, embedding, attention = [], [], []
+    trajectory = prediction.trajectory
+    pi = prediction.pi
+    for n in range(len(trajectory.t)):
+        params = {name: value[n] for name, value in trajectory.params.items()}
+        W0, S = params["W0"], params["W_Q"] @ params["W_K"].T
+        velocity = {name: value[n] for name, value in prediction.velocity.items()}
+        S_dot = velocity["W_Q"] @ params["W_K"].T + params["W_Q"] @ velocity["W_K"].T
+        Phi = W0 @ S @ W0.T
+        logits = Phi[query] + np.log(pi)
+        weights = np.exp(logits - logits.max())
+        weights /= weights.sum()
+        lever = -weights
+        lever[token] += 1.0  # δ_jf - A_ij
+        moved = (velocity["W0"] @ S @ W0.T + W0 @ S @ velocity["W0"].T)[query]
+        turned = (W0 @ S_dot @ W0.T)[query]
+        embedding.append(float(lever @ moved))
+        attention.append(float(lever @ turned))
+        total.append(embedding[-1] + attention[-1])
+    return DilutionRates(query, token, np.asarray(trajectory.t), np.array(total), np.array(embedding), np.array(attention))

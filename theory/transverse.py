@@ -1,0 +1,267 @@
+"""The instability transverse to a rank-r manifold: its Hessian block, the degenerate point, and μ_δ(δ).
+
+**The transverse block.** At a point of the rank-r manifold (``theory.manifold``)
+W0 = Γ A^T, W1 = A B^T, W_Q = A Q^T, W_K = A R^T, move the parameters off it along a unit
+vector a ⊥ span(A):  W0 += ε u a^T, W1 += ε a w^T, W_Q += ε a x^T, W_K += ε a y^T. Then
+
+    ΔΦ = ε² (Γ Q^T y u^T + u x^T R Γ^T) + O(ε⁴),    ΔM = ε² u w^T,
+
+so Φ and M do not move at first order, the Gauss-Newton part of the Hessian vanishes there, and
+L changes by ε² u^T C (w, x, y) with
+
+    C = [ G_M | G_Φ Γ R^T | G_Φ^T Γ Q^T ]        (d × (d + 2k); G = ∂L/∂Φ, ∂L/∂M at the point).
+
+The Hessian on z = (u, w, x, y) is H_T = [[0, C], [C^T, 0]], with eigenvalues ±σ_i(C), the same for
+each of the m - r unit vectors a ⊥ span(A). The reflection a → -a fixes the manifold, so the Hessian
+has no block between these directions and the manifold's: to first order the transverse part Z of a
+perturbation (one column per a) evolves on its own, dZ/dt = -H_T Z, at any point of the manifold,
+critical or not. At a critical point the fastest transverse growth rate is μ = σ_max(C), along
+(ā, -b̄)/√2 with C b̄ = μ ā (ā, b̄ the top singular vectors). ``transverse_block_expression`` derives
+H_T with sympy; tests check ``transverse_coupling`` against it and against flowsim's autodiff Hessian.
+
+**The degenerate point.** Where C = 0 the whole transverse space, (m - r)(2d + 2k) dimensions, is
+in the kernel of the Hessian (besides the manifold's own gauge directions) and nothing opens a new
+direction: the rank-one flow of symmetric rare tokens (π = (0.7, 0.1, 0.1, 0.1)) settles where
+G_M = 0 and G_Φ γ = G_Φ^T γ = 0.
+
+**Lyapunov-Schmidt.** For a family of chains π(δ) through such a point, reduce onto that kernel: the
+range equations are solved by the settled rank-one point θ*(δ) (the manifold is invariant, so the
+kernel coordinate 0 always solves them), and since the tangent-transverse block vanishes there is no
+Schur correction: the reduced function's Hessian at 0 is exactly H_T(θ*(δ)). Hence
+
+    μ(δ) = σ_max(C(θ*(δ), δ))      over the whole range of δ (``transverse_rate_curve``),
+    μ(δ) = c1 δ + O(δ²),  c1 = σ_max(dC/dδ |_0),   dθ*/dδ = -F_θ^+ F_δ  (implicit function theorem on
+                                                    the critical-point equations F = 0),
+
+``leading_coefficient`` computes c1 by automatic differentiation of F and C.
+
+Cost: one C is O(d² (d + k) r); the critical point is a Levenberg-Marquardt solve in 2d + 1 unknowns.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sympy as sp
+from scipy.optimize import least_squares
+
+from flowsim.losses import expected_cross_entropy, mean_field_attention
+from theory.focus import attention_coupling, condensed_point
+from theory.manifold import ReducedFlow, ReducedState, _BLOCKS
+from theory.symbolic import MeanFieldTwin, closed_form_map_gradients
+
+
+# ---------------------------------------------------------------------------------
+# The block, symbolically and numerically
+
+
+@functools.lru_cache(maxsize=None)
+def transverse_block_expression(d: int, k: int, rank: int) -> tuple[list[sp.Symbol], sp.Matrix, sp.Matrix, bool]:
+    """Derive H_T with sympy: the Hessian of tr(G_Φ^T Φ) + tr(G_M^T M) over the last column of the
+    rank-(r+1) coordinates, at that column = 0, and whether Φ and M are flat there to first order.
+
+    Returns (symbols of Γ, B, Q, R (rank r), G_Φ, G_M in order; the transverse variables z; H_T; flat).
+    """
+    def matrix(name: str, rows: int, cols: int) -> sp.Matrix:
+        return sp.Matrix(rows, cols, lambda i, j: sp.Symbol(f"{name}{i}_{j}", real=True))
+
+    on = [matrix(name, rows, rank) for name, rows in zip(_BLOCKS, (d, d, k, k))]
+    off = [matrix(f"z{name}", rows, 1) for name, rows in zip(_BLOCKS, (d, d, k, k))]
+    Gamma, B, Q, R = (X.row_join(x) for X, x in zip(on, off))
+    G_Phi, G_M = matrix("GPhi", d, d), matrix("GM", d, d)
+    Phi, M = Gamma * Q.T * R * Gamma.T, Gamma * B.T
+    z = [s for x in off for s in x]
+    at_manifold = {s: 0 for s in z}
+    flat = all(sp.diff(entry, s).subs(at_manifold) == 0 for entry in list(Phi) + list(M) for s in z)
+    first_order = sp.Add(*G_Phi.multiply_elementwise(Phi)) + sp.Add(*G_M.multiply_elementwise(M))
+    hessian = sp.hessian(first_order, z).subs(at_manifold)
+    symbols = [s for X in on for s in X] + list(G_Phi) + list(G_M)
+    return symbols, sp.Matrix(z), hessian, flat
+
+
+def transverse_coupling(G_Phi: np.ndarray, G_M: np.ndarray, state: ReducedState) -> np.ndarray:
+    """C = [G_M | G_Φ Γ R^T | G_Φ^T Γ Q^T] (d × (d + 2k)): H_T = [[0, C], [C^T, 0]] on z = (u, w, x, y)."""
+    return np.hstack([G_M, G_Phi @ state.Gamma @ state.R.T, G_Phi.T @ state.Gamma @ state.Q.T])
+
+
+def transverse_hessian(C: np.ndarray) -> np.ndarray:
+    """H_T = [[0, C], [C^T, 0]]."""
+    d, rest = C.shape
+    return np.block([[np.zeros((d, d)), C], [C.T, np.zeros((rest, rest))]])
+
+
+def coupling_at(twin: MeanFieldTwin, state: ReducedState) -> np.ndarray:
+    """C at a point of the rank-r manifold of the twin's chain."""
+    Phi, M = state.Gamma @ state.Q.T @ state.R @ state.Gamma.T, state.Gamma @ state.B.T
+    return transverse_coupling(*closed_form_map_gradients(Phi, M, twin.pi, twin.P), state)
+
+
+@dataclass(frozen=True)
+class TransverseMode:
+    """The fastest transverse growth at a point: rate μ = σ_max(C) and its direction z = (ā, -b̄)/√2."""
+
+    rate: float
+    direction: np.ndarray  # (2d + 2k,) unit vector on (u, w, x, y)
+    u: np.ndarray  # its W0 part ā/√2 (d,)
+
+
+def fastest_transverse_mode(C: np.ndarray) -> TransverseMode:
+    left, values, right_t = np.linalg.svd(C)
+    direction = np.concatenate([left[:, 0], -right_t[0]]) / np.sqrt(2.0)
+    return TransverseMode(float(values[0]), direction, left[:, 0] / np.sqrt(2.0))
+
+
+# ---------------------------------------------------------------------------------
+# The settled rank-one point as a function of the chain, and μ(δ)
+
+
+@dataclass(frozen=True)
+class ChainFamily:
+    """π(δ) = π0 + δ·direction with the paper's P = λ I + (1 - λ) 1 π^T (``direction`` sums to 0)."""
+
+    pi0: tuple[float, ...]
+    direction: tuple[float, ...]
+    lam: float
+
+    def __call__(self, delta):
+        pi = jnp.asarray(self.pi0) + delta * jnp.asarray(self.direction)
+        d = len(self.pi0)
+        return pi, self.lam * jnp.eye(d) + (1.0 - self.lam) * jnp.outer(jnp.ones(d), pi)
+
+    @staticmethod
+    def rare_asymmetry(pi0: tuple[float, ...], lam: float, first: int, last: int) -> "ChainFamily":
+        """Tokens ``first`` and ``last`` move apart: π_first + δ/2, π_last - δ/2 (the DESIGN's family)."""
+        direction = np.zeros(len(pi0))
+        direction[first], direction[last] = 0.5, -0.5
+        return ChainFamily(tuple(pi0), tuple(direction), lam)
+
+
+def _map_gradients(Phi, M, pi, P):
+    """(G_Φ, G_M) of the mean-field loss L(Φ, M), by autodiff."""
+    def loss(Phi, M):
+        return expected_cross_entropy(mean_field_attention(Phi, pi) @ M, P, pi)
+    return jax.grad(loss, argnums=(0, 1))(Phi, M)
+
+
+def _unpack_balanced(y, d):
+    """Rank one, k = 1, balanced (|q| = |r|): y = (γ, β, q) and r = sign · q."""
+    return y[:d], y[d:2 * d], y[2 * d]
+
+
+def _critical_equations(y, delta, family: ChainFamily, sign: float):
+    """F = (∂ℓ/∂γ, ∂ℓ/∂β, γ^T G_Φ γ, |γ|² - |β|² - 2q²): a rank-one critical point with attention on,
+    in the balanced gauge the flow from a small start keeps (W0^T W0 - W1 W1^T - W_Q W_Q^T - W_K W_K^T
+    and W_Q^T W_Q - W_K^T W_K are conserved)."""
+    d = len(family.pi0)
+    gamma, beta, q = _unpack_balanced(y, d)
+    pi, P = family(delta)
+    G_Phi, G_M = _map_gradients(sign * q**2 * jnp.outer(gamma, gamma), jnp.outer(gamma, beta), pi, P)
+    phi = sign * q**2
+    d_gamma = phi * (G_Phi + G_Phi.T) @ gamma + G_M @ beta
+    d_beta = G_M.T @ gamma
+    return jnp.concatenate([d_gamma, d_beta, jnp.array([gamma @ G_Phi @ gamma, gamma @ gamma - beta @ beta - 2 * q**2])])
+
+
+def _coupling_balanced(y, delta, family: ChainFamily, sign: float):
+    d = len(family.pi0)
+    gamma, beta, q = _unpack_balanced(y, d)
+    pi, P = family(delta)
+    G_Phi, G_M = _map_gradients(sign * q**2 * jnp.outer(gamma, gamma), jnp.outer(gamma, beta), pi, P)
+    return jnp.hstack([G_M, (G_Phi @ gamma * sign * q)[:, None], (G_Phi.T @ gamma * q)[:, None]])
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(family: ChainFamily, sign: float):
+    equations = jax.jit(lambda y, delta: _critical_equations(y, delta, family, sign))
+    jac_y = jax.jit(jax.jacfwd(lambda y, delta: _critical_equations(y, delta, family, sign)))
+    jac_delta = jax.jit(jax.jacfwd(lambda y, delta: _critical_equations(y, delta, family, sign), argnums=1))
+    coupling = jax.jit(lambda y, delta: _coupling_balanced(y, delta, family, sign))
+    coupling_y = jax.jit(jax.jacfwd(lambda y, delta: _coupling_balanced(y, delta, family, sign)))
+    coupling_delta = jax.jit(jax.jacfwd(lambda y, delta: _coupling_balanced(y, delta, family, sign), argnums=1))
+    return equations, jac_y, jac_delta, coupling, coupling_y, coupling_delta
+
+
+def settled_by_integration(pi: np.ndarray, P: np.ndarray, t_settle_over_mu: float = 400.0,
+                           amplitude: float = 1e-6) -> tuple[np.ndarray, float]:
+    """The rank-one flow from the condensed point along the unstable attention vector (the focus
+    orbit), integrated for ``t_settle_over_mu`` / μ2: (γ, β, q) balanced, and sign(q·r)."""
+    twin = MeanFieldTwin(pi, P)
+    gamma, beta = condensed_point(pi)
+    h = attention_coupling(twin, gamma, beta)
+    start = ReducedState(gamma[:, None], beta[:, None], np.array([[amplitude]]), np.array([[-np.sign(h) * amplitude]]))
+    end = ReducedFlow(twin, k=1).solve(start, np.array([t_settle_over_mu / abs(h)]), rtol=1e-10, atol=1e-14)
+    state = ReducedState.unpack(end.y[:, -1], len(pi), 1)
+    phi = float(state.Q[0, 0] * state.R[0, 0])
+    return np.concatenate([state.Gamma[:, 0], state.B[:, 0], [np.sqrt(abs(phi))]]), float(np.sign(phi))
+
+
+def settled_point(family: ChainFamily, delta: float, guess: np.ndarray, sign: float) -> np.ndarray:
+    """Solve F(y, δ) = 0 by Levenberg-Marquardt from ``guess``; raise when it does not converge."""
+    equations, jac_y, *_ = _compiled(family, sign)
+    result = least_squares(lambda y: np.asarray(equations(y, delta)), guess, jac=lambda y: np.asarray(jac_y(y, delta)),
+                           method="lm", xtol=1e-15, ftol=1e-15, gtol=1e-15)
+    residual = float(np.max(np.abs(result.fun)))
+    if residual > 1e-10:
+        raise RuntimeError(f"no settled rank-one point at δ = {delta:g}: residual {residual:.2g} ({result.message})")
+    return result.x
+
+
+@dataclass(frozen=True)
+class TransverseRateCurve:
+    """μ(δ) = σ_max(C) at the settled rank-one point of each chain of a family, by continuation."""
+
+    family: ChainFamily
+    delta: np.ndarray
+    rate: np.ndarray
+    points: np.ndarray  # (len(delta), 2d + 1): (γ, β, q) balanced
+    sign: float
+
+
+def transverse_rate_curve(family: ChainFamily, deltas) -> TransverseRateCurve:
+    """μ at the settled rank-one point for each δ (increasing from the first, which is settled by
+    integration and then polished; each next point is continued from the previous one)."""
+    deltas = np.asarray(deltas, dtype=float)
+    if np.any(np.diff(deltas) <= 0):
+        raise ValueError(f"deltas must increase, got {deltas.tolist()}")
+    pi, P = (np.asarray(x) for x in family(float(deltas[0])))
+    if np.any(pi <= 0):
+        raise ValueError(f"π(δ = {deltas[0]:g}) = {pi.tolist()} has a token with π <= 0")
+    guess, sign = settled_by_integration(pi, P)
+    _, _, _, coupling, *_ = _compiled(family, sign)
+    points, rates = [], []
+    for delta in deltas:
+        pi, _ = family(float(delta))
+        if np.any(np.asarray(pi) <= 0):
+            raise ValueError(f"π(δ = {delta:g}) = {np.asarray(pi).tolist()} has a token with π <= 0")
+        guess = settled_point(family, float(delta), guess, sign)
+        points.append(guess)
+        rates.append(float(np.linalg.svd(np.asarray(coupling(guess, float(delta))), compute_uv=False)[0]))
+    return TransverseRateCurve(family, deltas, np.array(rates), np.array(points), sign)
+
+
+def coupling_derivative(family: ChainFamily, point: np.ndarray, delta: float, sign: float) -> np.ndarray:
+    """dC/dδ along the settled point: C_θ θ*' + C_δ with θ*' = -F_θ^+ F_δ (implicit function theorem)."""
+    _, jac_y, jac_delta, _, coupling_y, coupling_delta = _compiled(family, sign)
+    velocity = -np.linalg.lstsq(np.asarray(jac_y(point, delta)), np.asarray(jac_delta(point, delta)), rcond=None)[0]
+    return np.tensordot(np.asarray(coupling_y(point, delta)), velocity, axes=1) + np.asarray(coupling_delta(point, delta))
+
+
+def leading_coefficient(curve: TransverseRateCurve) -> float:
+    """c1 = σ_max(dC/dδ) at the curve's first δ, where C must vanish (the degenerate point)."""
+    _, _, _, coupling, *_ = _compiled(curve.family, curve.sign)
+    C0 = np.asarray(coupling(curve.points[0], float(curve.delta[0])))
+    if np.abs(C0).max() > 1e-9:
+        raise ValueError(f"the point at δ = {curve.delta[0]:g} is not degenerate: max |C| = {np.abs(C0).max():.2g}")
+    derivative = coupling_derivative(curve.family, curve.points[0], float(curve.delta[0]), curve.sign)
+    return float(np.linalg.svd(derivative, compute_uv=False)[0])
+
+
+def balanced_state(point: np.ndarray, sign: float, d: int) -> ReducedState:
+    """The rank-one state (k = 1) of a balanced point."""
+    gamma, beta, q = _unpack_balanced(np.asarray(point), d)
+    return ReducedState(gamma[:, None], beta[:, None], np.array([[q]]), np.array([[sign * q]]))
+
