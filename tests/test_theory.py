@@ -26,12 +26,6 @@ from theory.origin import (
     origin_hessian_spectrum,
     predict_condensation,
 )
-from theory.restart import (
-    predict_restart,
-    settled_rank_one_point,
-    transverse_eigenpair,
-    transverse_leading_order,
-)
 from theory.symbolic import MeanFieldTwin, row_loss
 
 
@@ -190,46 +184,6 @@ def test_matched_focus_prediction_on_a_seeded_random_family():
     assert np.median(closer) < np.median([errors[index] for index in list(errors)[:5]]), (closer, errors)
 
 
-@pytest.mark.slow
-def test_restart_time_and_transverse_eigenvalue_for_asymmetric_chains():
-    predicted, measured, mu_at = [], [], {}
-    for delta in (0.05, 0.1, 0.2):
-        pi = [0.7, 0.1 + delta / 2, 0.1, 0.1 - delta / 2]
-        config = load_config(None, [f"chain.pi={pi}", "time.t_end=2000"])
-        prepared = prepare(config)
-        twin = MeanFieldTwin(prepared.chain.pi, prepared.chain.P)
-        condensation = predict_condensation(prepared.chain.pi, prepared.chain.P, prepared.params0, 1e-3)
-        restart = predict_restart(twin, prepared.flow, prepared.params0, condensation.alpha, 2000.0)
-        result = solve_flow(prepared.flow, prepared.params0, prepared.times)
-        report = detect_stages(compute_observables(result.trajectory, prepared.model, prepared.chain.pi))
-        opened = [r for r in report.of("restart") if r.direction == 1]
-        predicted.append(restart.t_onset)
-        measured.append(opened[0].t_start)
-        # the transverse rate where the rank-one flow settles, against flowsim's autodiff Hessian
-        point = settled_rank_one_point(twin, project(prepared.params0, condensation.alpha), condensation.alpha, 2000.0, 8)
-        mu, _ = transverse_eigenpair(twin, point)
-        numeric = np.linalg.eigvalsh(prepared.flow.jacobian(0.0, prepared.flow.flatten(point)))[-1]
-        assert mu == pytest.approx(numeric, rel=1e-8)
-        mu_at[delta] = mu
-    for p, m in zip(predicted, measured):
-        assert p is not None and abs(p - m) / m < 0.2, (predicted, measured)
-    assert mu_at[0.05] < mu_at[0.1] < mu_at[0.2]
-
-
-def test_transverse_rate_vanishes_for_symmetric_tokens_and_is_linear_in_small_delta():
-    mu_at = {}
-    for delta in (0.0, 0.003125, 0.00625):
-        pi = [0.7, 0.1 + delta / 2, 0.1, 0.1 - delta / 2]
-        prepared = prepare(load_config(None, [f"chain.pi={pi}"]))
-        twin = MeanFieldTwin(prepared.chain.pi, prepared.chain.P)
-        condensation = predict_condensation(prepared.chain.pi, prepared.chain.P, prepared.params0, 1e-3)
-        point = settled_rank_one_point(twin, project(prepared.params0, condensation.alpha), condensation.alpha, 2000.0, 8)
-        mu_at[delta], _ = transverse_eigenpair(twin, point)
-    assert abs(mu_at.pop(0.0)) < 1e-10  # the degenerate point: no unstable transverse direction
-    order, coefficient = transverse_leading_order(mu_at)
-    assert order == pytest.approx(1.0, abs=0.05) and coefficient > 0
-
-
 @pytest.mark.parametrize("pi, rank, t_end", [([0.7, 0.1, 0.1, 0.1], 1, 1000.0), (PAPER_PI, 1, 150.0), (PAPER_PI, 2, 1500.0)])
 def test_reduced_flow_equals_full_flow_started_on_the_manifold(pi, rank, t_end, paper_model):
     """On the rank-two manifold the paper chain focuses and dilutes: the reduced flow carries both."""
@@ -275,8 +229,9 @@ def test_predict_and_compare_commands(tmp_path):
         # the measured time is the detectors' own (stages.json): condensation's end, every other onset
         matching = [interval for interval in stages if interval["stage"] == row["stage"]
                     and interval["query"] == row["query"] and interval["direction"] == row["direction"]]
-        if row["measured"] is None:
-            assert not matching and row["note"] == "predicted, not measured", row
+        if row["measured"] is None:  # a predicted time not measured, or a verdict that rules the event out
+            assert not matching, row
+            assert row["note"] == "predicted, not measured" if row["predicted"] is not None else row["note"].startswith("no "), row
         else:
             first = min(matching, key=lambda interval: interval["t_start"])
             assert row["measured"] == first["t_end" if row["stage"] == "condensation" else "t_start"], (row, first)

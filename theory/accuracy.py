@@ -3,7 +3,8 @@
 ``random_family`` draws paper-family chains P = λ I + (1 - λ) 1 π^T with π from a flat
 Dirichlet (entries floored at ``min_pi`` so every token can be measured, then sorted so
 token 0 is the most frequent) and λ uniform in [0.2, 0.8]. ``chain_accuracy`` integrates
-the exact flow of one of them and puts the predicted onsets beside the detectors' own.
+the exact flow of one of them and puts the predicted condensation and first focus beside the
+detectors' own; ``restart_accuracy`` does the same for the restart of direction 1.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from flowsim.config import load_config
 from flowsim.experiment import prepare
 from flowsim.observables import compute_observables
 from flowsim.solvers import solve_flow
-from flowsim.stages import detect_stages
+from flowsim.stages import StageThresholds, detect_stages
 from theory.focus import predict_focus
 from theory.origin import predict_condensation
+from theory.restart import RestartPrediction, propagate_rank
 from theory.symbolic import MeanFieldTwin
 
 
@@ -88,3 +90,49 @@ def chain_accuracy(pi: list[float], lam: float, eps: float, seed: int = 0, horiz
         (predicted_focus, focused[0].t_start if focused else None),
         restarts[0] if restarts else None,
     )
+
+
+@dataclass(frozen=True)
+class RestartAccuracy:
+    """The predicted σ1 restart (with its rule) beside the measured one on one chain."""
+
+    pi: list[float]
+    lam: float
+    eps: float
+    t_end: float | None  # the measured flow's horizon (None: the prediction is past ``t_cap``, not measured)
+    prediction: RestartPrediction
+    measured: float | None
+
+    @property
+    def error(self) -> float | None:
+        predicted = self.prediction.t_onset
+        return None if predicted is None or self.measured is None else abs(predicted - self.measured) / self.measured
+
+
+def restart_accuracy(pi: list[float], lam: float, eps: float, seed: int = 0, horizon_factor: float = 1.3,
+                     t_cap: float = 20000.0, n_save: int = 600) -> RestartAccuracy:
+    """Predict direction 1's restart on the rank-one manifold (looking as far as 10 ``t_cap``), then
+    integrate the exact flow (m = k = 8, mean field) to ``horizon_factor`` × the prediction, when that
+    is within ``t_cap``, and detect its stages."""
+    overrides = [f"chain.pi={pi}", f"chain.lam={lam}", f"init.eps={eps}", f"init.seed={seed}"]
+    prepared = prepare(load_config(None, overrides))
+    chain, params0 = prepared.chain, prepared.params0
+    condensation = predict_condensation(chain.pi, chain.P, params0, eps)
+    floor = float(np.linalg.svd(np.asarray(params0["W0"]), compute_uv=False)[1])
+    thresholds = StageThresholds()
+    look = 10.0 * t_cap
+    stage = propagate_rank(MeanFieldTwin(chain.pi, chain.P), params0, condensation.alpha[:, None], 0.0, look,
+                           thresholds.restart_factor * floor, np.geomspace(0.1, look, n_save))
+    predicted = stage.restart.t_onset
+    if predicted is None or horizon_factor * predicted > t_cap:
+        return RestartAccuracy(pi, lam, eps, None, stage.restart, None)
+    t_end = horizon_factor * predicted
+    atol = min(1e-12, 1e-3 * eps**2)
+    prepared = prepare(load_config(None, overrides + [f"time.t_end={t_end}", "time.n_linear=2", f"time.n_log={n_save}",
+                                                      f"solver.atol={atol}"]))
+    result = solve_flow(prepared.flow, prepared.params0, prepared.times, rtol=1e-8, atol=atol)
+    if not result.success:
+        raise RuntimeError(f"the flow of π = {pi}, λ = {lam} did not finish: {result.message}")
+    report = detect_stages(compute_observables(result.trajectory, prepared.model, chain.pi), thresholds)
+    opened = [i.t_start for i in report.of("restart") if i.direction == 1]
+    return RestartAccuracy(pi, lam, eps, t_end, stage.restart, opened[0] if opened else None)

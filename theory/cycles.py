@@ -118,3 +118,27 @@ def dilution_rates(prediction: CyclePrediction, query: int, token: int) -> Dilut
         attention.append(float(lever @ turned))
         total.append(embedding[-1] + attention[-1])
     return DilutionRates(query, token, np.asarray(trajectory.t), np.array(total), np.array(embedding), np.array(attention))
+
+
+def focused_token(prediction: CyclePrediction, dilution: Interval) -> int:
+    """The token query i attended most to just before its dilution (halfway from its focus onset)."""
+    focus = [i for i in prediction.report.of("focus", dilution.query) if i.t_start < dilution.t_start][-1]
+    trajectory = prediction.trajectory
+    n = int(np.searchsorted(trajectory.t, (focus.t_start + dilution.t_start) / 2))
+    W0, S = trajectory.params["W0"][n], trajectory.params["W_Q"][n] @ trajectory.params["W_K"][n].T
+    logits = (W0 @ S @ W0.T)[dilution.query] + np.log(prediction.pi)
+    return int(np.argmax(logits))
+
+
+def dilution_mechanism(prediction: CyclePrediction, dilution: Interval) -> str:
+    """When D_i turned negative after the focus, and which part of it is negative at the onset."""
+    token = focused_token(prediction, dilution)
+    rates = dilution_rates(prediction, dilution.query, token)
+    focus = [i for i in prediction.report.of("focus", dilution.query) if i.t_start < dilution.t_start][-1]
+    leaving = np.flatnonzero((rates.total < 0) & (rates.t > focus.t_start))
+    n = int(np.searchsorted(rates.t, dilution.t_start))
+    driver = "the embeddings move" if rates.embedding[n] < 0 <= rates.attention[n] else (
+        "the query-key map moves" if rates.attention[n] < 0 <= rates.embedding[n] else "both parts move")
+    since = "" if not len(leaving) else f" from t = {rates.t[leaving[0]]:.4g}"
+    return (f"D = d log A[{dilution.query},{token}]/dt < 0{since}; at the onset {rates.total[n]:+.3g} = embedding part "
+            f"{rates.embedding[n]:+.3g} + attention part {rates.attention[n]:+.3g}: {driver} the mass")

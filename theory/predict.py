@@ -33,7 +33,7 @@ from flowsim.experiment import label_run, prepare
 from flowsim.rundir import CONFIG_FILE
 from flowsim.stages import StageReport, StageThresholds, subject_label
 from flowsim.io import write_atomic_json
-from theory.cycles import CyclePrediction, predict_cycles
+from theory.cycles import CyclePrediction, dilution_mechanism, predict_cycles
 from theory.focus import FocusPrediction, predict_focus
 from theory.origin import CondensationPrediction, predict_condensation
 from theory.restart import RestartPrediction
@@ -69,12 +69,13 @@ class Prediction:
                 f"μ2 = {f.mu2:.6g} at the condensed point (h = {f.h:+.4g}; attention amplitude {f.a_attn0:.4g}); "
                 f"queries focus in the order {f.order}, on token {f.order[0]}"
                 + "".join(f"\n{restart_line(stage.restart)}" for stage in self.cycles.stages)
-                + "".join(f"\npredicted {i.stage} of q{i.query}: {i.evidence}" for i in self.cycles.dilutions()))
+                + "".join(f"\npredicted {i.stage} of q{i.query}: {i.evidence}\n  {dilution_mechanism(self.cycles, i)}"
+                          for i in self.cycles.dilutions()))
 
 
 def restart_line(r: RestartPrediction) -> str:
     """How the restart of direction r was predicted, with the numbers of its rule."""
-    head = f"restart σ{r.direction}: transverse rate μ = {r.rate:.4g} where the rank-{r.direction} flow ends"
+    head = f"σ{r.direction} restart: transverse rate μ = {r.rate:.4g} where the rank-{r.direction} flow ends"
     check = "" if r.t_integrated is None else f"; transverse equation integrated to the threshold: t = {r.t_integrated:.4g}"
     if r.rule == "formula":
         return (f"{head}; settled at t_s = {r.t_settle:.4g}: t_s + log(ℓ/a_s)/μ = {r.t_settle:.4g} + "

@@ -24,18 +24,26 @@ in the kernel of the Hessian (besides the manifold's own gauge directions) and n
 direction: the rank-one flow of symmetric rare tokens (π = (0.7, 0.1, 0.1, 0.1)) settles where
 G_M = 0 and G_Φ γ = G_Φ^T γ = 0.
 
-**Lyapunov-Schmidt.** For a family of chains π(δ) through such a point, reduce onto that kernel: the
-range equations are solved by the settled rank-one point θ*(δ) (the manifold is invariant, so the
+**The settled point.** On the rank-one manifold (k = 1 suffices: Φ depends on q and r through q·r)
+the loss depends on (γ, φ) only through the d numbers s_i = Σ_j A_ij γ_j, since Z_i = s_i β^T: the
+rank-one critical points form a curve, not a point, and C varies along it. The point the flow
+settles on is the end of the *focus orbit* (``theory.focus``), the unstable manifold of the condensed
+point that every small start follows: ``settled_by_integration`` integrates it.
+
+**Lyapunov-Schmidt.** For a family of chains π(δ) through a degenerate point, reduce onto the
+kernel: the range equations are solved by the settled point θ*(δ) (the manifold is invariant, so the
 kernel coordinate 0 always solves them), and since the tangent-transverse block vanishes there is no
 Schur correction: the reduced function's Hessian at 0 is exactly H_T(θ*(δ)). Hence
 
     μ(δ) = σ_max(C(θ*(δ), δ))      over the whole range of δ (``transverse_rate_curve``),
-    μ(δ) = c1 δ + O(δ²),  c1 = σ_max(dC/dδ |_0),   dθ*/dδ = -F_θ^+ F_δ  (implicit function theorem on
-                                                    the critical-point equations F = 0),
+    μ(δ) = c1 δ + O(δ²),  c1 = σ_max(dC/dδ |_0),   dθ*/dδ = -F_θ^+ F_δ + (a multiple of n),
 
-``leading_coefficient`` computes c1 by automatic differentiation of F and C.
+by the implicit function theorem on the critical-point equations F = 0 (in the gauge a small start
+keeps), n spanning the critical curve's tangent. At δ = 0 C vanishes all along the curve, so
+C_θ n = 0 and the undetermined multiple drops out of c1 (``leading_coefficient`` checks this and
+computes c1 by automatic differentiation of F and C).
 
-Cost: one C is O(d² (d + k) r); the critical point is a Levenberg-Marquardt solve in 2d + 1 unknowns.
+Cost: one C is O(d² (d + k) r); one settled point is a focus orbit, 2d + 2 equations.
 """
 
 from __future__ import annotations
@@ -47,7 +55,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import sympy as sp
-from scipy.optimize import least_squares
 
 from flowsim.losses import expected_cross_entropy, mean_field_attention
 from theory.focus import attention_coupling, condensed_point
@@ -163,7 +170,8 @@ def _critical_equations(y, delta, family: ChainFamily, sign: float):
     phi = sign * q**2
     d_gamma = phi * (G_Phi + G_Phi.T) @ gamma + G_M @ beta
     d_beta = G_M.T @ gamma
-    return jnp.concatenate([d_gamma, d_beta, jnp.array([gamma @ G_Phi @ gamma, gamma @ gamma - beta @ beta - 2 * q**2])])
+    return jnp.concatenate([d_gamma, d_beta, jnp.array([gamma @ G_Phi @ gamma, gamma @ gamma - beta @ beta - 2 * q**2,
+                                                         jnp.sum(beta)])])
 
 
 def _coupling_balanced(y, delta, family: ChainFamily, sign: float):
@@ -199,20 +207,9 @@ def settled_by_integration(pi: np.ndarray, P: np.ndarray, t_settle_over_mu: floa
     return np.concatenate([state.Gamma[:, 0], state.B[:, 0], [np.sqrt(abs(phi))]]), float(np.sign(phi))
 
 
-def settled_point(family: ChainFamily, delta: float, guess: np.ndarray, sign: float) -> np.ndarray:
-    """Solve F(y, δ) = 0 by Levenberg-Marquardt from ``guess``; raise when it does not converge."""
-    equations, jac_y, *_ = _compiled(family, sign)
-    result = least_squares(lambda y: np.asarray(equations(y, delta)), guess, jac=lambda y: np.asarray(jac_y(y, delta)),
-                           method="lm", xtol=1e-15, ftol=1e-15, gtol=1e-15)
-    residual = float(np.max(np.abs(result.fun)))
-    if residual > 1e-10:
-        raise RuntimeError(f"no settled rank-one point at δ = {delta:g}: residual {residual:.2g} ({result.message})")
-    return result.x
-
-
 @dataclass(frozen=True)
 class TransverseRateCurve:
-    """μ(δ) = σ_max(C) at the settled rank-one point of each chain of a family, by continuation."""
+    """μ(δ) = σ_max(C) at the end of the focus orbit of each chain of a family."""
 
     family: ChainFamily
     delta: np.ndarray
@@ -222,46 +219,42 @@ class TransverseRateCurve:
 
 
 def transverse_rate_curve(family: ChainFamily, deltas) -> TransverseRateCurve:
-    """μ at the settled rank-one point for each δ (increasing from the first, which is settled by
-    integration and then polished; each next point is continued from the previous one)."""
+    """μ where the rank-one flow of each chain π(δ) settles (its focus orbit, integrated per δ)."""
     deltas = np.asarray(deltas, dtype=float)
-    if np.any(np.diff(deltas) <= 0):
-        raise ValueError(f"deltas must increase, got {deltas.tolist()}")
-    pi, P = (np.asarray(x) for x in family(float(deltas[0])))
-    if np.any(pi <= 0):
-        raise ValueError(f"π(δ = {deltas[0]:g}) = {pi.tolist()} has a token with π <= 0")
-    guess, sign = settled_by_integration(pi, P)
-    _, _, _, coupling, *_ = _compiled(family, sign)
-    points, rates = [], []
+    points, rates, signs = [], [], set()
     for delta in deltas:
-        pi, _ = family(float(delta))
-        if np.any(np.asarray(pi) <= 0):
-            raise ValueError(f"π(δ = {delta:g}) = {np.asarray(pi).tolist()} has a token with π <= 0")
-        guess = settled_point(family, float(delta), guess, sign)
-        points.append(guess)
-        rates.append(float(np.linalg.svd(np.asarray(coupling(guess, float(delta))), compute_uv=False)[0]))
-    return TransverseRateCurve(family, deltas, np.array(rates), np.array(points), sign)
+        pi, P = (np.asarray(x) for x in family(float(delta)))
+        if np.any(pi <= 0):
+            raise ValueError(f"π(δ = {delta:g}) = {pi.tolist()} has a token with π <= 0")
+        point, sign = settled_by_integration(pi, P)
+        signs.add(sign)
+        points.append(point)
+        coupling = _compiled(family, sign)[3]
+        rates.append(float(np.linalg.svd(np.asarray(coupling(point, float(delta))), compute_uv=False)[0]))
+    if len(signs) != 1:
+        raise ValueError(f"the attention coupling changes sign over δ = {deltas.tolist()}")
+    return TransverseRateCurve(family, deltas, np.array(rates), np.array(points), signs.pop())
 
 
-def coupling_derivative(family: ChainFamily, point: np.ndarray, delta: float, sign: float) -> np.ndarray:
-    """dC/dδ along the settled point: C_θ θ*' + C_δ with θ*' = -F_θ^+ F_δ (implicit function theorem)."""
+def coupling_derivative(family: ChainFamily, point: np.ndarray, delta: float, sign: float) -> tuple[np.ndarray, float]:
+    """dC/dδ along the settled point, C_θ θ*' + C_δ with θ*' = -F_θ^+ F_δ (implicit function theorem), and
+    the largest change of C along the null directions of F_θ (where θ*' is not determined)."""
     _, jac_y, jac_delta, _, coupling_y, coupling_delta = _compiled(family, sign)
-    velocity = -np.linalg.lstsq(np.asarray(jac_y(point, delta)), np.asarray(jac_delta(point, delta)), rcond=None)[0]
-    return np.tensordot(np.asarray(coupling_y(point, delta)), velocity, axes=1) + np.asarray(coupling_delta(point, delta))
+    F_y, C_y = np.asarray(jac_y(point, delta)), np.asarray(coupling_y(point, delta))
+    velocity = -np.linalg.lstsq(F_y, np.asarray(jac_delta(point, delta)), rcond=None)[0]
+    _, singular, right = np.linalg.svd(F_y)
+    null = right[singular < 1e-10 * singular[0]]
+    along_null = max((float(np.abs(np.tensordot(C_y, n, axes=1)).max()) for n in null), default=0.0)
+    return np.tensordot(C_y, velocity, axes=1) + np.asarray(coupling_delta(point, delta)), along_null
 
 
 def leading_coefficient(curve: TransverseRateCurve) -> float:
     """c1 = σ_max(dC/dδ) at the curve's first δ, where C must vanish (the degenerate point)."""
-    _, _, _, coupling, *_ = _compiled(curve.family, curve.sign)
+    coupling = _compiled(curve.family, curve.sign)[3]
     C0 = np.asarray(coupling(curve.points[0], float(curve.delta[0])))
     if np.abs(C0).max() > 1e-9:
         raise ValueError(f"the point at δ = {curve.delta[0]:g} is not degenerate: max |C| = {np.abs(C0).max():.2g}")
-    derivative = coupling_derivative(curve.family, curve.points[0], float(curve.delta[0]), curve.sign)
+    derivative, along_null = coupling_derivative(curve.family, curve.points[0], float(curve.delta[0]), curve.sign)
+    if along_null > 1e-8:
+        raise ValueError(f"C changes along the critical curve at δ = {curve.delta[0]:g} ({along_null:.2g}): c1 is not determined")
     return float(np.linalg.svd(derivative, compute_uv=False)[0])
-
-
-def balanced_state(point: np.ndarray, sign: float, d: int) -> ReducedState:
-    """The rank-one state (k = 1) of a balanced point."""
-    gamma, beta, q = _unpack_balanced(np.asarray(point), d)
-    return ReducedState(gamma[:, None], beta[:, None], np.array([[q]]), np.array([[sign * q]]))
-
