@@ -4,11 +4,13 @@
 
 Each chain of ``theory.accuracy.random_family`` (d = 3, 4, 5 in turn, π from a Dirichlet,
 λ in [0.2, 0.8]) is integrated at each ε (seed 0 initial point) to twice its predicted
-first focus; the table gives, per ε, the predicted and measured end of condensation and
-onset of the first query's focus with their relative errors, and a summary of the median
-and worst error per stage. A chain whose measured flow registers no focus of that query
-is listed with its first σ1 restart, which then interrupts the focus. The tables go into
-benchmarks/RESULTS.md (section theory-accuracy).
+first focus, and again to 1.3 × its predicted σ1 restart (``theory.accuracy.restart_accuracy``);
+the table gives, per ε, the predicted and measured end of condensation, onset of the first
+query's focus and σ1 restart (with the rule that predicted it: the settled-point formula, or
+the transverse equation's crossing when the restart comes before the rank-one flow settles),
+their relative errors, and a summary of the median and worst error per stage. A chain whose
+measured flow registers no focus of that query is one whose σ1 restart interrupts the focus.
+The tables go into benchmarks/RESULTS.md (section theory-accuracy).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from theory.accuracy import ChainAccuracy, chain_accuracy, random_family
+from theory.accuracy import ChainAccuracy, RestartAccuracy, chain_accuracy, random_family, restart_accuracy
 
 from report import write_section
 
@@ -34,26 +36,36 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}%"
 
 
-def chain_table(rows: list[ChainAccuracy]) -> str:
-    lines = ["| # | π | λ | condensation: theory / flow | error | first focus: theory / flow | error | first σ1 restart |",
-             "|---:|---|---:|---|---:|---|---:|---:|"]
-    for index, row in enumerate(rows):
+def chain_table(rows: list[ChainAccuracy], restarts: list[RestartAccuracy]) -> str:
+    lines = ["| # | π | λ | condensation: theory / flow | error | first focus: theory / flow | error "
+             "| σ1 restart: theory (rule) / flow | error |",
+             "|---:|---|---:|---|---:|---|---:|---|---:|"]
+    for index, (row, restart) in enumerate(zip(rows, restarts)):
         lines.append(
             f"| {index} | {', '.join(f'{p:.3f}' for p in row.pi)} | {row.lam:.2f} "
             f"| {_time(row.condensation[0])} / {_time(row.condensation[1])} | {_percent(ChainAccuracy.error(row.condensation))} "
             f"| {_time(row.focus[0])} / {_time(row.focus[1])} | {_percent(ChainAccuracy.error(row.focus))} "
-            f"| {_time(row.restart_measured)} |")
+            f"| {_time(restart.prediction.t_onset)} ({restart.prediction.rule}) / {_time(restart.measured)} "
+            f"| {_percent(restart.error)} |")
     return "\n".join(lines)
 
 
-def summary_table(by_eps: dict[float, list[ChainAccuracy]]) -> str:
+def _summary_line(eps: float, stage: str, errors: list[float], n: int) -> str:
+    median = _percent(float(np.median(errors))) if errors else "-"
+    worst = _percent(max(errors)) if errors else "-"
+    return f"| {eps:g} | {stage} | {len(errors)} of {n} | {median} | {worst} |"
+
+
+def summary_table(by_eps: dict[float, list[ChainAccuracy]], restarts_by_eps: dict[float, list[RestartAccuracy]]) -> str:
     lines = ["| ε | stage | chains measured | median error | worst error |", "|---|---|---:|---:|---:|"]
     for eps, rows in by_eps.items():
         for stage in ("condensation", "focus"):
             errors = [e for e in (ChainAccuracy.error(getattr(row, stage)) for row in rows) if e is not None]
-            median = _percent(float(np.median(errors))) if errors else "-"
-            worst = _percent(max(errors)) if errors else "-"
-            lines.append(f"| {eps:g} | {stage} | {len(errors)} of {len(rows)} | {median} | {worst} |")
+            lines.append(_summary_line(eps, stage, errors, len(rows)))
+        restarts = restarts_by_eps[eps]
+        for rule in ("formula", "before settling"):
+            errors = [r.error for r in restarts if r.prediction.rule == rule and r.error is not None]
+            lines.append(_summary_line(eps, f"σ1 restart ({rule})", errors, len(restarts)))
     return "\n".join(lines)
 
 
@@ -68,22 +80,27 @@ def main() -> None:
     family = random_family(args.chains, args.seed)
     started = time.perf_counter()
     by_eps: dict[float, list[ChainAccuracy]] = {}
+    restarts_by_eps: dict[float, list[RestartAccuracy]] = {}
     for eps in epsilons:
-        by_eps[eps] = []
+        by_eps[eps], restarts_by_eps[eps] = [], []
         for index, (pi, lam) in enumerate(family):
             row = chain_accuracy(pi, lam, eps)
+            restart = restart_accuracy(pi, lam, eps, t_cap=2e5)
             by_eps[eps].append(row)
+            restarts_by_eps[eps].append(restart)
             print(f"ε = {eps:g} chain {index}: condensation {_percent(ChainAccuracy.error(row.condensation))}, "
-                  f"focus {_time(row.focus[0])} / {_time(row.focus[1])} {_percent(ChainAccuracy.error(row.focus))}", flush=True)
+                  f"focus {_time(row.focus[0])} / {_time(row.focus[1])} {_percent(ChainAccuracy.error(row.focus))}, "
+                  f"σ1 restart {_time(restart.prediction.t_onset)} ({restart.prediction.rule}) / {_time(restart.measured)} "
+                  f"{_percent(restart.error)}", flush=True)
     text = [f"## Theory accuracy on a random family (`python benchmarks/theory_accuracy.py --chains {args.chains} "
             f"--seed {args.seed}`)", "",
             f"{args.chains} chains P = λI + (1 - λ)1π^T (d = 3, 4, 5 in turn, π ~ Dirichlet(1) floored at 0.02, "
             f"λ ~ U[0.2, 0.8]), m = k = 8, mean-field loss, seed-0 initial point; {time.perf_counter() - started:.0f} s "
-            "on a 2-core CPU.", "", summary_table(by_eps)]
+            "on a 2-core CPU.", "", summary_table(by_eps, restarts_by_eps)]
     for eps, rows in by_eps.items():
-        text += ["", f"### ε = {eps:g}", "", chain_table(rows)]
+        text += ["", f"### ε = {eps:g}", "", chain_table(rows, restarts_by_eps[eps])]
     write_section(args.out, "theory-accuracy", "\n".join(text))
-    print(summary_table(by_eps))
+    print(summary_table(by_eps, restarts_by_eps))
 
 
 if __name__ == "__main__":

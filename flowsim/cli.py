@@ -170,7 +170,7 @@ def compare_runs(
     probes = (f"{'run':16} {'ffn':4} {'qk_rho':>6} {'smooth':>6} {'t_end':>6} {'loss':>9} {'t(target)':>9} "
               f"{'t_mature':>8} {'H2 fall':>8} {'index':>6}")
     factors = (f"{'run':16} {'step(0)':>8} {'energy(0)':>9} {'ffn(0)':>9} {'peak bound':>10} "
-               f"{'peak direct':>11} {'direct share':>12}")
+               f"{'peak direct':>11} {'direct share':>12} {'exceeded':>8} {'loose':>7} {'tight':>7}")
     probe_lines, factor_lines = [probes], [factors]
     for run_dir in run_dirs:
         try:
@@ -190,7 +190,8 @@ def compare_runs(
             continue
         factor_lines.append(f"{name:16} {pathwise['step_0']:8.4g} {pathwise['residual_energy_0']:9.4g} "
                             f"{pathwise['ffn_write_0']:9.4g} {pathwise['peak_bound']:10.4g} "
-                            f"{pathwise['peak_direct']:11.4g} {pathwise['direct_share']:12.4g}")
+                            f"{pathwise['peak_direct']:11.4g} {pathwise['direct_share']:12.4g} "
+                            f"{pathwise['exceeded_share']:8.3g} {pathwise['looseness']:7.3g} {pathwise['tight_looseness']:7.3g}")
     typer.echo("\n".join(probe_lines + [""] + factor_lines))
 
 

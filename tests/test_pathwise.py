@@ -73,6 +73,49 @@ def test_bound_holds_at_every_saved_time_of_every_shipped_run(shipped_runs):
             np.testing.assert_allclose(factors.own_direct, factors.direct, atol=1e-10 * scale, err_msg=name)
         else:  # smoothing carries the lower block's Q/K gradient into the upper logits
             assert np.abs(factors.coupled_direct).max() > 1e-3 * scale, name
+        # the sharper bound is valid and never looser; the drift bound and their sum bound the total
+        slack = 1e-12 * factors.bound.max()
+        assert np.all(np.abs(factors.own_direct) <= factors.tight_bound + slack), name
+        assert np.all(factors.tight_bound <= factors.bound + slack), name
+        assert np.all(np.abs(factors.drift) <= factors.drift_bound + slack), name
+        assert np.all(np.abs(factors.total) <= factors.total_bound + slack), name
+
+
+@pytest.mark.slow
+def test_the_factor_bound_is_exceeded_by_the_total_only_where_the_basis_drift_carries_the_motion(shipped_runs):
+    """The factor product bounds the direct path, not ds/dt: on every shipped run the total exceeds it at some
+    pair early on, and at every such point the drift path is the larger one and alone exceeds the bound."""
+    for name, (_, _, _, factors) in shipped_runs.items():
+        exceeded = np.abs(factors.total) > factors.bound
+        assert exceeded.any(), name
+        assert np.all(np.abs(factors.drift[exceeded]) > np.abs(factors.direct[exceeded])), name
+        assert np.mean(np.abs(factors.drift[exceeded]) > factors.bound[exceeded]) > 0.95, name
+        summary = factors.summary()
+        assert summary["tight_looseness"] < summary["looseness"] / 2, (name, summary)
+
+
+@pytest.mark.slow
+def test_the_papers_comparative_claims_as_inequalities_between_runs(shipped_runs):
+    """Slowing the upper Q/K by ρ shrinks the direct path over the window about ρ-fold while the drift path, which
+    carries most of the logit motion, is unchanged; the gated FFN writes less into the residual stream and its
+    residual-energy factor is smaller at every saved time after the start."""
+    for plain, slowed in (("baseline", "slowed"), ("glu", "glu_slowed")):
+        t0 = shipped_runs[slowed][0].flow.qk_t0
+        rho = shipped_runs[slowed][0].flow.qk_rho
+        base, slow = shipped_runs[plain][3], shipped_runs[slowed][3]
+        window = base.t <= t0
+
+        def motion(array):
+            return np.trapezoid(np.abs(array).sum(axis=(1, 2))[window], base.t[window])
+
+        assert rho <= motion(slow.direct) / motion(base.direct) < 1.3 * rho, (plain, slowed)
+        assert motion(slow.drift) / motion(base.drift) == pytest.approx(1.0, abs=0.01)
+        assert motion(base.drift) > motion(base.direct)
+    for mlp, glu in (("baseline", "glu"), ("slowed", "glu_slowed")):
+        plain, gated = shipped_runs[mlp][3], shipped_runs[glu][3]
+        assert np.all(gated.ffn_write < plain.ffn_write), (mlp, glu)
+        assert np.all(gated.residual_energy[1:] < plain.residual_energy[1:]), (mlp, glu)
+        assert gated.total_bound.max() < plain.total_bound.max()
 
 
 @pytest.mark.slow

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.integrate import solve_ivp
+from scipy.optimize import brentq
 from scipy.linalg import null_space
 
 from theory.manifold import ReducedFlow, ReducedState, project
@@ -126,23 +127,27 @@ def propagate_rank(twin: MeanFieldTwin, params, A: np.ndarray, t_start: float, t
     passes.terminal = True
     Z0 = transverse_part(params, E)
     transverse = solve_ivp(field, (t_start, float(times[-1])), Z0.ravel(), method="LSODA", t_eval=times,
-                           events=passes, jac=jacobian, rtol=1e-8, atol=1e-14 * max(1.0, float(np.abs(Z0).max()) * 1e6))
+                           events=passes, jac=jacobian, dense_output=True, rtol=1e-8, atol=1e-14 * max(1.0, float(np.abs(Z0).max()) * 1e6))
     if transverse.status == -1:
         raise RuntimeError(f"the transverse equation failed: {transverse.message}")
     crossing = transverse.t_events[0]
     t_integrated = float(crossing[0]) if len(crossing) else None
 
     # the transverse rate along the whole rank-r flow (to t_end), and where it settles
-    rates = np.array([np.linalg.svd(coupling_at(twin, ReducedState.unpack(y, d, k)), compute_uv=False)[0]
-                      for y in reduced.y.T])
+    def rate_at(y: np.ndarray) -> float:
+        return float(np.linalg.svd(coupling_at(twin, ReducedState.unpack(y, d, k)), compute_uv=False)[0])
+
+    rates = np.array([rate_at(y) for y in reduced.y.T])
     rate, peak = float(rates[-1]), float(rates.max())
-    off = np.abs(rates - rate) > SETTLED * rate
     t_settle = None
     if peak > 0 and rate > DEGENERATE_RATE * peak:
-        moving = np.flatnonzero(off)
+        moving = np.flatnonzero(np.abs(rates - rate) > SETTLED * rate)
         first_settled = 0 if len(moving) == 0 else int(moving[-1]) + 1
-        if first_settled < len(times) - 1:
-            t_settle = float(times[first_settled])
+        if 0 < first_settled < len(times) - 1:  # refine between the save times on the dense output
+            t_settle = float(brentq(lambda t: abs(rate_at(reduced.sol(t)) - rate) - SETTLED * rate,
+                                    times[first_settled - 1], times[first_settled], xtol=1e-9 * times[first_settled]))
+        elif first_settled == 0:
+            t_settle = float(times[0])
 
     amplitude = None
     if peak == 0 or rate <= DEGENERATE_RATE * peak:
@@ -154,7 +159,7 @@ def propagate_rank(twin: MeanFieldTwin, params, A: np.ndarray, t_start: float, t
     else:
         settled_state = state_at(t_settle)
         mode = fastest_transverse_mode(coupling_at(twin, settled_state))
-        Z_settle = transverse.y[:, int(np.flatnonzero(transverse.t == t_settle)[0])].reshape(-1, columns)
+        Z_settle = transverse.sol(t_settle).reshape(-1, columns)
         basis = np.linalg.svd(settled_state.Gamma, full_matrices=True)[0]
         off_open = basis[:, rank:] @ basis[:, rank:].T
         amplitude = float(np.linalg.norm(mode.direction @ Z_settle) * np.linalg.norm(off_open @ mode.u))
