@@ -10,7 +10,10 @@ query's focus and σ1 restart (with the rule that predicted it: the settled-poin
 the transverse equation's crossing when the restart comes before the rank-one flow settles),
 their relative errors, and a summary of the median and worst error per stage. A chain whose
 measured flow registers no focus of that query is one whose σ1 restart interrupts the focus.
-The tables go into benchmarks/RESULTS.md (section theory-accuracy).
+A third pass integrates each chain to 5 × its predicted σ1 restart and compares every event of
+the chained rank-r prediction (``theory.accuracy.cycle_accuracy``): the later restarts, the
+focus of the other queries and the dilutions, with the events one side has and the other
+lacks counted. The tables go into benchmarks/RESULTS.md (section theory-accuracy).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from theory.accuracy import ChainAccuracy, RestartAccuracy, chain_accuracy, random_family, restart_accuracy
+from theory.accuracy import (ChainAccuracy, CycleAccuracy, RestartAccuracy, chain_accuracy, cycle_accuracy, random_family,
+                             restart_accuracy)
+from theory.predict import NOT_MEASURED, NOT_PREDICTED
 
 from report import write_section
 
@@ -69,6 +74,27 @@ def summary_table(by_eps: dict[float, list[ChainAccuracy]], restarts_by_eps: dic
     return "\n".join(lines)
 
 
+LATER_EVENTS = {
+    "restart σ2, σ3, ...": lambda row: row.stage == "restart" and row.direction >= 2,
+    "focus of the other queries": lambda row: row.stage == "focus" and row.query != 0,
+    "dilution": lambda row: row.stage == "dilution",
+}
+
+
+def cycles_table(cycles_by_eps: dict[float, list[CycleAccuracy]]) -> str:
+    lines = ["| ε | event | compared | median error | worst error | predicted, not measured | measured, not predicted |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for eps, cycles in cycles_by_eps.items():
+        for label, wanted in LATER_EVENTS.items():
+            rows = [row for cycle in cycles for row in cycle.rows if wanted(row)]
+            errors = [row.rel_error for row in rows if row.rel_error is not None]
+            median = _percent(float(np.median(errors))) if errors else "-"
+            worst = _percent(max(errors)) if errors else "-"
+            lines.append(f"| {eps:g} | {label} | {len(errors)} | {median} | {worst} "
+                         f"| {sum(row.note == NOT_MEASURED for row in rows)} | {sum(row.note == NOT_PREDICTED for row in rows)} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chains", type=int, default=24)
@@ -99,8 +125,20 @@ def main() -> None:
             "on a 2-core CPU.", "", summary_table(by_eps, restarts_by_eps)]
     for eps, rows in by_eps.items():
         text += ["", f"### ε = {eps:g}", "", chain_table(rows, restarts_by_eps[eps])]
+    cycles_by_eps: dict[float, list[CycleAccuracy]] = {}
+    for eps in epsilons:
+        cycles_by_eps[eps] = []
+        for index, (pi, lam) in enumerate(family):
+            cycles_by_eps[eps].append(cycle_accuracy(pi, lam, eps, restarts=5.0))
+            print(f"ε = {eps:g} chain {index}: " + ", ".join(
+                f"{row.stage} {row.query if row.direction is None else 'σ%d' % row.direction} {_percent(row.rel_error)}"
+                for row in cycles_by_eps[eps][-1].rows if row.rel_error is not None), flush=True)
+    text += ["", "### Later events: the chained rank-r prediction to 5 × the predicted σ1 restart (at most t = 20000)", "",
+             cycles_table(cycles_by_eps), "",
+             f"{time.perf_counter() - started:.0f} s in all."]
     write_section(args.out, "theory-accuracy", "\n".join(text))
     print(summary_table(by_eps, restarts_by_eps))
+    print(cycles_table(cycles_by_eps))
 
 
 if __name__ == "__main__":

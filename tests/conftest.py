@@ -26,6 +26,12 @@ def default_flow(paper_chain, paper_model):
     return GradientFlow(flowsim.make_loss_function(paper_model, paper_chain), params0), params0
 
 
+def random_chain(d, seed):
+    """A dense random transition matrix (every entry > 0): irreducible and aperiodic."""
+    P = np.random.default_rng(seed).random((d, d)) + 0.1
+    return flowsim.MarkovChain(P=P / P.sum(axis=1, keepdims=True))
+
+
 def random_params(model, scale, seed):
     return {name: scale * value for name, value in model.init(1.0, seed).items()}
 

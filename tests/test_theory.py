@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 import sympy as sp
-from conftest import PAPER_PI, random_params
+from conftest import PAPER_PI, random_chain, random_params
 
 import flowsim
 from flowsim.config import load_config
@@ -27,11 +27,6 @@ from theory.origin import (
     predict_condensation,
 )
 from theory.symbolic import MeanFieldTwin, row_loss
-
-
-def random_chain(d, seed):
-    P = np.random.default_rng(seed).random((d, d)) + 0.1
-    return flowsim.MarkovChain(P=P / P.sum(axis=1, keepdims=True))
 
 
 @pytest.mark.parametrize("d, m, k", [(2, 2, 3), (3, 3, 2), (4, 8, 8)])

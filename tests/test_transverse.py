@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import sympy as sp
+from conftest import random_chain
 
 import flowsim
 from flowsim.config import load_config
@@ -26,11 +27,6 @@ from theory.transverse import (
     transverse_hessian,
     transverse_rate_curve,
 )
-
-
-def random_chain(d, seed):
-    P = np.random.default_rng(seed).random((d, d)) + 0.1
-    return flowsim.MarkovChain(P=P / P.sum(axis=1, keepdims=True))
 
 
 def random_state(d, k, rank, seed, scale=0.7):

@@ -4,7 +4,8 @@
 Dirichlet (entries floored at ``min_pi`` so every token can be measured, then sorted so
 token 0 is the most frequent) and λ uniform in [0.2, 0.8]. ``chain_accuracy`` integrates
 the exact flow of one of them and puts the predicted condensation and first focus beside the
-detectors' own; ``restart_accuracy`` does the same for the restart of direction 1.
+detectors' own; ``restart_accuracy`` does the same for the restart of direction 1, and
+``cycle_accuracy`` for every event of the chained prediction (later restarts, focuses, dilutions).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from flowsim.solvers import solve_flow
 from flowsim.stages import StageThresholds, detect_stages
 from theory.focus import predict_focus
 from theory.origin import predict_condensation
+from theory.predict import compared_rows, predict_run
 from theory.restart import RestartPrediction, propagate_rank
 from theory.symbolic import MeanFieldTwin
 
@@ -115,17 +117,10 @@ def restart_accuracy(pi: list[float], lam: float, eps: float, seed: int = 0, hor
     integrate the exact flow (m = k = 8, mean field) to ``horizon_factor`` × the prediction, when that
     is within ``t_cap``, and detect its stages."""
     overrides = [f"chain.pi={pi}", f"chain.lam={lam}", f"init.eps={eps}", f"init.seed={seed}"]
-    prepared = prepare(load_config(None, overrides))
-    chain, params0 = prepared.chain, prepared.params0
-    condensation = predict_condensation(chain.pi, chain.P, params0, eps)
-    floor = float(np.linalg.svd(np.asarray(params0["W0"]), compute_uv=False)[1])
-    thresholds = StageThresholds()
-    look = 10.0 * t_cap
-    stage = propagate_rank(MeanFieldTwin(chain.pi, chain.P), params0, condensation.alpha[:, None], 0.0, look,
-                           thresholds.restart_factor * floor, np.geomspace(0.1, look, n_save))
-    predicted = stage.restart.t_onset
+    prediction = first_restart(overrides, eps, 10.0 * t_cap, n_save)
+    predicted = prediction.t_onset
     if predicted is None or horizon_factor * predicted > t_cap:
-        return RestartAccuracy(pi, lam, eps, None, stage.restart, None)
+        return RestartAccuracy(pi, lam, eps, None, prediction, None)
     t_end = horizon_factor * predicted
     atol = min(1e-12, 1e-3 * eps**2)
     prepared = prepare(load_config(None, overrides + [f"time.t_end={t_end}", "time.n_linear=2", f"time.n_log={n_save}",
@@ -133,6 +128,47 @@ def restart_accuracy(pi: list[float], lam: float, eps: float, seed: int = 0, hor
     result = solve_flow(prepared.flow, prepared.params0, prepared.times, rtol=1e-8, atol=atol)
     if not result.success:
         raise RuntimeError(f"the flow of π = {pi}, λ = {lam} did not finish: {result.message}")
-    report = detect_stages(compute_observables(result.trajectory, prepared.model, chain.pi), thresholds)
+    report = detect_stages(compute_observables(result.trajectory, prepared.model, prepared.chain.pi))
     opened = [i.t_start for i in report.of("restart") if i.direction == 1]
-    return RestartAccuracy(pi, lam, eps, t_end, stage.restart, opened[0] if opened else None)
+    return RestartAccuracy(pi, lam, eps, t_end, prediction, opened[0] if opened else None)
+
+
+def first_restart(overrides: list[str], eps: float, look: float, n_save: int) -> RestartPrediction:
+    """Direction 1's restart on the rank-one manifold, looking as far as ``look``."""
+    prepared = prepare(load_config(None, overrides))
+    chain, params0 = prepared.chain, prepared.params0
+    condensation = predict_condensation(chain.pi, chain.P, params0, eps)
+    floor = float(np.linalg.svd(np.asarray(params0["W0"]), compute_uv=False)[1])
+    stage = propagate_rank(MeanFieldTwin(chain.pi, chain.P), params0, condensation.alpha[:, None], 0.0, look,
+                           StageThresholds().restart_factor * floor, np.geomspace(0.1, look, n_save))
+    return stage.restart
+
+
+@dataclass(frozen=True)
+class CycleAccuracy:
+    """Every event of the chained prediction beside the measured flow's, on one chain (``compared_rows``)."""
+
+    pi: list[float]
+    lam: float
+    eps: float
+    t_end: float
+    rows: list  # theory.predict.Row, predicted beside measured
+
+
+def cycle_accuracy(pi: list[float], lam: float, eps: float, seed: int = 0, restarts: float = 3.0,
+                   t_cap: float = 20000.0, n_save: int = 600) -> CycleAccuracy:
+    """The chained rank-r prediction (``theory.predict``) and the exact flow (m = k = 8, mean field) to
+    ``restarts`` × the predicted σ1 restart (at most ``t_cap``), every event compared."""
+    overrides = [f"chain.pi={pi}", f"chain.lam={lam}", f"init.eps={eps}", f"init.seed={seed}"]
+    predicted_restart = first_restart(overrides, eps, 10.0 * t_cap, n_save).t_onset
+    t_end = t_cap if predicted_restart is None else min(t_cap, restarts * predicted_restart)
+    atol = min(1e-12, 1e-3 * eps**2)
+    config = load_config(None, overrides + [f"time.t_end={t_end}", "time.n_linear=2", f"time.n_log={n_save}",
+                                            f"solver.atol={atol}"])
+    prediction = predict_run(config)
+    prepared = prepare(config)
+    result = solve_flow(prepared.flow, prepared.params0, prepared.times, rtol=1e-8, atol=atol)
+    if not result.success:
+        raise RuntimeError(f"the flow of π = {pi}, λ = {lam} did not finish: {result.message}")
+    report = detect_stages(compute_observables(result.trajectory, prepared.model, prepared.chain.pi))
+    return CycleAccuracy(pi, lam, eps, t_end, compared_rows(prediction.rows, report))
