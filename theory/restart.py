@@ -126,8 +126,9 @@ def propagate_rank(twin: MeanFieldTwin, params, A: np.ndarray, t_start: float, t
 
     passes.terminal = True
     Z0 = transverse_part(params, E)
-    transverse = solve_ivp(field, (t_start, float(times[-1])), Z0.ravel(), method="LSODA", t_eval=times,
-                           events=passes, jac=jacobian, dense_output=True, rtol=1e-8, atol=1e-14 * max(1.0, float(np.abs(Z0).max()) * 1e6))
+    scale = float(np.abs(Z0).max()) or 1.0  # the transverse part starts at the initial scale and does not shrink much
+    transverse = solve_ivp(field, (t_start, float(times[-1])), Z0.ravel(), method="LSODA", t_eval=times, events=passes,
+                           jac=jacobian, dense_output=True, rtol=1e-8, atol=1e-9 * scale)
     if transverse.status == -1:
         raise RuntimeError(f"the transverse equation failed: {transverse.message}")
     crossing = transverse.t_events[0]
