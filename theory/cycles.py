@@ -31,7 +31,7 @@ from flowsim.models import OneLayerTransformer
 from flowsim.observables import compute_observables
 from flowsim.stages import Interval, StageReport, StageThresholds, detect_stages
 from flowsim.trajectory import Trajectory
-from theory.restart import RankStage, complement, propagate_rank
+from theory.restart import RankStage, RestartPrediction, complement, propagate_rank
 from theory.symbolic import MeanFieldTwin
 
 
@@ -46,6 +46,10 @@ class CyclePrediction:
     def dilutions(self) -> list[Interval]:
         return self.report.of("dilution")
 
+    def restarts(self) -> list[RestartPrediction]:
+        """The restart of each direction that can open (not the last stage's, once W0 has full rank)."""
+        return [stage.restart for stage in self.stages if np.isfinite(stage.restart.threshold)]
+
 
 def next_direction(params, A: np.ndarray) -> np.ndarray:
     """The unit vector of span(A)^⊥ along which W0's transverse part grew most, off the open directions."""
@@ -57,27 +61,31 @@ def next_direction(params, A: np.ndarray) -> np.ndarray:
 
 
 def predict_cycles(twin: MeanFieldTwin, flow: GradientFlow, model: OneLayerTransformer, params0, alpha: np.ndarray,
-                   t_end: float, thresholds: StageThresholds | None = None, n_save: int = 600) -> CyclePrediction:
-    """The chained rank-r predictions from θ(0) to ``t_end``."""
+                   t_end: float, thresholds: StageThresholds | None = None, times: np.ndarray | None = None) -> CyclePrediction:
+    """The chained rank-r predictions from θ(0) to ``t_end``, saved at ``times`` (a run's own save times,
+    so that the detectors read prediction and run on the same grid; default 600 log-spaced times)."""
     th = StageThresholds() if thresholds is None else thresholds
-    grid = np.geomspace(min(0.1, t_end / 10), t_end, n_save)
+    grid = np.geomspace(min(0.1, t_end / 10), t_end, 600) if times is None else np.asarray(times, dtype=float)
+    grid = grid[(grid > 0) & (grid <= t_end)]
     floors = np.linalg.svd(np.asarray(params0["W0"]), compute_uv=False)
     A = np.asarray(alpha, dtype=float).reshape(-1, 1)
     params, t_start, stages = {name: np.asarray(value) for name, value in params0.items()}, 0.0, []
     while True:
         rank = A.shape[1]
-        stage = propagate_rank(twin, params, A, t_start, t_end, th.restart_factor * float(floors[rank]), grid)
+        full = rank >= len(floors)  # W0 has no direction left to open: the last stage runs to t_end
+        threshold = np.inf if full else th.restart_factor * float(floors[rank])
+        stage = propagate_rank(twin, params, A, t_start, t_end, threshold, grid)
         stages.append(stage)
         crossed = stage.restart.t_integrated
-        if crossed is None or rank + 1 >= min(twin.d, A.shape[0]):
+        if crossed is None or full:
             break
         params = {name: value[-1] for name, value in stage.params.items()}
         A = np.column_stack([A, next_direction(params, A)])
         t_start = crossed
-    t = np.concatenate([stage.t[1 if n else 0:] for n, stage in enumerate(stages)])
-    thetas = {name: np.concatenate([stage.params[name][1 if n else 0:] for n, stage in enumerate(stages)])
-              for name in stages[0].params}
-    velocity = {name: np.concatenate([stage.velocity[name][1 if n else 0:] for n, stage in enumerate(stages)])
+    saved = [np.isin(stage.t, grid) | (stage.t == 0.0) for stage in stages]  # the crossings are not save times
+    t = np.concatenate([stage.t[keep] for stage, keep in zip(stages, saved)])
+    thetas = {name: np.concatenate([stage.params[name][keep] for stage, keep in zip(stages, saved)]) for name in stages[0].params}
+    velocity = {name: np.concatenate([stage.velocity[name][keep] for stage, keep in zip(stages, saved)])
                 for name in stages[0].velocity}
     trajectory = Trajectory(t=t, loss=flow.loss_along(flow.flatten_batch(thetas)), params=thetas)
     report = detect_stages(compute_observables(trajectory, model, twin.pi), th)

@@ -68,7 +68,7 @@ class Prediction:
                 f"unstable amplitude a0 = {c.a0:.4g})\n"
                 f"μ2 = {f.mu2:.6g} at the condensed point (h = {f.h:+.4g}; attention amplitude {f.a_attn0:.4g}); "
                 f"queries focus in the order {f.order}, on token {f.order[0]}"
-                + "".join(f"\n{restart_line(stage.restart)}" for stage in self.cycles.stages)
+                + "".join(f"\n{restart_line(restart)}" for restart in self.cycles.restarts())
                 + "".join(f"\npredicted {i.stage} of q{i.query}: {i.evidence}\n  {dilution_mechanism(self.cycles, i)}"
                           for i in self.cycles.dilutions()))
 
@@ -129,14 +129,15 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     focus = predict_focus(twin, prepared.params0, condensation, prepared.model.k)
     progress("Stages III-IV: the rank-r flows, their transverse equations and restarts")
     t_end = float(config.time.t_end)
-    cycles = predict_cycles(twin, prepared.flow, prepared.model, prepared.params0, condensation.alpha, t_end)
+    cycles = predict_cycles(twin, prepared.flow, prepared.model, prepared.params0, condensation.alpha, t_end,
+                            times=prepared.times)
     rows = [Row("condensation", None, None, condensation.t_end)]
     rows += [Row("focus", query, None, t) for query, t in focus.t_onset.items()]
     if not focus.t_onset:
         drop = focus.orbit.entropy[0, focus.order[0]] - focus.orbit.entropy[:, focus.order[0]].min()
         rows.append(Row("focus", focus.order[0], None, None, note=f"no focus: on the focus orbit the entropy falls only "
                                                                   f"{drop:.3g} nats (a focus needs {StageThresholds().focus_drop:g})"))
-    rows += [restart_row(stage.restart, t_end) for stage in cycles.stages]
+    rows += [restart_row(restart, t_end) for restart in cycles.restarts()]
     for stage in ("focus", "dilution"):
         for query in focus.order:
             found = cycles.report.of(stage, query)

@@ -31,6 +31,7 @@ transverse equation (2d + 2k)(m - r), each C O(d² (d + k) r).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 from scipy.integrate import solve_ivp
@@ -51,7 +52,7 @@ class RestartPrediction:
 
     direction: int
     t_onset: float | None  # the prediction (None: degenerate, or never within reach)
-    rule: str  # "formula", "before settling", "degenerate", "not settled"
+    rule: str  # "formula", "before settling", "degenerate", "not settled", "full rank" (no direction left)
     t_integrated: float | None  # the transverse equation integrated to the threshold (None: not by t_end)
     t_settle: float | None  # when the rank-r flow settled (None: not by t_end)
     rate: float  # μ = σ_max(C) where the rank-r flow ends (settled or at t_end)
@@ -112,25 +113,29 @@ def propagate_rank(twin: MeanFieldTwin, params, A: np.ndarray, t_start: float, t
     def state_at(t: float) -> ReducedState:
         return ReducedState.unpack(reduced.sol(t), d, k)
 
-    columns = E.shape[1]
+    rows, columns = 2 * d + 2 * k, E.shape[1]
 
     def field(t, z):
         H = transverse_hessian(coupling_at(twin, state_at(t)))
-        return -(H @ z.reshape(-1, columns)).ravel()
+        return -(H @ z.reshape(rows, columns)).ravel()
 
     def jacobian(t, z):
         return -np.kron(transverse_hessian(coupling_at(twin, state_at(t))), np.eye(columns))
 
     def passes(t, z):
-        return _sigma(assemble(state_at(t), A, z.reshape(-1, columns), E)["W0"], rank) - threshold
+        return _sigma(assemble(state_at(t), A, z.reshape(rows, columns), E)["W0"], rank) - threshold
 
     passes.terminal = True
     Z0 = transverse_part(params, E)
-    scale = float(np.abs(Z0).max()) or 1.0  # the transverse part starts at the initial scale and does not shrink much
-    transverse = solve_ivp(field, (t_start, float(times[-1])), Z0.ravel(), method="LSODA", t_eval=times, events=passes,
-                           jac=jacobian, dense_output=True, rtol=1e-8, atol=1e-9 * scale)
-    if transverse.status == -1:
-        raise RuntimeError(f"the transverse equation failed: {transverse.message}")
+    if columns == 0:  # A spans R^m: nothing is transverse
+        transverse = SimpleNamespace(t=times, y=np.zeros((0, len(times))), t_events=[np.array([])],
+                                     sol=lambda t: np.zeros(0))
+    else:
+        scale = float(np.abs(Z0).max()) or 1.0  # the transverse part starts at the initial scale and does not shrink much
+        transverse = solve_ivp(field, (t_start, float(times[-1])), Z0.ravel(), method="LSODA", t_eval=times, events=passes,
+                               jac=jacobian, dense_output=True, rtol=1e-8, atol=1e-9 * scale)
+        if transverse.status == -1:
+            raise RuntimeError(f"the transverse equation failed: {transverse.message}")
     crossing = transverse.t_events[0]
     t_integrated = float(crossing[0]) if len(crossing) else None
 
@@ -151,7 +156,9 @@ def propagate_rank(twin: MeanFieldTwin, params, A: np.ndarray, t_start: float, t
             t_settle = float(times[0])
 
     amplitude = None
-    if peak == 0 or rate <= DEGENERATE_RATE * peak:
+    if columns == 0 or not np.isfinite(threshold):
+        rule, t_onset = "full rank", None
+    elif peak == 0 or rate <= DEGENERATE_RATE * peak:
         rule, t_onset = "degenerate", None
     elif t_integrated is not None and (t_settle is None or t_integrated <= t_settle):
         rule, t_onset = "before settling", t_integrated
@@ -160,7 +167,7 @@ def propagate_rank(twin: MeanFieldTwin, params, A: np.ndarray, t_start: float, t
     else:
         settled_state = state_at(t_settle)
         mode = fastest_transverse_mode(coupling_at(twin, settled_state))
-        Z_settle = transverse.sol(t_settle).reshape(-1, columns)
+        Z_settle = transverse.sol(t_settle).reshape(rows, columns)
         basis = np.linalg.svd(settled_state.Gamma, full_matrices=True)[0]
         off_open = basis[:, rank:] @ basis[:, rank:].T
         amplitude = float(np.linalg.norm(mode.direction @ Z_settle) * np.linalg.norm(off_open @ mode.u))
@@ -172,9 +179,9 @@ def propagate_rank(twin: MeanFieldTwin, params, A: np.ndarray, t_start: float, t
         Z_path = np.vstack([transverse.y.T, transverse.y_events[0][0][None]])
     else:
         Z_path = transverse.y.T
-    full = [assemble(state_at(t), A, z.reshape(-1, columns), E) for t, z in zip(kept, Z_path)]
+    full = [assemble(state_at(t), A, z.reshape(rows, columns), E) for t, z in zip(kept, Z_path)]
     # assemble is linear in (coordinates, Z), so the predicted velocity is assemble of their fields
-    speeds = [assemble(ReducedState.unpack(reduced_field(t, reduced.sol(t)), d, k), A, field(t, z).reshape(-1, columns), E)
+    speeds = [assemble(ReducedState.unpack(reduced_field(t, reduced.sol(t)), d, k), A, field(t, z).reshape(rows, columns), E)
               for t, z in zip(kept, Z_path)]
     stacked = {name: np.stack([p[name] for p in full]) for name in full[0]}
     velocity = {name: np.stack([v[name] for v in speeds]) for name in speeds[0]}
