@@ -78,8 +78,10 @@ def restart_line(r: RestartPrediction) -> str:
     head = f"σ{r.direction} restart: transverse rate μ = {r.rate:.4g} where the rank-{r.direction} flow ends"
     check = "" if r.t_integrated is None else f"; transverse equation integrated to the threshold: t = {r.t_integrated:.4g}"
     if r.rule == "formula":
-        return (f"{head}; settled at t_s = {r.t_settle:.4g}: t_s + log(ℓ/a_s)/μ = {r.t_settle:.4g} + "
-                f"log({r.threshold:.3g}/{r.amplitude:.3g})/{r.rate:.4g} = {r.t_onset:.4g}{check}")
+        crossing = "beyond reach" if r.t_onset is None else f"t = {r.t_onset:.4g}"
+        return (f"{head}; settled at t_s = {r.t_settle:.4g}, then σ{r.direction} under exp(-τ H_T) passes ℓ = "
+                f"{r.threshold:.3g} at {crossing} (leading term t_s + log(ℓ/a_s)/μ = {r.t_settle:.4g} + "
+                f"log({r.threshold:.3g}/{r.amplitude:.3g})/{r.rate:.4g} = {r.t_leading:.4g}){check}")
     if r.rule == "before settling":
         settles = "does not settle by the horizon" if r.t_settle is None else f"settles at t = {r.t_settle:.4g}"
         return f"{head}; σ{r.direction} passes ℓ = {r.threshold:.3g} before the flow {settles}{check}"

@@ -10,13 +10,16 @@ restarts when σ_r(W0) passes the detector's threshold ℓ_r = restart_factor ×
 The prediction, per direction:
 
 * **settled, then the formula.** Once the rank-r flow has settled (its transverse rate σ_max(C(t))
-  stays within ``SETTLED`` of its final value μ from t_s on) Z grows along the fastest mode v as
-  e^{μ (t - t_s)}, so
+  stays within ``SETTLED`` of its final value μ from t_s on) H_T is constant and
+  Z(t_s + τ) = exp(-τ H_T) Z(t_s) = W e^{-τΛ} W^T Z(t_s) in closed form (H_T = W Λ W^T; the
+  eigenvalues are ±σ_i(C)). The prediction is where σ_r(W0) of that closed form passes ℓ_r. Its
+  leading term, once the fastest mode v (rate μ = σ_max(C)) dominates, is
 
-      t_restart = t_s + log(ℓ_r / a_s) / μ,   a_s = ‖v^T Z(t_s)‖ ‖P ā‖ / √2,
+      t_restart ≈ t_s + log(ℓ_r / a_s) / μ,   a_s = ‖v^T Z(t_s)‖ ‖P ā‖ / √2,
 
   with ā/√2 the W0 part of v and P the projection off the directions already open (off the range
-  of Γ): a_s is the transverse amplitude carried from θ(0) to t_s.
+  of Γ): a_s is the transverse amplitude carried from θ(0) to t_s. The two differ where the other
+  modes still cancel part of v's W0 part at t_s (``t_leading`` keeps the leading term).
 * **the rule for what comes first.** If σ_r(W0) passes ℓ_r before t_s, the restart comes during the
   focus, while the rank-r flow still moves: the prediction is that crossing of the transverse
   equation (no constant rate to extrapolate with).
@@ -58,6 +61,7 @@ class RestartPrediction:
     rate: float  # μ = σ_max(C) where the rank-r flow ends (settled or at t_end)
     peak_rate: float  # the largest transverse rate met on the way
     amplitude: float | None  # a_s, the transverse W0 amplitude along the fastest mode at t_settle
+    t_leading: float | None  # the formula's leading term t_s + log(ℓ / a_s) / μ
     threshold: float
 
 
@@ -155,7 +159,7 @@ def propagate_rank(twin: MeanFieldTwin, params, A: np.ndarray, t_start: float, t
         elif first_settled == 0:
             t_settle = float(times[0])
 
-    amplitude = None
+    amplitude = t_leading = None
     if columns == 0 or not np.isfinite(threshold):
         rule, t_onset = "full rank", None
     elif peak == 0 or rate <= DEGENERATE_RATE * peak:
@@ -166,12 +170,15 @@ def propagate_rank(twin: MeanFieldTwin, params, A: np.ndarray, t_start: float, t
         rule, t_onset = "not settled", None
     else:
         settled_state = state_at(t_settle)
-        mode = fastest_transverse_mode(coupling_at(twin, settled_state))
+        C = coupling_at(twin, settled_state)
+        mode = fastest_transverse_mode(C)
         Z_settle = transverse.sol(t_settle).reshape(rows, columns)
         basis = np.linalg.svd(settled_state.Gamma, full_matrices=True)[0]
         off_open = basis[:, rank:] @ basis[:, rank:].T
         amplitude = float(np.linalg.norm(mode.direction @ Z_settle) * np.linalg.norm(off_open @ mode.u))
-        rule, t_onset = "formula", t_settle + float(np.log(threshold / amplitude)) / rate
+        t_leading = t_settle + float(np.log(threshold / amplitude)) / rate
+        t_onset = settled_crossing(settled_state, A, E, Z_settle, transverse_hessian(C), rank, threshold, rate)
+        rule, t_onset = "formula", None if t_onset is None else t_settle + t_onset
 
     kept = transverse.t
     if t_integrated is not None:
@@ -185,6 +192,25 @@ def propagate_rank(twin: MeanFieldTwin, params, A: np.ndarray, t_start: float, t
               for t, z in zip(kept, Z_path)]
     stacked = {name: np.stack([p[name] for p in full]) for name in full[0]}
     velocity = {name: np.stack([v[name] for v in speeds]) for name in speeds[0]}
-    restart = RestartPrediction(rank, t_onset, rule, t_integrated, t_settle, rate, peak, amplitude, threshold)
+    restart = RestartPrediction(rank, t_onset, rule, t_integrated, t_settle, rate, peak, amplitude, t_leading, threshold)
     return RankStage(rank, A, np.asarray(kept), stacked, velocity, restart)
 
+
+
+def settled_crossing(state: ReducedState, A: np.ndarray, E: np.ndarray, Z: np.ndarray, H_T: np.ndarray, rank: int,
+                     threshold: float, rate: float, decades: float = 12.0) -> float | None:
+    """The first τ at which σ_r(W0) of Z(τ) = exp(-τ H_T) Z passes ``threshold`` at the frozen settled point
+    (None if not within ``decades`` e-folds of the fastest rate, 10^decades in amplitude)."""
+    values, vectors = np.linalg.eigh(H_T)
+    coefficients = vectors.T @ Z
+
+    def excess(tau: float) -> float:
+        moved = vectors @ (np.exp(-tau * values)[:, None] * coefficients)
+        return _sigma(assemble(state, A, moved, E)["W0"], rank) - threshold
+
+    taus = np.concatenate([[0.0], np.geomspace(1e-3, decades * np.log(10.0), 400) / rate])
+    signs = np.array([excess(tau) for tau in taus]) > 0
+    if signs[0] or not signs.any():
+        return None
+    above = int(np.argmax(signs))
+    return float(brentq(excess, taus[above - 1], taus[above], xtol=1e-10 * taus[above]))
