@@ -11,13 +11,15 @@ gpt-mlp seed by seed): the validation loss at the last step; how far the top lay
 it) matured (its largest principal angle to its final span stays below 0.1 rad); and the
 premature-specialisation index (the entropy fall by then over the largest fall,
 flowsim.specialisation). The mean curves of the top layer's entropy and of that basis angle
-over the checkpoints go to OUT/study.json (figure 16 draws them); the table to
-benchmarks/RESULTS.md (section gpt-study). Each run is a resumable bridge run directory.
+over the checkpoints go to OUT/study.json (figure 16 draws them; corpora run earlier into the same
+OUT are kept); the tables to benchmarks/RESULTS.md (section gpt-study, then one section per
+corpus, so a corpus can be rerun alone). Each run is a resumable bridge run directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 
@@ -78,7 +80,8 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value for every run")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
     args = parser.parse_args()
-    study, tables = {}, []
+    study_file = args.out / "study.json"
+    study = json.loads(study_file.read_text()) if study_file.is_file() else {}  # other corpora from earlier runs
     for corpus in args.corpus or ["wikitext2", "tinystories"]:
         results = {}
         for variant in args.variants:
@@ -92,20 +95,19 @@ def main() -> None:
                 print(f"{corpus:11} {variant:16} seed {seed}: validation loss {rows[-1]['val_loss']:.4f}", flush=True)
             results[variant] = rows
         study[corpus] = results
-        tables.append(corpus_table(corpus, results))
+        write_atomic_json(study_file, study)
+        table = corpus_table(corpus, results)
+        print(table)
+        write_section(RESULTS, f"gpt-study-{corpus}", table)  # one section per corpus: each can be rerun alone
     config = load_bridge_config(CONFIGS / f"{args.variants[0]}.toml", args.overrides)
-    text = "\n\n".join([
+    write_section(RESULTS, "gpt-study", "\n\n".join([
         "## GPT study (`python benchmarks/gpt_study.py`)",
         f"{config.model.n_layer} layers, width {config.model.d_model}, {config.model.n_head} heads, contexts of "
         f"{config.data.s}, batch {config.data.batch_size}, {config.optim.name} lr {config.optim.lr:g} for "
         f"{config.optim.steps} steps, vocabulary {config.data.vocab_size} + <unk>; seeds {args.seeds} (mean ± standard "
         "deviation; the paired difference seed by seed). The top layer's entropy is π-weighted over the probe types; "
         "'basis mature' is the first checkpoint after which the stream below the top layer stays within 0.1 rad of its "
-        "final span ('never': not within the run).",
-        *tables])
-    print(text)
-    write_atomic_json(args.out / "study.json", study)
-    write_section(RESULTS, "gpt-study", text)
+        "final span ('never': not within the run). One table per corpus follows."]))
 
 
 if __name__ == "__main__":
