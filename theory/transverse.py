@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -160,9 +161,9 @@ def _unpack_balanced(y, d):
 
 
 def _critical_equations(y, delta, family: ChainFamily, sign: float):
-    """F = (∂ℓ/∂γ, ∂ℓ/∂β, γ^T G_Φ γ, |γ|² - |β|² - 2q²): a rank-one critical point with attention on,
-    in the balanced gauge the flow from a small start keeps (W0^T W0 - W1 W1^T - W_Q W_Q^T - W_K W_K^T
-    and W_Q^T W_Q - W_K^T W_K are conserved)."""
+    """F = (∂ℓ/∂γ, ∂ℓ/∂β, γ^T G_Φ γ, |γ|² - |β|² - 2q², Σβ): a rank-one critical point with attention on,
+    in the gauge the flow from a small start keeps (W0^T W0 - W1 W1^T - W_Q W_Q^T - W_K W_K^T and
+    W_Q^T W_Q - W_K^T W_K are conserved, and so is Σβ: L does not change when β moves along 1)."""
     d = len(family.pi0)
     gamma, beta, q = _unpack_balanced(y, d)
     pi, P = family(delta)
@@ -175,6 +176,7 @@ def _critical_equations(y, delta, family: ChainFamily, sign: float):
 
 
 def _coupling_balanced(y, delta, family: ChainFamily, sign: float):
+    """C on the balanced rank-one coordinates (k = 1, r = sign · q)."""
     d = len(family.pi0)
     gamma, beta, q = _unpack_balanced(y, d)
     pi, P = family(delta)
@@ -182,15 +184,26 @@ def _coupling_balanced(y, delta, family: ChainFamily, sign: float):
     return jnp.hstack([G_M, (G_Phi @ gamma * sign * q)[:, None], (G_Phi.T @ gamma * q)[:, None]])
 
 
+class _Compiled(NamedTuple):
+    """F_θ, F_δ, C, C_θ and C_δ on the balanced rank-one coordinates, compiled once per family."""
+
+    jac_y: Callable
+    jac_delta: Callable
+    coupling: Callable
+    coupling_y: Callable
+    coupling_delta: Callable
+
+
 @functools.lru_cache(maxsize=None)
-def _compiled(family: ChainFamily, sign: float):
-    equations = jax.jit(lambda y, delta: _critical_equations(y, delta, family, sign))
-    jac_y = jax.jit(jax.jacfwd(lambda y, delta: _critical_equations(y, delta, family, sign)))
-    jac_delta = jax.jit(jax.jacfwd(lambda y, delta: _critical_equations(y, delta, family, sign), argnums=1))
-    coupling = jax.jit(lambda y, delta: _coupling_balanced(y, delta, family, sign))
-    coupling_y = jax.jit(jax.jacfwd(lambda y, delta: _coupling_balanced(y, delta, family, sign)))
-    coupling_delta = jax.jit(jax.jacfwd(lambda y, delta: _coupling_balanced(y, delta, family, sign), argnums=1))
-    return equations, jac_y, jac_delta, coupling, coupling_y, coupling_delta
+def _compiled(family: ChainFamily, sign: float) -> _Compiled:
+    def equations(y, delta):
+        return _critical_equations(y, delta, family, sign)
+
+    def coupling(y, delta):
+        return _coupling_balanced(y, delta, family, sign)
+
+    return _Compiled(jax.jit(jax.jacfwd(equations)), jax.jit(jax.jacfwd(equations, argnums=1)), jax.jit(coupling),
+                     jax.jit(jax.jacfwd(coupling)), jax.jit(jax.jacfwd(coupling, argnums=1)))
 
 
 def settled_by_integration(pi: np.ndarray, P: np.ndarray, t_settle_over_mu: float = 400.0,
@@ -229,8 +242,8 @@ def transverse_rate_curve(family: ChainFamily, deltas) -> TransverseRateCurve:
         point, sign = settled_by_integration(pi, P)
         signs.add(sign)
         points.append(point)
-        coupling = _compiled(family, sign)[3]
-        rates.append(float(np.linalg.svd(np.asarray(coupling(point, float(delta))), compute_uv=False)[0]))
+        coupling = _compiled(family, sign).coupling(point, float(delta))
+        rates.append(float(np.linalg.svd(np.asarray(coupling), compute_uv=False)[0]))
     if len(signs) != 1:
         raise ValueError(f"the attention coupling changes sign over δ = {deltas.tolist()}")
     return TransverseRateCurve(family, deltas, np.array(rates), np.array(points), signs.pop())
@@ -239,19 +252,18 @@ def transverse_rate_curve(family: ChainFamily, deltas) -> TransverseRateCurve:
 def coupling_derivative(family: ChainFamily, point: np.ndarray, delta: float, sign: float) -> tuple[np.ndarray, float]:
     """dC/dδ along the settled point, C_θ θ*' + C_δ with θ*' = -F_θ^+ F_δ (implicit function theorem), and
     the largest change of C along the null directions of F_θ (where θ*' is not determined)."""
-    _, jac_y, jac_delta, _, coupling_y, coupling_delta = _compiled(family, sign)
-    F_y, C_y = np.asarray(jac_y(point, delta)), np.asarray(coupling_y(point, delta))
-    velocity = -np.linalg.lstsq(F_y, np.asarray(jac_delta(point, delta)), rcond=None)[0]
+    compiled = _compiled(family, sign)
+    F_y, C_y = np.asarray(compiled.jac_y(point, delta)), np.asarray(compiled.coupling_y(point, delta))
+    velocity = -np.linalg.lstsq(F_y, np.asarray(compiled.jac_delta(point, delta)), rcond=None)[0]
     _, singular, right = np.linalg.svd(F_y)
     null = right[singular < 1e-10 * singular[0]]
     along_null = max((float(np.abs(np.tensordot(C_y, n, axes=1)).max()) for n in null), default=0.0)
-    return np.tensordot(C_y, velocity, axes=1) + np.asarray(coupling_delta(point, delta)), along_null
+    return np.tensordot(C_y, velocity, axes=1) + np.asarray(compiled.coupling_delta(point, delta)), along_null
 
 
 def leading_coefficient(curve: TransverseRateCurve) -> float:
     """c1 = σ_max(dC/dδ) at the curve's first δ, where C must vanish (the degenerate point)."""
-    coupling = _compiled(curve.family, curve.sign)[3]
-    C0 = np.asarray(coupling(curve.points[0], float(curve.delta[0])))
+    C0 = np.asarray(_compiled(curve.family, curve.sign).coupling(curve.points[0], float(curve.delta[0])))
     if np.abs(C0).max() > 1e-9:
         raise ValueError(f"the point at δ = {curve.delta[0]:g} is not degenerate: max |C| = {np.abs(C0).max():.2g}")
     derivative, along_null = coupling_derivative(curve.family, curve.points[0], float(curve.delta[0]), curve.sign)
