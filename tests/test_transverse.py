@@ -174,3 +174,14 @@ def test_later_events_of_the_chained_prediction_on_a_seeded_random_family():
         assert all(error < 0.05 for error in errors), result
         compared += len(errors)
     assert compared >= 6
+
+
+def test_a_chain_family_refuses_bad_input_by_name():
+    with pytest.raises(ValueError, match="sum to 0"):
+        ChainFamily((0.7, 0.1, 0.1, 0.1), (0.5, 0.0, 0.0, 0.0), 0.5)
+    with pytest.raises(ValueError, match="one per token"):
+        ChainFamily((0.7, 0.1, 0.1, 0.1), (0.5, -0.5), 0.5)
+    with pytest.raises(ValueError, match="two different tokens"):
+        ChainFamily.rare_asymmetry((0.7, 0.1, 0.1, 0.1), 0.5, 2, 2)
+    with pytest.raises(ValueError, match="has a token with π <= 0"):
+        transverse_rate_curve(ChainFamily.rare_asymmetry((0.7, 0.1, 0.1, 0.1), 0.5, 1, 3), [0.0, 0.3])

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flowsim.config import load_config
+from flowsim.config import RunConfig, load_config
 from flowsim.experiment import prepare
 from flowsim.observables import compute_observables
 from flowsim.solvers import solve_flow
-from flowsim.stages import StageThresholds, detect_stages
+from flowsim.stages import StageReport, StageThresholds, detect_stages
 from theory.focus import predict_focus
 from theory.origin import predict_condensation
 from theory.predict import compared_rows, predict_run
@@ -75,14 +75,7 @@ def chain_accuracy(pi: list[float], lam: float, eps: float, seed: int = 0, horiz
     # no focus predicted: run past the end of the orbit's linear phase, where its entropy settles
     linear_phase_end = focus.t_shift + np.log(1.0 / focus.orbit.delta) / focus.mu2
     t_end = horizon_factor * (predicted_focus if predicted_focus is not None else linear_phase_end)
-    atol = min(1e-12, 1e-3 * eps**2)
-    config = load_config(None, overrides + [f"time.t_end={t_end}", "time.n_linear=2", f"time.n_log={n_save}",
-                                            f"solver.atol={atol}"])
-    prepared = prepare(config)
-    result = solve_flow(prepared.flow, prepared.params0, prepared.times, rtol=1e-8, atol=atol)
-    if not result.success:
-        raise RuntimeError(f"the flow of π = {pi}, λ = {lam} did not finish: {result.message}")
-    report = detect_stages(compute_observables(result.trajectory, prepared.model, chain.pi))
+    report = measured_stages(flow_config(overrides, eps, t_end, n_save))
     condensed = report.of("condensation")
     focused = report.of("focus", first)
     restarts = [i.t_start for i in report.of("restart") if i.direction == 1]
@@ -122,13 +115,7 @@ def restart_accuracy(pi: list[float], lam: float, eps: float, seed: int = 0, hor
     if predicted is None or horizon_factor * predicted > t_cap:
         return RestartAccuracy(pi, lam, eps, None, prediction, None)
     t_end = horizon_factor * predicted
-    atol = min(1e-12, 1e-3 * eps**2)
-    prepared = prepare(load_config(None, overrides + [f"time.t_end={t_end}", "time.n_linear=2", f"time.n_log={n_save}",
-                                                      f"solver.atol={atol}"]))
-    result = solve_flow(prepared.flow, prepared.params0, prepared.times, rtol=1e-8, atol=atol)
-    if not result.success:
-        raise RuntimeError(f"the flow of π = {pi}, λ = {lam} did not finish: {result.message}")
-    report = detect_stages(compute_observables(result.trajectory, prepared.model, prepared.chain.pi))
+    report = measured_stages(flow_config(overrides, eps, t_end, n_save))
     opened = [i.t_start for i in report.of("restart") if i.direction == 1]
     return RestartAccuracy(pi, lam, eps, t_end, prediction, opened[0] if opened else None)
 
@@ -162,13 +149,21 @@ def cycle_accuracy(pi: list[float], lam: float, eps: float, seed: int = 0, resta
     overrides = [f"chain.pi={pi}", f"chain.lam={lam}", f"init.eps={eps}", f"init.seed={seed}"]
     predicted_restart = first_restart(overrides, eps, 10.0 * t_cap, n_save).t_onset
     t_end = t_cap if predicted_restart is None else min(t_cap, restarts * predicted_restart)
+    config = flow_config(overrides, eps, t_end, n_save)
+    return CycleAccuracy(pi, lam, eps, t_end, compared_rows(predict_run(config).rows, measured_stages(config)))
+
+
+def flow_config(overrides: list[str], eps: float, t_end: float, n_save: int) -> RunConfig:
+    """The chain's run to ``t_end`` on ``n_save`` log-spaced times, atol well below ε²."""
     atol = min(1e-12, 1e-3 * eps**2)
-    config = load_config(None, overrides + [f"time.t_end={t_end}", "time.n_linear=2", f"time.n_log={n_save}",
-                                            f"solver.atol={atol}"])
-    prediction = predict_run(config)
+    return load_config(None, overrides + [f"time.t_end={t_end}", "time.n_linear=2", f"time.n_log={n_save}",
+                                          f"solver.atol={atol}"])
+
+
+def measured_stages(config: RunConfig) -> StageReport:
+    """Integrate the exact flow of ``config`` (rtol 1e-8) and detect its stages."""
     prepared = prepare(config)
-    result = solve_flow(prepared.flow, prepared.params0, prepared.times, rtol=1e-8, atol=atol)
+    result = solve_flow(prepared.flow, prepared.params0, prepared.times, rtol=1e-8, atol=config.solver.atol)
     if not result.success:
-        raise RuntimeError(f"the flow of π = {pi}, λ = {lam} did not finish: {result.message}")
-    report = detect_stages(compute_observables(result.trajectory, prepared.model, prepared.chain.pi))
-    return CycleAccuracy(pi, lam, eps, t_end, compared_rows(prediction.rows, report))
+        raise RuntimeError(f"the flow of π = {config.chain.pi}, λ = {config.chain.lam} did not finish: {result.message}")
+    return detect_stages(compute_observables(result.trajectory, prepared.model, prepared.chain.pi))

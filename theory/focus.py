@@ -94,6 +94,15 @@ class FocusOrbit:
     entropy: np.ndarray  # (T, d) attention entropy of each query along the orbit
 
 
+def focus_orbit_start(twin: MeanFieldTwin, delta: float) -> tuple[ReducedState, float]:
+    """The condensed point (γ*, β*) with the unstable attention vector at amplitude δ (k = 1:
+    q = δ/√2, r = -sign(h) δ/√2), and the coupling h."""
+    gamma, beta = condensed_point(twin.pi)
+    h = attention_coupling(twin, gamma, beta)
+    u = delta / np.sqrt(2.0)
+    return ReducedState(gamma[:, None], beta[:, None], np.array([[u]]), np.array([[-np.sign(h) * u]])), h
+
+
 @functools.lru_cache(maxsize=16)
 def focus_orbit(pi: tuple[float, ...], P: tuple[tuple[float, ...], ...], delta: float = 1e-10,
                 tau_over_mu: float = 80.0) -> FocusOrbit:
@@ -102,11 +111,8 @@ def focus_orbit(pi: tuple[float, ...], P: tuple[tuple[float, ...], ...], delta: 
     Φ depends on q and r only through q·r)."""
     pi_arr, P_arr = np.asarray(pi), np.asarray(P)
     twin = MeanFieldTwin(pi_arr, P_arr)
-    gamma, beta = condensed_point(pi_arr)
-    h = attention_coupling(twin, gamma, beta)
+    start, h = focus_orbit_start(twin, delta)
     mu2 = abs(h)
-    u = delta / np.sqrt(2.0)
-    start = ReducedState(gamma[:, None], beta[:, None], np.array([[u]]), np.array([[-np.sign(h) * u]]))
     tau = np.concatenate([[0.0], np.geomspace(1e-3 / mu2, tau_over_mu / mu2, 3000)])
     solution = ReducedFlow(twin, k=1).solve(start, tau, rtol=1e-10, atol=1e-12 * delta)
     entropy = []

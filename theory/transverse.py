@@ -58,7 +58,7 @@ import numpy as np
 import sympy as sp
 
 from flowsim.losses import expected_cross_entropy, mean_field_attention
-from theory.focus import attention_coupling, condensed_point
+from theory.focus import focus_orbit_start
 from theory.manifold import ReducedFlow, ReducedState, _BLOCKS
 from theory.symbolic import MeanFieldTwin, closed_form_map_gradients
 
@@ -135,6 +135,14 @@ class ChainFamily:
     direction: tuple[float, ...]
     lam: float
 
+    def __post_init__(self) -> None:
+        if len(self.direction) != len(self.pi0):
+            raise ValueError(f"direction has {len(self.direction)} entries, expected one per token ({len(self.pi0)})")
+        if abs(sum(self.direction)) > 1e-12:
+            raise ValueError(f"direction must sum to 0 (π(δ) stays a distribution), got sum {sum(self.direction)!r}")
+        if not 0 <= self.lam < 1:
+            raise ValueError(f"lam must be in [0, 1), got {self.lam!r}")
+
     def __call__(self, delta):
         pi = jnp.asarray(self.pi0) + delta * jnp.asarray(self.direction)
         d = len(self.pi0)
@@ -143,9 +151,11 @@ class ChainFamily:
     @staticmethod
     def rare_asymmetry(pi0: tuple[float, ...], lam: float, first: int, last: int) -> "ChainFamily":
         """Tokens ``first`` and ``last`` move apart: π_first + δ/2, π_last - δ/2 (the DESIGN's family)."""
+        if first == last or not (0 <= first < len(pi0) and 0 <= last < len(pi0)):
+            raise ValueError(f"first and last must be two different tokens of 0..{len(pi0) - 1}, got {first} and {last}")
         direction = np.zeros(len(pi0))
         direction[first], direction[last] = 0.5, -0.5
-        return ChainFamily(tuple(pi0), tuple(direction), lam)
+        return ChainFamily(tuple(map(float, pi0)), tuple(map(float, direction)), float(lam))
 
 
 def _map_gradients(Phi, M, pi, P):
@@ -211,9 +221,7 @@ def settled_by_integration(pi: np.ndarray, P: np.ndarray, t_settle_over_mu: floa
     """The rank-one flow from the condensed point along the unstable attention vector (the focus
     orbit), integrated for ``t_settle_over_mu`` / μ2: (γ, β, q) balanced, and sign(q·r)."""
     twin = MeanFieldTwin(pi, P)
-    gamma, beta = condensed_point(pi)
-    h = attention_coupling(twin, gamma, beta)
-    start = ReducedState(gamma[:, None], beta[:, None], np.array([[amplitude]]), np.array([[-np.sign(h) * amplitude]]))
+    start, h = focus_orbit_start(twin, np.sqrt(2.0) * amplitude)
     end = ReducedFlow(twin, k=1).solve(start, np.array([t_settle_over_mu / abs(h)]), rtol=1e-10, atol=1e-14)
     state = ReducedState.unpack(end.y[:, -1], len(pi), 1)
     phi = float(state.Q[0, 0] * state.R[0, 0])
