@@ -8,9 +8,10 @@ Per corpus and variant, mean ± standard deviation over seeds (data.seed: the sa
 every variant the same initialisation and batches, so each variant is also compared with
 gpt-mlp seed by seed): the validation loss at the last step; how far the top layer's
 π-weighted attention entropy fell; when the residual stream it reads (after the block below
-it) matured (its largest principal angle to its final span stays below 0.1 rad); and the
-premature-specialisation index (the entropy fall by then over the largest fall,
-flowsim.specialisation). The mean curves of the top layer's entropy and of that basis angle
+it) matured, per doubling of time (it turns by less than 0.1 rad between every checkpoint t
+and 2t from then on) and, for comparison, relative to the end (its largest principal angle
+to its final span stays below 0.1 rad); and the premature-specialisation index under each
+(the entropy fall by then over the largest fall, flowsim.specialisation). The mean curves of the top layer's entropy and of that basis angle
 over the checkpoints go to OUT/study.json (figure 16 draws them; corpora run earlier into the same
 OUT are kept); the tables to benchmarks/RESULTS.md (section gpt-study, then one section per
 corpus, so a corpus can be rerun alone). Each run is a resumable bridge run directory.
@@ -27,7 +28,7 @@ from flowsim.bridge.config import load_bridge_config
 from flowsim.bridge.train import train
 from flowsim.config import shipped_config
 from flowsim.io import write_atomic_json
-from flowsim.observables import Observables
+from flowsim.observables import Observables, doubling_angles
 from flowsim.specialisation import summarise
 
 from report import spread, write_section
@@ -39,11 +40,13 @@ RESULTS = Path(__file__).with_name("RESULTS.md")
 
 def upper_layer_view(observables: Observables) -> Observables:
     """The top layer's attention and the residual basis it reads, under the names
-    flowsim.specialisation expects (attention_entropy_2, basis_angle)."""
+    flowsim.specialisation expects (attention_entropy_2, basis_angle, basis_doubling_angle)."""
     layers = sorted(int(name.rsplit("_", 1)[1]) for name in observables.columns if name.startswith("attention_entropy_"))
     top = layers[-1]
+    streams = observables[f"stream_{top - 1}"]  # (T, types, width): the basis is the span of the rows
     columns = {"loss": observables["loss"], "attention_entropy_2": observables[f"attention_entropy_{top}"],
-               "basis_angle": observables[f"basis_angle_{top - 1}"]}
+               "basis_angle": observables[f"basis_angle_{top - 1}"],
+               "basis_doubling_angle": doubling_angles(observables.t, [stream.T for stream in streams])}
     return Observables(t=observables.t, columns=columns, constants={"pi": observables.constants["pi"]})
 
 
@@ -54,21 +57,26 @@ def run_row(run_dir: Path, seed: int, final_log: dict) -> dict:
     upper = view["attention_entropy_2"] @ pi
     return {"seed": seed, "val_loss": final_log["val_loss"], "val_perplexity": final_log["val_perplexity"],
             "upper_entropy_fall": float(upper[0] - upper[-1]), "t_basis_mature": summary.t_basis_mature,
-            "premature_index": summary.premature_index,
+            "premature_index": summary.premature_index, "t_basis_final": summary.t_basis_final,
+            "premature_index_final": summary.premature_index_final, "t_upper_specialised": summary.t_upper_specialised,
+            "basis_turn_at_specialisation": summary.basis_turn_at_specialisation,
             "curve": {"t": view.t.tolist(), "upper_entropy": upper.tolist(), "basis_angle": view["basis_angle"].tolist(),
+                      "basis_doubling_angle": view["basis_doubling_angle"].tolist(),
                       "val_loss": view["loss"].tolist()}}
 
 
 def corpus_table(corpus: str, results: dict[str, list[dict]]) -> str:
     base = {row["seed"]: row["val_loss"] for row in results.get("gpt-mlp", [])}
     lines = [f"### {corpus}", "",
-             "| variant | seeds | validation loss | paired Δ vs gpt-mlp | top-layer entropy fall | basis mature (t = lr × step) | premature index |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| variant | seeds | validation loss | paired Δ vs gpt-mlp | top-layer entropy fall | basis mature per doubling "
+             "(t = lr × step) | premature index | basis mature vs end | index vs end |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for variant, rows in results.items():
         paired = [row["val_loss"] - base[row["seed"]] for row in rows if row["seed"] in base]
         lines.append(f"| {variant} | {len(rows)} | {spread([r['val_loss'] for r in rows])} | "
                      f"{spread(paired) if variant != 'gpt-mlp' else '-'} | {spread([r['upper_entropy_fall'] for r in rows])} | "
-                     f"{spread([r['t_basis_mature'] for r in rows])} | {spread([r['premature_index'] for r in rows])} |")
+                     f"{spread([r['t_basis_mature'] for r in rows])} | {spread([r['premature_index'] for r in rows])} | "
+                     f"{spread([r['t_basis_final'] for r in rows])} | {spread([r['premature_index_final'] for r in rows])} |")
     return "\n".join(lines)
 
 
@@ -106,8 +114,10 @@ def main() -> None:
         f"{config.data.s}, batch {config.data.batch_size}, {config.optim.name} lr {config.optim.lr:g} for "
         f"{config.optim.steps} steps, vocabulary {config.data.vocab_size} + <unk>; seeds {args.seeds} (mean ± standard "
         "deviation; the paired difference seed by seed). The top layer's entropy is π-weighted over the probe types; "
-        "'basis mature' is the first checkpoint after which the stream below the top layer stays within 0.1 rad of its "
-        "final span ('never': not within the run). One table per corpus follows."]))
+        "'basis mature per doubling' is the first checkpoint t from which the stream below the top layer turns by less "
+        "than 0.1 rad between every checkpoint t' >= t and the first checkpoint at 2t' (flowsim.specialisation; at most "
+        "half the horizon); 'vs end' is the first checkpoint after which it stays within 0.1 rad of its final span. "
+        "One table per corpus follows."]))
 
 
 if __name__ == "__main__":

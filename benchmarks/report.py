@@ -20,9 +20,11 @@ def write_section(path: Path, marker: str, text: str) -> None:
 
 
 def spread(values: list) -> str:
-    """'mean ± sample standard deviation' of the values that are not None ('never' if none are)."""
-    values = [v for v in values if v is not None]
-    if not values:
+    """'mean ± sample standard deviation' of the values that are not None, with '(k/n)' when only
+    k of the n are ('never' if none are)."""
+    kept = [v for v in values if v is not None]
+    if not kept:
         return "never"
-    return f"{np.mean(values):.4g} ± {np.std(values, ddof=1) if len(values) > 1 else 0.0:.2g}"
+    text = f"{np.mean(kept):.4g} ± {np.std(kept, ddof=1) if len(kept) > 1 else 0.0:.2g}"
+    return text if len(kept) == len(values) else f"{text} ({len(kept)}/{len(values)})"
 

@@ -162,13 +162,13 @@ def compare_runs(
     from flowsim.experiment import observables_of_run
     from flowsim.rundir import CONFIG_FILE
     from flowsim.specialisation import summarise
-    from theory.pathwise import pathwise_of_run
+    from theory.pathwise import pathwise_applies, pathwise_of_run
 
     def show(value) -> str:
         return "-" if value is None else f"{value:.4g}"
 
     probes = (f"{'run':16} {'ffn':4} {'qk_rho':>6} {'smooth':>6} {'t_end':>6} {'loss':>9} {'t(target)':>9} "
-              f"{'t_mature':>8} {'H2 fall':>8} {'index':>6}")
+              f"{'t_mature':>8} {'H2 fall':>8} {'index':>6} {'t_m(end)':>8} {'idx(end)':>8}")
     factors = (f"{'run':16} {'step(0)':>8} {'energy(0)':>9} {'ffn(0)':>9} {'peak bound':>10} "
                f"{'peak direct':>11} {'direct share':>12} {'exceeded':>8} {'loose':>7} {'tight':>7}")
     probe_lines, factor_lines = [probes], [factors]
@@ -176,17 +176,17 @@ def compare_runs(
         try:
             config = load_config(run_dir / CONFIG_FILE)
             summary = summarise(observables_of_run(run_dir), loss_target)
-            # the pathwise factors are derived for the mean-field two-layer model only
-            pathwise = pathwise_of_run(run_dir).summary() if config.task.kind == "markov" else None
+            pathwise = pathwise_of_run(run_dir).summary() if pathwise_applies(config) else None
         except (FileNotFoundError, ConfigError, ValueError) as error:
             _fail(f"{run_dir}: {error}")
         name = run_dir.name[:16]
         probe_lines.append(f"{name:16} {config.model.ffn:4} {config.flow.qk_rho:6.3g} {config.flow.smoothing_a:6.3g} "
                            f"{summary.t_end:6.4g} {summary.final_loss:9.7f} {show(summary.t_loss_target):>9} "
                            f"{show(summary.t_basis_mature):>8} {show(summary.upper_entropy_fall_at_maturity):>8} "
-                           f"{show(summary.premature_index):>6}")
+                           f"{show(summary.premature_index):>6} {show(summary.t_basis_final):>8} "
+                           f"{show(summary.premature_index_final):>8}")
         if pathwise is None:
-            factor_lines.append(f"{name:16} (none: task.kind = {config.task.kind!r}; derived for the mean-field model only)")
+            factor_lines.append(f"{name:16} (none: loss.kind = {config.loss.kind!r}; the factors need the exact loss)")
             continue
         factor_lines.append(f"{name:16} {pathwise['step_0']:8.4g} {pathwise['residual_energy_0']:9.4g} "
                             f"{pathwise['ffn_write_0']:9.4g} {pathwise['peak_bound']:10.4g} "

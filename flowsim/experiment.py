@@ -55,7 +55,9 @@ def observables_of_run(run_dir: Path) -> Observables:
         if observables is not None and MEASURED in observables.constants:
             return observables
         digest = file_digest(run_dir / TRAJECTORY_FILE) if (run_dir / TRAJECTORY_FILE).is_file() else None
-        if observables is not None and digest is not None and str(observables.constants.get(TRAJECTORY_DIGEST)) == digest:
+        current = observables is not None and ("basis_angle" not in observables.columns
+                                               or "basis_doubling_angle" in observables.columns)  # else an older layout
+        if current and digest is not None and str(observables.constants.get(TRAJECTORY_DIGEST)) == digest:
             return observables
     run = load_run(run_dir)
     prepared = prepare(load_config(run_dir / CONFIG_FILE))

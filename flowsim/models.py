@@ -308,8 +308,8 @@ class PositionalTwoLayerTransformer:
     def shapes(self) -> dict[str, tuple[int, int]]:
         return {**TwoLayerTransformer.shapes.fget(self), "W_P": (self.s, self.m)}
 
-    def streams(self, params: Params, tokens: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """(A1 (batch, s, s), A2 (batch, s), h2 (batch, s, m)) for contexts ``tokens`` (batch, s)."""
+    def lower_block(self, params: Params, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(A1 (batch, s, s), h1 (batch, s, m)): the lower attention and the stream after it."""
         tokens = jnp.asarray(tokens)
         if tokens.shape[-1] != self.s:
             raise ValueError(f"the positional model has s = {self.s} positions, got contexts of length {tokens.shape[-1]}")
@@ -317,15 +317,22 @@ class PositionalTwoLayerTransformer:
         logits1 = (h0 @ params["W_Q1"]) @ jnp.swapaxes(h0 @ params["W_K1"], -1, -2)
         causal = jnp.tril(jnp.ones((self.s, self.s), dtype=bool))
         A1 = jax.nn.softmax(jnp.where(causal, logits1, -jnp.inf), axis=-1)
-        h1 = h0 + A1 @ (h0 @ params["W_V1"] @ params["W_O1"])
+        return A1, h0 + A1 @ (h0 @ params["W_V1"] @ params["W_O1"])
+
+    def streams(self, params: Params, tokens: jax.Array, upper_shift: jax.Array | None = None
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(A1 (batch, s, s), A2 (batch, s), h2 (batch, s, m)) for contexts ``tokens`` (batch, s).
+        ``upper_shift`` (batch, s) is added to the upper logits (its gradient is ∂L/∂Φ2)."""
+        A1, h1 = self.lower_block(params, tokens)
         h2 = h1 + self.feed_forward(params, h1)
         query = h2[:, -1, :]
-        A2 = jax.nn.softmax(jnp.einsum("bk,bjk->bj", query @ params["W_Q2"], h2 @ params["W_K2"]), axis=-1)
+        logits2 = jnp.einsum("bk,bjk->bj", query @ params["W_Q2"], h2 @ params["W_K2"])
+        A2 = jax.nn.softmax(logits2 if upper_shift is None else logits2 + upper_shift, axis=-1)
         return A1, A2, h2
 
-    def forward(self, params: Params, tokens: jax.Array) -> jax.Array:
+    def forward(self, params: Params, tokens: jax.Array, upper_shift: jax.Array | None = None) -> jax.Array:
         """Logits (batch, d) of the next token after each context ``tokens`` (batch, s)."""
-        _, A2, h2 = self.streams(params, tokens)
+        _, A2, h2 = self.streams(params, tokens, upper_shift)
         h3 = h2[:, -1, :] + jnp.einsum("bj,bjm->bm", A2, h2 @ params["W_V2"] @ params["W_O2"])
         return h3 @ params["W_U"]
 

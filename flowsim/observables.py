@@ -16,8 +16,9 @@ Per saved time t (leading axis of every column):
 For the two-layer model (``two_layer_observables``): sv_X for X in W_E, W_Q1, W_K1, W_Q2,
 W_K2 and h2; attention_L, attention_entropy_L, attention_mass_top_L per layer L = 1, 2;
 embedding_norm (rows of W_E); basis_angle (largest principal angle between span h2(t)
-and span h2 at the last time: the lower layers' residual basis has matured when it is
-small); grad_norm_G.
+and span h2 at the last time) and basis_doubling_angle (the same angle between t and the
+first saved time >= 2t: how far the basis still turns over one doubling of time, a
+measure that does not refer to the run's end; ``doubling_angles``); grad_norm_G.
 
 For the two-layer model over positions on a sequence task (``positional_observables``),
 averaged over the task's contexts with their exact probabilities: attention_entropy_1 per
@@ -26,7 +27,8 @@ attention_entropy_2 per query type x_s; prev_token_mass (the lower layer's mean 
 on the previous position), induction_mass (the upper layer's attention on positions j whose
 previous token equals the query, the circuit the task rewards); sv_h2 (square roots of the
 eigenvalues of the residual stream's second moment E Σ_i h2_i^T h2_i) and basis_angle (its
-top-min(2d, m-1) eigenspace at t against the last time); sv_X for the weights; grad_norm_G.
+top-min(2d, m-1) eigenspace at t against the last time) and basis_doubling_angle (against
+2t); sv_X for the weights; grad_norm_G.
 
 Saved as ``observables.npz`` (every column and constant) and ``observables.csv`` (every
 column flattened to scalar columns: ``attention_entropy[0]``, ``attention[1,2]``, ...).
@@ -128,6 +130,19 @@ def attention_entropy(attention: np.ndarray) -> np.ndarray:
     return -np.sum(attention * np.log(safe), axis=-1)
 
 
+def doubling_angles(t: np.ndarray, spans: list[np.ndarray] | np.ndarray) -> np.ndarray:
+    """The largest principal angle between span(spans[i]) and the span at the first saved
+    time >= 2 t_i (spans[i]: a basis as columns). Over one doubling of time, so a subspace
+    that settles on a logarithmic clock reads as settled whatever the horizon. NaN where
+    t_i <= 0 or 2 t_i is past the last saved time. O(T m r²) for T bases of shape (m, r)."""
+    t = np.asarray(t, dtype=float)
+    partner = np.searchsorted(t, 2.0 * t, side="left")
+    angles = np.full(len(t), np.nan)
+    for i in np.flatnonzero((t > 0) & (partner < len(t))):
+        angles[i] = subspace_angles(spans[i], spans[partner[i]]).max()
+    return angles
+
+
 def principal_directions(embeddings: np.ndarray, n_directions: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """PCA of the embedding trajectory: flattened W0(t) (T, d·m), centred over time.
 
@@ -216,6 +231,7 @@ def two_layer_observables(
         columns[f"attention_mass_top_{layer}"] = attention[:, :, top]
     columns["embedding_norm"] = np.linalg.norm(trajectory.params["W_E"], axis=2)
     columns["basis_angle"] = np.array([subspace_angles(h.T, h2[-1].T).max() for h in h2])  # spans of the rows
+    columns["basis_doubling_angle"] = doubling_angles(trajectory.t, [h.T for h in h2])
     if flow is not None:
         for name, norms in gradient_norms(trajectory, flow).items():
             columns[f"grad_norm_{name}"] = norms
@@ -269,6 +285,7 @@ def positional_observables(
     columns["sv_h2"] = np.sqrt(np.clip(eigenvalues[:, ::-1], 0, None))
     columns["embedding_norm"] = np.linalg.norm(trajectory.params["W_E"], axis=2)
     columns["basis_angle"] = np.array([subspace_angles(basis, top[-1]).max() for basis in top])
+    columns["basis_doubling_angle"] = doubling_angles(trajectory.t, top)
     if flow is not None:
         for name, norms in gradient_norms(trajectory, flow).items():
             columns[f"grad_norm_{name}"] = norms

@@ -79,6 +79,17 @@ def plot_run_summary(observables: Observables, path: Path, title: str = "", stag
     return path
 
 
+def _grid_values(rows: list[dict], key: str) -> list:
+    """The distinct values of a grid key: numbers in numeric order, anything else (model.ffn = 'glu') as text."""
+    values = {row[key] for row in rows}
+    numeric = all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in values)
+    return sorted(values) if numeric else sorted(values, key=str)
+
+
+def _grid_label(value) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
 def plot_sweep_phase_diagram(rows: list[dict], grid_keys: list[str], path: Path,
                              columns: tuple[str, ...] = ("onset_condensation", "onset_focus", "onset_dilution",
                                                          "onset_restart")) -> Path:
@@ -87,8 +98,8 @@ def plot_sweep_phase_diagram(rows: list[dict], grid_keys: list[str], path: Path,
     cells where no seed reached it are grey."""
     x_key = grid_keys[0]
     y_key = grid_keys[1] if len(grid_keys) > 1 else None
-    xs = sorted({row[x_key] for row in rows}, key=float) if rows else []
-    ys = sorted({row[y_key] for row in rows}, key=float) if (rows and y_key) else [None]
+    xs = _grid_values(rows, x_key)
+    ys = _grid_values(rows, y_key) if y_key else [None]
     figure, axes = plt.subplots(1, len(columns), figsize=(3.2 * len(columns), 2.8), constrained_layout=True, squeeze=False)
     for axis, column in zip(axes[0], columns):
         grid = np.full((len(ys), len(xs)), np.nan)
@@ -100,8 +111,8 @@ def plot_sweep_phase_diagram(rows: list[dict], grid_keys: list[str], path: Path,
                 grid[j, i] = np.log10(np.mean(finite)) if finite else np.nan
         image = axis.imshow(grid, origin="lower", aspect="auto", cmap="viridis")
         axis.imshow(np.where(np.isnan(grid), 1.0, np.nan), origin="lower", aspect="auto", cmap="Greys", vmin=0, vmax=4)
-        axis.set_xticks(range(len(xs)), [f"{x:g}" for x in xs], rotation=45)
-        axis.set_yticks(range(len(ys)), [f"{y:g}" for y in ys] if y_key else [""])
+        axis.set_xticks(range(len(xs)), [_grid_label(x) for x in xs], rotation=45)
+        axis.set_yticks(range(len(ys)), [_grid_label(y) for y in ys] if y_key else [""])
         axis.set_xlabel(x_key)
         if y_key:
             axis.set_ylabel(y_key)

@@ -4,8 +4,9 @@ collected into one table and a phase diagram.
     OUT/rows/NAME.json    one finished run: its parameters, stage onsets, end of condensation,
                           cycles, final loss, and its full resolved configuration; for a
                           two-layer model instead of stages: the premature-specialisation
-                          probes (flowsim.specialisation), the Bayes loss of a sequence task,
-                          and the curves of loss, upper entropy and basis angle
+                          probes (flowsim.specialisation), the Bayes loss of a sequence task
+                          and its circuit masses at the end, and the curves of loss, upper
+                          entropy and basis angles
     OUT/sweep.csv         every finished row, in grid order
     OUT/sweep.json        the grid, the base configuration, versions, and the backend used
     OUT/phase_diagram.png end of condensation and onsets of focus, dilution and restart over
@@ -58,7 +59,7 @@ from flowsim.stages import detect_stages
 BACKENDS = ("local", "dask")
 STAGES = ("condensation", "focus", "dilution", "restart")
 ROW_COLUMNS = ("name", "seed", "status", "final_loss", *(f"onset_{stage}" for stage in STAGES), "end_condensation",
-               "cycles", "t_basis_mature", "premature_index", "bayes_loss", "n_steps", "solve_seconds")
+               "cycles", "t_basis_mature", "premature_index", "t_basis_final", "premature_index_final", "t_upper_specialised", "basis_turn_at_specialisation", "bayes_loss", "n_steps", "solve_seconds")
 # BLAS and OpenMP threads of every worker process, as Dask's nanny sets them: equal
 # settings give bit-identical results on either backend.
 WORKER_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
@@ -140,10 +141,16 @@ def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: l
             summary = summarise(observables)
             row.update({"t_basis_mature": summary.t_basis_mature, "premature_index": summary.premature_index,
                         "upper_entropy_fall_at_maturity": summary.upper_entropy_fall_at_maturity,
+                        "t_basis_final": summary.t_basis_final, "premature_index_final": summary.premature_index_final,
+                        "t_upper_specialised": summary.t_upper_specialised,
+                        "basis_turn_at_specialisation": summary.basis_turn_at_specialisation,
                         "bayes_loss": getattr(run.chain, "bayes_loss", None),
+                        **{f"final_{name}": float(observables[name][-1]) for name in ("prev_token_mass", "induction_mass")
+                           if name in observables.columns},
                         "curve": {"t": observables.t.tolist(), "loss": observables["loss"].tolist(),
                                   "upper_entropy": (observables["attention_entropy_2"] @ observables.constants["pi"]).tolist(),
-                                  "basis_angle": observables["basis_angle"].tolist()}})
+                                  "basis_angle": observables["basis_angle"].tolist(),
+                                  "basis_doubling_angle": observables["basis_doubling_angle"].tolist()}})
         if stages_apply(run.model) and len(result.trajectory) >= 4:
             # Without the flow: the detectors need no gradient norms.
             report = detect_stages(compute_observables(result.trajectory, run.model, run.chain.pi))
@@ -337,6 +344,8 @@ def run_sweep(
     else:
         _run_dask(tasks, workers, scheduler, on_rows)
     rows = write_table(out, specs, list(grid))
+    two_layer = any("t_upper_specialised" in row for row in rows)  # no stages: its probes' times instead
     plot_sweep_phase_diagram(rows, list(grid), out / "phase_diagram.png",
-                             columns=("end_condensation", "onset_focus", "onset_dilution", "onset_restart"))
+                             columns=("t_upper_specialised", "t_basis_mature", "t_basis_final") if two_layer else
+                             ("end_condensation", "onset_focus", "onset_dilution", "onset_restart"))
     return rows

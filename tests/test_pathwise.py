@@ -10,9 +10,9 @@ import pytest
 import sympy as sp
 
 from flowsim.config import load_config, shipped_config
-from flowsim.experiment import prepare
+from flowsim.experiment import law_of, prepare
 from flowsim.solvers import solve_flow
-from theory.pathwise import ffn_write_expansion, logit_paths, pathwise_along
+from theory.pathwise import ffn_write_expansion, logit_paths, pathwise_along, positional_pathwise_along
 
 SHIPPED = shipped_config("two_layer")
 SHIPPED_NAMES = ("baseline", "slowed", "glu", "glu_slowed", "smoothing_0.1", "smoothing_0.2")
@@ -189,3 +189,68 @@ def test_ffn_write_orders_match_the_measured_slope_in_the_weight_scale():
         slopes = np.polyfit(np.log(eps_values), np.log(writes[kind]), 1)[0]  # one slope per time
         np.testing.assert_allclose(slopes, order, atol=0.05, err_msg=kind)
     assert np.all(writes["glu"] < writes["mlp"])
+
+
+# ---------------------------------------------------------------------------------
+# The two-layer model over positions on the induction task
+
+INDUCTION = shipped_config("induction")
+INDUCTION_DT = 0.001  # central differences in time: O(dt²) = 1e-6 relative
+
+
+def induction_run(name: str, times: np.ndarray):
+    config = load_config(INDUCTION / f"{name}.toml", ["solver.rtol=1e-11", "solver.atol=1e-13"])
+    prepared = prepare(config)
+    result = solve_flow(prepared.flow, prepared.params0, times, method="Tsit5", rtol=1e-11, atol=1e-13)
+    assert result.success, result.message
+    return config, prepared, result.trajectory
+
+
+@pytest.fixture(scope="module")
+def induction_factors():
+    times = np.concatenate([[0.0, 2.0], 13.0 + INDUCTION_DT * np.arange(5)])  # inside the slow window, and on its ramp
+    runs = {}
+    for name in ("baseline", "slowed", "smoothing_0.2"):
+        config, prepared, trajectory = induction_run(name, times)
+        runs[name] = (config, prepared, trajectory,
+                      positional_pathwise_along(trajectory, prepared.model, law_of(prepared.chain), prepared.flow))
+    return runs
+
+
+def test_positional_paths_add_up_to_the_finite_difference_rate_of_the_logits(induction_factors):
+    for name, (_, prepared, trajectory, factors) in induction_factors.items():
+        law, dt = law_of(prepared.chain), INDUCTION_DT
+        params = {key: jnp.asarray(value) for key, value in trajectory.params.items()}
+        h2 = jax.vmap(lambda p: prepared.model.streams(p, jnp.asarray(law.contexts))[2])(params)
+        logits = np.asarray(jnp.einsum("tnk,tkl,tml,tnjm->tnj", h2[:, :, -1, :], params["W_Q2"], params["W_K2"], h2))
+        central = (logits[4:] - logits[2:-2]) / (2 * dt)  # at times[3:-1]
+        paths = (factors.direct + factors.drift)[3:-1]
+        np.testing.assert_allclose(central, paths, atol=1e-6 * np.abs(paths).max(), err_msg=name)
+        np.testing.assert_allclose(factors.total, factors.direct + factors.drift, atol=1e-12 * np.abs(factors.total).max())
+        assert np.abs(factors.drift).max() > 1e-3 * np.abs(paths).max(), name  # both paths are active
+
+
+def test_positional_own_path_from_the_logit_gradient_is_the_flows_direct_path(induction_factors):
+    """own_nj is built from G = ∂L/∂Φ2 (a shift of the upper logits) and the formula; the direct path
+    from the flow's own Q/K velocity. Without smoothing they are one path; smoothing adds a coupled part."""
+    for name in ("baseline", "slowed"):
+        factors = induction_factors[name][3]
+        np.testing.assert_allclose(factors.own_direct, factors.direct, atol=1e-9 * np.abs(factors.direct).max(), err_msg=name)
+    smoothed = induction_factors["smoothing_0.2"][3]
+    assert np.abs(smoothed.coupled_direct).max() > 1e-3 * np.abs(smoothed.direct).max()
+
+
+def test_positional_bounds_hold_and_order(induction_factors):
+    for name, (config, _, trajectory, factors) in induction_factors.items():
+        own, total = np.abs(factors.own_direct), np.abs(factors.total)
+        assert np.all(own <= factors.tight_bound * (1 + 1e-12)), name
+        assert np.all(factors.tight_bound <= factors.bound * (1 + 1e-12)), name
+        assert np.all(np.abs(factors.drift) <= factors.drift_bound * (1 + 1e-12)), name
+        assert np.all(total <= factors.total_bound * (1 + 1e-12)), name
+        assert factors.total.shape == (len(trajectory.t), *law_of(induction_factors[name][1].chain).contexts.shape)
+    base, slow = induction_factors["baseline"][3], induction_factors["slowed"][3]
+    rho = induction_factors["slowed"][0].flow.qk_rho
+    inside = base.t < induction_factors["slowed"][0].flow.qk_t0
+    np.testing.assert_allclose(slow.step[inside] / base.step[inside], rho, rtol=1e-12)
+    summary = base.summary()
+    assert 0 < summary["direct_share"] < 1 and summary["tight_looseness"] <= summary["looseness"]

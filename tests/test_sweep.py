@@ -110,3 +110,13 @@ def test_runs_with_other_solver_settings_or_save_times_are_not_batched_together(
     assert [len(chunk) for chunk in chunks] == [1, 1, 1, 1]
     same = sweep.expand_grid({"chain.lam": [0.3, 0.5, 0.7]}, 2)
     assert [len(chunk) for chunk in sweep.chunk_specs(None, (), same, batch=4)] == [4, 2]
+
+
+def test_phase_diagram_takes_text_grid_values_and_leaves_unreached_cells_grey(tmp_path):
+    from flowsim.plots import _grid_values, plot_sweep_phase_diagram
+
+    rows = [{"model.ffn": ffn, "flow.qk_rho": rho, "seed": seed, "t_basis_mature": None if ffn == "glu" else 10.0 * (seed + 1)}
+            for ffn in ("mlp", "glu") for rho in (1.0, 0.25) for seed in range(2)]
+    assert _grid_values(rows, "model.ffn") == ["glu", "mlp"] and _grid_values(rows, "flow.qk_rho") == [0.25, 1.0]
+    path = plot_sweep_phase_diagram(rows, ["model.ffn", "flow.qk_rho"], tmp_path / "phase.png", columns=("t_basis_mature",))
+    assert path.stat().st_size > 5_000

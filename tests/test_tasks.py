@@ -183,8 +183,11 @@ def test_the_task_runs_through_flowsim_run_with_its_probes(tmp_path, capsys):
     assert observables["basis_angle"][-1] == pytest.approx(0.0, abs=1e-6)
     summary = summarise(observables, loss_target=float(loss[-1]) + 1e-3)
     assert summary.final_loss == pytest.approx(loss[-1]) and summary.t_loss_target is not None
-    compare_runs([tmp_path / "run"], loss_target=None)  # the probes table across runs reads it too
-    assert "derived for the mean-field model only" in capsys.readouterr().out
+    doubling = observables["basis_doubling_angle"]
+    assert np.isnan(doubling[0]) and np.isnan(doubling[-1]) and np.all(doubling[1:][observables.t[1:] <= observables.t[-1] / 2] >= 0)
+    compare_runs([tmp_path / "run"], loss_target=None)  # the probes table and the pathwise factors read it too
+    out = capsys.readouterr().out
+    assert (tmp_path / "run" / "pathwise.npz").is_file() and "none:" not in out
 
 
 def test_bad_task_settings_are_named():

@@ -38,6 +38,18 @@ so |ds_ij/dt| <= tight_bound + |coupled_ij| + drift_bound (``total_bound``). The
 operator norm of G instead of its entry mass and the alignment of h_i with the whole basis
 (‖H h_i‖ = (Σ_k (h_k·h_i)²)^½ instead of ‖h_i‖ max_k ‖h_k‖); it is never looser than the
 factor product.
+
+The two-layer model over positions (sequence tasks, ``positional_pathwise_along``) has the
+same decomposition per context n and key position j: s_nj = q_n^T Q K^T h_nj with q_n = h_ns
+the query's stream, G_nj = ∂L/∂Φ2_nj of the exact loss, S = Σ_nj G_nj q_n h_nj^T (m x m), so
+∂L/∂Q = S K, ∂L/∂K = S^T Q and
+
+    own_nj = -κ_Q q_n^T S K K^T h_nj - κ_K q_n^T Q Q^T S h_nj,
+    |own_nj| <= max(κ_Q, κ_K) · ‖q_n‖ ‖h_nj‖ max ‖h‖² · (‖Q‖₂² + ‖K‖₂²) · Σ|G|     (the factor product)
+    |own_nj| <= ‖S‖₂ (κ_Q ‖q_n‖ ‖K K^T h_nj‖ + κ_K ‖Q Q^T q_n‖ ‖h_nj‖)              (tight_bound)
+    |drift_nj| <= ‖Q K^T‖₂ (‖q_n'‖ ‖h_nj‖ + ‖q_n‖ ‖h_nj'‖)                           (drift_bound)
+
+with the pairs (i, j) of the mean-field arrays read as (context n, key position j).
 """
 
 from __future__ import annotations
@@ -54,10 +66,11 @@ import sympy as sp
 
 from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError, load_config
-from flowsim.experiment import prepare
+from flowsim.experiment import law_of, prepare
 from flowsim.flow import GradientFlow
 from flowsim.losses import expected_cross_entropy
-from flowsim.models import Params, TwoLayerTransformer
+from flowsim.tasks import SequenceLaw
+from flowsim.models import Params, PositionalTwoLayerTransformer, TwoLayerTransformer
 from flowsim.rundir import CONFIG_FILE, load_run
 from flowsim.io import REMEDY, DamagedFileError, read_npz, write_atomic_npz
 from flowsim.trajectory import Trajectory
@@ -260,11 +273,23 @@ def _streams_and_logits(model: TwoLayerTransformer, params: Params, pi: jax.Arra
     return h1, h2, h2 @ params[UPPER_QUERY] @ params[UPPER_KEY].T @ h2.T
 
 
+def pathwise_applies(config) -> bool:
+    """Whether a two-layer run's loss is the one the factors are derived for: mean-field on a
+    Markov chain, the exact (finite) loss on a sequence task."""
+    return config.loss.kind == ("mean_field" if config.task.kind == "markov" else "finite")
+
+
 def check_pathwise_supported(model, loss_kind: str) -> None:
+    if isinstance(model, PositionalTwoLayerTransformer):
+        if loss_kind != "finite":
+            raise ValueError("pathwise growth factors on a sequence task use its exact loss (loss.kind = 'finite'); "
+                             f"this run has loss.kind = {loss_kind!r}")
+        return
     if not isinstance(model, TwoLayerTransformer):
         raise ValueError("pathwise growth factors are defined for the two-layer model (model.kind = 'two_layer')")
     if loss_kind != "mean_field":
-        raise ValueError(f"pathwise growth factors use the mean-field loss; this run has loss.kind = {loss_kind!r}")
+        raise ValueError(f"pathwise growth factors of the two-layer model on a Markov chain use the mean-field loss; "
+                         f"this run has loss.kind = {loss_kind!r}")
 
 
 def pathwise_along(trajectory: Trajectory, model: TwoLayerTransformer, chain: MarkovChain,
@@ -308,6 +333,58 @@ def pathwise_along(trajectory: Trajectory, model: TwoLayerTransformer, chain: Ma
                            total_bound, step, largest**4, coupling, mass, write)
 
 
+def positional_pathwise_along(trajectory: Trajectory, model: PositionalTwoLayerTransformer, law: SequenceLaw,
+                              flow: GradientFlow) -> PathwiseFactors:
+    """The path decomposition and the bounds at every saved time of a run on a sequence task
+    (module docstring), pairs = (context n, key position j), G from the exact loss.
+    O(T (N s m² + n)) for T saved times, N contexts and n parameters."""
+    contexts, probability, next_law = (jnp.asarray(x) for x in (law.contexts, law.probability, law.next_law))
+    thetas = np.stack([flow.flatten(trajectory.at(i)) for i in range(len(trajectory))])
+    velocities = np.stack([flow.vector_field(t, theta) for t, theta in zip(trajectory.t, thetas)])
+
+    def stream_and_logits(params):
+        _, _, h2 = model.streams(params, contexts)
+        query = h2[:, -1, :]
+        return h2, jnp.einsum("nk,njk->nj", query @ params[UPPER_QUERY], h2 @ params[UPPER_KEY])
+
+    def paths(theta, velocity):
+        params, dparams = flow.unravel(theta), flow.unravel(velocity)
+        (h2, _), (dh2, dphi2) = jax.jvp(stream_and_logits, (params,), (dparams,))
+        Q, K = params[UPPER_QUERY], params[UPPER_KEY]
+        query, dquery = h2[:, -1, :], dh2[:, -1, :]
+        direct = jnp.einsum("nk,njk->nj", query, h2 @ (dparams[UPPER_QUERY] @ K.T + Q @ dparams[UPPER_KEY].T).T)
+        drift = jnp.einsum("nk,njk->nj", dquery @ Q @ K.T, h2) + jnp.einsum("nk,njk->nj", query @ Q @ K.T, dh2)
+        G = jax.grad(lambda shift: expected_cross_entropy(model.forward(params, contexts, shift), next_law, probability))(
+            jnp.zeros(contexts.shape))
+        write = jnp.linalg.norm(model.feed_forward(params, model.lower_block(params, contexts)[1]), axis=-1).max()
+        return dphi2, direct, drift, h2, dh2, Q, K, G, write
+
+    total, direct, drift, H, dH, Q, K, G, write = (
+        np.asarray(x) for x in jax.jit(jax.vmap(paths))(jnp.asarray(thetas), jnp.asarray(velocities)))
+    kappa = np.array([np.asarray(flow.rates.rates(t, (UPPER_QUERY, UPPER_KEY))) for t in trajectory.t]) * np.array(
+        [_own_weights(flow, theta) for theta in thetas])  # (T, 2): κ_Q, κ_K
+    query, dquery = H[:, :, -1, :], dH[:, :, -1, :]  # (T, N, m)
+    S = np.einsum("tnj,tnk,tnjl->tkl", G, query, H)  # Σ_nj G_nj q_n h_nj^T
+    KKt, QQt = K @ np.swapaxes(K, 1, 2), Q @ np.swapaxes(Q, 1, 2)
+    own = -(kappa[:, 0, None, None] * np.einsum("tnk,tkl,tlp,tnjp->tnj", query, S, KKt, H)
+            + kappa[:, 1, None, None] * np.einsum("tnk,tkl,tlp,tnjp->tnj", query, QQt, S, H))
+
+    norms, query_norms = np.linalg.norm(H, axis=3), np.linalg.norm(query, axis=2)  # (T, N, s), (T, N)
+    largest = norms.max(axis=(1, 2))
+    step = kappa.max(axis=1)
+    coupling = np.linalg.norm(Q, ord=2, axis=(1, 2)) ** 2 + np.linalg.norm(K, ord=2, axis=(1, 2)) ** 2
+    mass = np.abs(G).sum(axis=(1, 2))
+    bound = (step * coupling * mass * largest**2)[:, None, None] * query_norms[:, :, None] * norms
+    tight = np.linalg.norm(S, ord=2, axis=(1, 2))[:, None, None] * (
+        kappa[:, 0, None, None] * query_norms[:, :, None] * np.linalg.norm(H @ KKt[:, None], axis=3)
+        + kappa[:, 1, None, None] * np.linalg.norm(np.einsum("tnk,tkl->tnl", query, QQt), axis=2)[:, :, None] * norms)
+    drift_bound = np.linalg.norm(Q @ np.swapaxes(K, 1, 2), ord=2, axis=(1, 2))[:, None, None] * (
+        np.linalg.norm(dquery, axis=2)[:, :, None] * norms + query_norms[:, :, None] * np.linalg.norm(dH, axis=3))
+    total_bound = tight + np.abs(direct - own) + drift_bound
+    return PathwiseFactors(np.asarray(trajectory.t), total, direct, drift, own, direct - own, bound, tight, drift_bound,
+                           total_bound, step, largest**4, coupling, mass, write)
+
+
 def _tight_bound(H: np.ndarray, Q: np.ndarray, K: np.ndarray, G: np.ndarray, kappa: np.ndarray) -> np.ndarray:
     """‖G‖₂ (κ_Q ‖H h_i‖ ‖H K K^T h_j‖ + κ_K ‖H Q Q^T h_i‖ ‖H h_j‖) per time and pair (T, d, d)."""
     Ht = np.swapaxes(H, 1, 2)
@@ -341,6 +418,10 @@ def pathwise_of_run(run_dir: Path) -> PathwiseFactors:
         check_pathwise_supported(prepared.model, config.loss.kind)
     except ValueError as error:
         raise ConfigError(f"{run_dir}: {error}") from None
-    factors = pathwise_along(load_run(run_dir).trajectory, prepared.model, prepared.chain, prepared.flow)
+    trajectory = load_run(run_dir).trajectory
+    if isinstance(prepared.model, PositionalTwoLayerTransformer):
+        factors = positional_pathwise_along(trajectory, prepared.model, law_of(prepared.chain), prepared.flow)
+    else:
+        factors = pathwise_along(trajectory, prepared.model, prepared.chain, prepared.flow)
     write_atomic_npz(run_dir / PATHWISE_NPZ, dataclasses.asdict(factors))
     return factors

@@ -13,7 +13,8 @@ ranks; for the paper model (one attention layer) ``attention``, ``attention_entr
 ``_L`` (L = 1, 2, ...), plus for the GPT family ``ffn_write_L`` (mean squared norm of
 the FFN's residual write) and ``stream_L`` (the mean residual stream per type after
 block L, from which ``basis_angle_L``, the largest principal angle to its span at the
-last checkpoint, and ``basis_drift_L``, the angle to the previous checkpoint, follow);
+last checkpoint, ``basis_drift_L``, the angle to the previous checkpoint, and
+``basis_doubling_angle_L``, the angle to the first checkpoint at twice the time, follow);
 ``embedding_norm`` per folded type.
 """
 
@@ -26,7 +27,7 @@ import torch
 from scipy.linalg import subspace_angles
 
 from flowsim.bridge.models import GPT, OneLayerTorch, TwoLayerTorch
-from flowsim.observables import Observables, attention_entropy, stable_rank
+from flowsim.observables import Observables, attention_entropy, doubling_angles, stable_rank
 
 
 @dataclass(frozen=True)
@@ -131,4 +132,5 @@ def stack_observables(t: np.ndarray, rows: list[dict[str, np.ndarray]], pi: np.n
         layer, streams = name.split("_", 1)[1], columns[name]
         columns[f"basis_angle_{layer}"] = np.array([subspace_angles(s.T, streams[-1].T).max() for s in streams])
         columns[f"basis_drift_{layer}"] = np.array([0.0] + [subspace_angles(a.T, b.T).max() for a, b in zip(streams[:-1], streams[1:])])
+        columns[f"basis_doubling_angle_{layer}"] = doubling_angles(t, [s.T for s in streams])
     return Observables(t=np.asarray(t, dtype=float), columns=columns, constants={"pi": np.asarray(pi)})
