@@ -68,13 +68,15 @@ def run_row(run_dir: Path, seed: int, final_log: dict) -> dict:
 def corpus_table(corpus: str, results: dict[str, list[dict]]) -> str:
     base = {row["seed"]: row["val_loss"] for row in results.get("gpt-mlp", [])}
     lines = [f"### {corpus}", "",
-             "| variant | seeds | validation loss | paired Δ vs gpt-mlp | top-layer entropy fall | basis mature per doubling "
-             "(t = lr × step) | premature index | basis mature vs end | index vs end |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| variant | seeds | validation loss | paired Δ vs gpt-mlp | top-layer entropy fall | top layer specialised "
+             "(t = lr × step) | basis turn over [t, 2t] there (rad) | basis mature per doubling | premature index | "
+             "basis mature vs end | index vs end |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for variant, rows in results.items():
         paired = [row["val_loss"] - base[row["seed"]] for row in rows if row["seed"] in base]
         lines.append(f"| {variant} | {len(rows)} | {spread([r['val_loss'] for r in rows])} | "
                      f"{spread(paired) if variant != 'gpt-mlp' else '-'} | {spread([r['upper_entropy_fall'] for r in rows])} | "
+                     f"{spread([r['t_upper_specialised'] for r in rows])} | {spread([r['basis_turn_at_specialisation'] for r in rows])} | "
                      f"{spread([r['t_basis_mature'] for r in rows])} | {spread([r['premature_index'] for r in rows])} | "
                      f"{spread([r['t_basis_final'] for r in rows])} | {spread([r['premature_index_final'] for r in rows])} |")
     return "\n".join(lines)
@@ -116,7 +118,9 @@ def main() -> None:
         "deviation; the paired difference seed by seed). The top layer's entropy is π-weighted over the probe types; "
         "'basis mature per doubling' is the first checkpoint t from which the stream below the top layer turns by less "
         "than 0.1 rad between every checkpoint t' >= t and the first checkpoint at 2t' (flowsim.specialisation; at most "
-        "half the horizon); 'vs end' is the first checkpoint after which it stays within 0.1 rad of its final span. "
+        "half the horizon); 'vs end' is the first checkpoint after which it stays within 0.1 rad of its final span; "
+        "'top layer specialised' is when its entropy had done 90% of its largest fall, and the basis turn is the "
+        "stream's angle between that checkpoint and the first at twice its time. "
         "One table per corpus follows."]))
 
 

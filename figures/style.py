@@ -78,8 +78,8 @@ def shade_stages(axis, report, t_last: float, stages: tuple[str, ...], query: in
 
 def plot_specialisation(axes, observables, name: str, key: str, entropy_column: str, angle_column: str,
                         loss_offset: float = 0.0) -> dict[str, np.ndarray]:
-    """One run on three axes against t (t > 0): the π-weighted upper-layer entropy, the residual
-    basis's angle to its final span, the loss minus ``loss_offset``. Returns the plotted columns
+    """One run on three axes against t (t > 0): the π-weighted upper-layer entropy, an angle of the
+    residual basis (``angle_column``), the loss minus ``loss_offset``. Returns the plotted columns
     as figure data under ``key`` (the run's folder name)."""
     keep = observables.t > 0
     t, pi = observables.t[keep], observables.constants["pi"]
