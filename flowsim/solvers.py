@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -476,6 +477,28 @@ def _scipy_counts(solver, steps: int, compile_seconds: float) -> dict:
             "nlu": int(getattr(solver, "nlu", 0)), "compile_seconds": compile_seconds}
 
 
+def _call_while_listening(function: Callable, *arguments):
+    """``function(*arguments)`` in a worker thread while the main thread waits in short joins.
+    Python runs signal handlers only in the main thread, between bytecodes: blocked in one long
+    compiled call it would not run them until the call returned, and a stop request made by
+    SIGINT / SIGTERM would never reach the solver's polled event."""
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = function(*arguments)
+        except BaseException as error:  # handed to the caller below
+            outcome["error"] = error
+
+    worker = threading.Thread(target=target, name="flowsim-solve", daemon=True)  # daemon: a second signal can exit
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def _solve_diffrax(flow, theta0, times, *, method, rtol, atol, max_steps, progress, started, should_stop, **_):
     term = diffrax.ODETerm(lambda t, y, args: flow.vector_field(t, y))
     # PI coefficients of diffrax's advice for stiff problems: far fewer rejected implicit steps.
@@ -499,7 +522,7 @@ def _solve_diffrax(flow, theta0, times, *, method, rtol, atol, max_steps, progre
     arguments = (jnp.asarray(theta0), jnp.asarray(times))
     compiled = jax.jit(integrate).lower(*arguments).compile()
     compile_seconds = time.perf_counter() - started
-    solution = compiled(*arguments)
+    solution = compiled(*arguments) if should_stop is None else _call_while_listening(compiled, *arguments)
     ys = np.asarray(solution.ys)
     reached = np.all(np.isfinite(ys), axis=1)
     n_saved = len(times) if reached.all() else int(np.argmin(reached))
@@ -511,14 +534,15 @@ def _solve_diffrax(flow, theta0, times, *, method, rtol, atol, max_steps, progre
     elif result == diffrax.RESULTS.max_steps_reached:
         status, message = Status.STEP_LIMIT, Status.STEP_LIMIT.message(max_steps=max_steps)
     elif result == diffrax.RESULTS.event_occurred:
-        status, message = Status.INTERRUPTED, Status.INTERRUPTED.message(f"after t = {times[n_saved - 1]:.6g}")
+        where = f"after t = {times[n_saved - 1]:.6g}" if n_saved else "before the first save time"
+        status, message = Status.INTERRUPTED, Status.INTERRUPTED.message(where)
     else:
         status = Status.SOLVER_FAILED
         message = status.message(method=method, reason=str(diffrax.RESULTS[result]))
     if status == Status.FINISHED and n_saved < len(times):
         status = Status.NON_FINITE
         message = status.message(f"after t = {times[n_saved - 1]:.6g}")
-    t_reached = float(times[n_saved - 1]) if status != Status.FINISHED else float(times[-1])
+    t_reached = float(times[max(n_saved - 1, 0)]) if status != Status.FINISHED else float(times[-1])
     return status, message, t_reached, times[:n_saved], ys[:n_saved], counts
 
 

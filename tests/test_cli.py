@@ -131,6 +131,28 @@ def test_bridge_compare_on_a_flowsim_run_says_what_it_is(tmp_path):
     assert "not a `flowsim bridge train` run directory" in line and "flowsim compare" in line
 
 
+def test_sigterm_stops_an_explicit_solve_inside_its_compiled_call(tmp_path):
+    """Tsit5's solve is one compiled call; SIGTERM sent while it runs must reach the event it polls
+    after every step (the handler runs in the main thread, which must not be blocked in the call)."""
+    import os
+    import signal
+    import time
+
+    sets = ["solver.method='Tsit5'", "time.t_end=100000.0", "solver.max_steps=50000000"]  # hours to the end
+    arguments = [item for s in sets for item in ("--set", s)]
+    run_dir = tmp_path / "run"
+    # --quiet: without a progress bar no Python runs during the compiled solve but the event's own poll
+    process = subprocess.Popen([sys.executable, "-m", "flowsim.cli", "run", *arguments, "--out", str(run_dir), "--quiet"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    time.sleep(20.0)  # past compilation (a few seconds); a signal that came earlier would be seen at the first step anyway
+    assert process.poll() is None, process.communicate()[1].decode()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr.decode()
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["status_name"] == "interrupted" and 0 <= meta["t_reached"] < 100000.0
+
+
 def test_sigint_stops_a_run_which_resume_continues_to_the_uninterrupted_state(tmp_path):
     """A run sent SIGINT mid-solve exits 130 with its points and JaxRadau's state written;
     --resume then reaches, bit for bit, what an uninterrupted run reaches."""
