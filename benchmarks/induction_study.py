@@ -4,7 +4,8 @@
                                          [--set section.key=value ...]
 
 Four sweeps (flowsim's sweep machinery: each row written when its run ends, an interrupted
-study resumes), every run the exact flow of the two-layer model over positions:
+study resumes), every run the exact flow of the two-layer model over positions, one run per
+solve (a batched JaxRadau solve steps at the pace of its stiffest seed):
 
 * variants: model.ffn in (mlp, glu) × flow.qk_rho in (1, 0.25), and flow.smoothing_a in
   (0.1, 0.2) with the MLP: baseline, slowed, glu, glu_slowed, smoothing_0.1, smoothing_0.2;
@@ -110,7 +111,7 @@ def main() -> None:
                      "flow.qk_tr": [base.flow.qk_tr * stretch], "flow.qk_rho": [1.0, 0.25]}, args.regime_seeds),
     }
     rows = {name: [with_target_time(row) for row in run_sweep(BASE, grid, seeds, args.out / name, base_overrides=args.overrides,
-                                                                 workers=args.workers)]
+                                                                 workers=args.workers, batch=1)]
             for name, (grid, seeds) in sweeps.items()}
     order = ["baseline", "slowed", "glu", "glu_slowed", "smoothing_0.1", "smoothing_0.2"]
     variants = grouped(rows["ffn_qk"] + rows["smoothing"], variant_name)
