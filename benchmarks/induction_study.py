@@ -1,6 +1,7 @@
 """The premature-specialisation experiments on the induction task (configs/induction), with seeds.
 
-    python benchmarks/induction_study.py [--seeds 5] [--regime-seeds 2] [--workers 2] [--out runs/induction-study]
+    python benchmarks/induction_study.py [--seeds 5] [--regime-seeds 2] [--horizon-seeds 2] [--workers 2]
+                                         [--out runs/induction-study]
                                          [--set section.key=value ...]
 
 Four sweeps (flowsim's sweep machinery: each row written when its run ends, an interrupted
@@ -98,6 +99,7 @@ def main() -> None:
     parser.add_argument("--eps", type=float, nargs="+", default=[0.1, 1.0], help="besides the configs' 0.3")
     parser.add_argument("--long-horizon", type=float, default=1000.0)
     parser.add_argument("--regime-seeds", type=int, default=2)
+    parser.add_argument("--horizon-seeds", type=int, default=2)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value for every run")
     args = parser.parse_args()
@@ -108,7 +110,7 @@ def main() -> None:
         "smoothing": ({"flow.smoothing_a": [0.1, 0.2]}, args.seeds),
         "regime": ({"init.eps": args.eps, "flow.qk_rho": [1.0, 0.25]}, args.regime_seeds),
         "horizon": ({"time.t_end": [args.long_horizon], "flow.qk_t0": [base.flow.qk_t0 * stretch],
-                     "flow.qk_tr": [base.flow.qk_tr * stretch], "flow.qk_rho": [1.0, 0.25]}, args.regime_seeds),
+                     "flow.qk_tr": [base.flow.qk_tr * stretch], "flow.qk_rho": [1.0, 0.25]}, args.horizon_seeds),
     }
     rows = {name: [with_target_time(row) for row in run_sweep(BASE, grid, seeds, args.out / name, base_overrides=args.overrides,
                                                                  workers=args.workers, batch=1)]
@@ -137,7 +139,8 @@ def main() -> None:
         "difference is taken seed by seed (seed n starts every variant from the same parameters).", "",
         "Outcome:", "", *outcome_table(variants, "baseline"), "",
         "Specialisation probes (flowsim.specialisation):", "", *specialisation_table(variants), "",
-        f"Scale and horizon (MLP, {args.regime_seeds} seeds; the slow window stretched with the horizon):", "",
+        f"Scale and horizon (MLP; {args.regime_seeds} seeds at ε = {', '.join(f'{e:g}' for e in args.eps)}, "
+        f"{args.horizon_seeds} at t = {args.long_horizon:g} with the slow window stretched with it):", "",
         *regime_lines, "", *regime_specialisation,
     ])
     print(text)
