@@ -17,9 +17,10 @@
   specialised before the basis it attends over was built); under each maturity;
 * the basis's turn at specialisation: t_spec is the first time the upper entropy has done
   ``SPECIALISED_SHARE`` of its largest fall, and the turn is the doubling angle there (span
-  h2(t_spec) against span h2(2 t_spec)). Also free of the horizon, and defined even when the
-  basis never matures within the run: a large turn says the upper layer committed while
-  the basis it reads was still being built;
+  h2(t_spec) against span h2(2 t_spec)). Defined even when the basis never matures within
+  the run: a large turn says the upper layer committed while the basis it reads was still
+  being built. t_spec still depends on the horizon through the largest fall (a later fall
+  moves it);
 * time to reach a loss target, and the loss at the last time.
 """
 
@@ -74,8 +75,8 @@ def summarise(observables: Observables, loss_target: float | None = None,
     if "attention_entropy_2" not in observables.columns:
         raise ValueError("these probes need a two-layer run (its observables have no attention_entropy_2)")
     if "basis_doubling_angle" not in observables.columns:
-        raise ValueError("these probes need the observable basis_doubling_angle; recompute the run's observables "
-                         "(flowsim stages RUN_DIR rewrites them)")
+        raise ValueError("these probes need the observable basis_doubling_angle, which these observables lack "
+                         "(flowsim.experiment.observables_of_run recomputes a run's observables from an older layout)")
     t, pi = observables.t, observables.constants["pi"]
     upper = observables["attention_entropy_2"] @ (pi / pi.sum())
     fall = upper[0] - upper

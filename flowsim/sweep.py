@@ -59,7 +59,8 @@ from flowsim.stages import detect_stages
 BACKENDS = ("local", "dask")
 STAGES = ("condensation", "focus", "dilution", "restart")
 ROW_COLUMNS = ("name", "seed", "status", "final_loss", *(f"onset_{stage}" for stage in STAGES), "end_condensation",
-               "cycles", "t_basis_mature", "premature_index", "t_basis_final", "premature_index_final", "t_upper_specialised", "basis_turn_at_specialisation", "bayes_loss", "n_steps", "solve_seconds")
+               "cycles", "t_basis_mature", "premature_index", "t_basis_final", "premature_index_final",
+               "t_upper_specialised", "basis_turn_at_specialisation", "bayes_loss", "n_steps", "solve_seconds")
 # BLAS and OpenMP threads of every worker process, as Dask's nanny sets them: equal
 # settings give bit-identical results on either backend.
 WORKER_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}

@@ -201,4 +201,3 @@ def test_the_stiff_subspace_grows_with_the_flow_so_a_sixteen_token_flow_finishes
     result = solve_flow(prepared.flow, prepared.params0, prepared.times, max_steps=2000)
     assert result.success, result.message
     assert np.all(np.diff(result.trajectory.loss) <= 1e-9) and result.trajectory.loss[-1] < 0.7 * result.trajectory.loss[0]
-

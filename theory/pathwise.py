@@ -69,10 +69,10 @@ from flowsim.config import ConfigError, load_config
 from flowsim.experiment import law_of, prepare
 from flowsim.flow import GradientFlow
 from flowsim.losses import expected_cross_entropy
-from flowsim.tasks import SequenceLaw
 from flowsim.models import Params, PositionalTwoLayerTransformer, TwoLayerTransformer
 from flowsim.rundir import CONFIG_FILE, load_run
 from flowsim.io import REMEDY, DamagedFileError, read_npz, write_atomic_npz
+from flowsim.tasks import SequenceLaw
 from flowsim.trajectory import Trajectory
 
 UPPER_QUERY, UPPER_KEY = "W_Q2", "W_K2"
@@ -296,8 +296,7 @@ def pathwise_along(trajectory: Trajectory, model: TwoLayerTransformer, chain: Ma
                    flow: GradientFlow) -> PathwiseFactors:
     """Evaluate the path decomposition and the bound at every saved time of a mean-field run."""
     pi, P = jnp.asarray(chain.pi), jnp.asarray(chain.P)
-    thetas = np.stack([flow.flatten(trajectory.at(i)) for i in range(len(trajectory))])
-    velocities = np.stack([flow.vector_field(t, theta) for t, theta in zip(trajectory.t, thetas)])
+    thetas, velocities = _states_and_velocities(trajectory, flow)
 
     def paths(theta, velocity):
         params, dparams = flow.unravel(theta), flow.unravel(velocity)
@@ -311,9 +310,7 @@ def pathwise_along(trajectory: Trajectory, model: TwoLayerTransformer, chain: Ma
     total, direct, drift, H, dH, Q, K, G, write = (
         np.asarray(x) for x in jax.jit(jax.vmap(paths))(jnp.asarray(thetas), jnp.asarray(velocities)))
 
-    step_rates = np.array([np.asarray(flow.rates.rates(t, (UPPER_QUERY, UPPER_KEY))) for t in trajectory.t])
-    own_weights = np.array([_own_weights(flow, theta) for theta in thetas])
-    kappa = step_rates * own_weights  # (T, 2): κ_Q, κ_K
+    kappa = _upper_rates(trajectory, flow, thetas)
     d, m = H.shape[1:]
     own_path = own_direct_path_function(d, m, Q.shape[2])
     own = np.stack([own_path(h.T, h.T, h, q, k, g, kq, kk) for h, q, k, g, (kq, kk) in zip(H, Q, K, G, kappa)])
@@ -339,8 +336,7 @@ def positional_pathwise_along(trajectory: Trajectory, model: PositionalTwoLayerT
     (module docstring), pairs = (context n, key position j), G from the exact loss.
     O(T (N s m² + n)) for T saved times, N contexts and n parameters."""
     contexts, probability, next_law = (jnp.asarray(x) for x in (law.contexts, law.probability, law.next_law))
-    thetas = np.stack([flow.flatten(trajectory.at(i)) for i in range(len(trajectory))])
-    velocities = np.stack([flow.vector_field(t, theta) for t, theta in zip(trajectory.t, thetas)])
+    thetas, velocities = _states_and_velocities(trajectory, flow)
 
     def stream_and_logits(params):
         _, _, h2 = model.streams(params, contexts)
@@ -361,8 +357,7 @@ def positional_pathwise_along(trajectory: Trajectory, model: PositionalTwoLayerT
 
     total, direct, drift, H, dH, Q, K, G, write = (
         np.asarray(x) for x in jax.jit(jax.vmap(paths))(jnp.asarray(thetas), jnp.asarray(velocities)))
-    kappa = np.array([np.asarray(flow.rates.rates(t, (UPPER_QUERY, UPPER_KEY))) for t in trajectory.t]) * np.array(
-        [_own_weights(flow, theta) for theta in thetas])  # (T, 2): κ_Q, κ_K
+    kappa = _upper_rates(trajectory, flow, thetas)
     query, dquery = H[:, :, -1, :], dH[:, :, -1, :]  # (T, N, m)
     S = np.einsum("tnj,tnk,tnjl->tkl", G, query, H)  # Σ_nj G_nj q_n h_nj^T
     KKt, QQt = K @ np.swapaxes(K, 1, 2), Q @ np.swapaxes(Q, 1, 2)
@@ -394,6 +389,18 @@ def _tight_bound(H: np.ndarray, Q: np.ndarray, K: np.ndarray, G: np.ndarray, kap
     spectral = np.linalg.norm(G, ord=2, axis=(1, 2))[:, None, None]
     return spectral * (kappa[:, 0, None, None] * gram[:, :, None] * through_K[:, None, :]
                        + kappa[:, 1, None, None] * through_Q[:, :, None] * gram[:, None, :])
+
+
+def _states_and_velocities(trajectory: Trajectory, flow: GradientFlow) -> tuple[np.ndarray, np.ndarray]:
+    """The flat parameters at each saved time and the flow's velocity there, (T, n) each."""
+    thetas = np.stack([flow.flatten(trajectory.at(i)) for i in range(len(trajectory))])
+    return thetas, np.stack([flow.vector_field(t, theta) for t, theta in zip(trajectory.t, thetas)])
+
+
+def _upper_rates(trajectory: Trajectory, flow: GradientFlow, thetas: np.ndarray) -> np.ndarray:
+    """(T, 2): κ_Q, κ_K, the upper Q/K rate times the smoothing weight on each block's own gradient."""
+    step_rates = np.array([np.asarray(flow.rates.rates(t, (UPPER_QUERY, UPPER_KEY))) for t in trajectory.t])
+    return step_rates * np.array([_own_weights(flow, theta) for theta in thetas])
 
 
 def _own_weights(flow: GradientFlow, theta: np.ndarray) -> tuple[float, float]:
