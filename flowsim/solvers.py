@@ -240,6 +240,9 @@ SEQUENTIAL_STAGES_FROM_SIZE = 16_384  # larger flows evaluate the three Radau st
 # paper's sizes, 32 from n = 1024, where 8 leaves stiff directions outside the subspace and
 # the Newton iteration fails (benchmarks/MEASUREMENTS.md).
 STIFF_RANKS = ((0, 8), (1024, 32))
+# From this size the flow has more stiff directions than the eigensystem keeps: Newton control
+# for slow solves (stiff.LARGE_FLOW_CONTROL) and lagged subspace refreshes (MEASUREMENTS.md).
+LARGE_FLOW_FROM_SIZE = 1024
 
 
 def stiff_rank(size: int) -> int:
@@ -254,25 +257,24 @@ def _save_slots(n_times: int) -> int:
 
 def _radau_functions(flow: GradientFlow, batch: int, n_save: int, loss_batch) -> tuple[stiff.RadauFunctions, float]:
     """The compiled integrator for this structure (built on first use) and the seconds spent compiling now."""
-    rank = stiff_rank(flow.size)
-    key = (flow.structure_key, batch, n_save, rank)
+    rank, large = stiff_rank(flow.size), flow.size >= LARGE_FLOW_FROM_SIZE
+    key = (flow.structure_key, batch, n_save, rank, large)
     if key in _RADAU_COMPILED:
         return _RADAU_COMPILED[key], 0.0
     # Pure functions of one member with the (static) structure bound: no flow object is captured.
     structure = flow.structure
     bind = lambda function: functools.partial(function, structure)  # noqa: E731
     if not flow.eigensystem_is_real:
-        eigensystem, rank = stiff.general_eigensystem(bind(flow_functions.jacobian)), flow.size
+        eigensystem = stiff.general_eigensystem(bind(flow_functions.jacobian))
     elif flow.size <= rank:
         eigensystem = stiff.symmetric_eigensystem(bind(flow_functions.rate_vector), bind(flow_functions.loss_hessian))
-        rank = flow.size
     else:
         eigensystem = stiff.low_rank_eigensystem(bind(flow_functions.rate_vector), bind(flow_functions.loss_gradient),
-                                                 flow.size, rank)
+                                                 flow.size, rank, lagged=large)
+    newton = stiff.LARGE_FLOW_CONTROL if large else stiff.NewtonControl()
     problem = stiff.RadauProblem(bind(flow_functions.vector_field), eigensystem, flow.rates.kinks,
-                                 sequential_stages=flow.size >= SEQUENTIAL_STAGES_FROM_SIZE)
-    functions = stiff.build_radau(problem, batch, n_save, flow.size, loss_batch, rank,
-                                  complex_eigensystem=not flow.eigensystem_is_real)
+                                 sequential_stages=flow.size >= SEQUENTIAL_STAGES_FROM_SIZE, newton=newton)
+    functions = stiff.build_radau(problem, batch, n_save, flow.size, loss_batch)
     _RADAU_COMPILED[key] = functions
     return functions, functions.compile_seconds
 
@@ -368,6 +370,10 @@ def _radau_state_to_arrays(state: stiff.RadauState) -> dict[str, np.ndarray]:
 
 def _radau_state_from_arrays(arrays: dict[str, np.ndarray], batch: int, size: int, slots: int) -> stiff.RadauState:
     """The loop state back from ``_radau_state_to_arrays`` (its interrupted members are still running in it)."""
+    if "jacobian.ahead" not in arrays and "jacobian.V_inv" in arrays:  # saved before eigensystems carried it
+        basis = np.swapaxes(arrays["jacobian.V_inv"], 1, 2)  # its own subspace stands in for the next one
+        lagged = size >= LARGE_FLOW_FROM_SIZE and basis.shape[2] < size
+        arrays = {**arrays, "jacobian.ahead": basis if lagged else basis[:, :, :0]}
     try:
         jacobian = stiff.Eigensystem(*(jnp.asarray(arrays[f"jacobian.{name}"]) for name in stiff.Eigensystem._fields))
         fields = {name: jnp.asarray(arrays[name]) for name in stiff.RadauState._fields if name != "jacobian"}

@@ -72,10 +72,6 @@ P = np.array([
 # many steps of the stiff phase here, and each failure costs a Jacobian and a retried
 # step; a few more iterations cost less (benchmarks/MEASUREMENTS.md).
 NEWTON_MAXITER = 10
-# A Jacobian (subspace iteration and Rayleigh-Ritz) costs tens of stage evaluations, so it
-# is recomputed only after a slow Newton solve, not after every mildly slow one (scipy:
-# more than 2 iterations at rate 1e-3).
-RECOMPUTE_AFTER_ITERATIONS, RECOMPUTE_ABOVE_RATE = 4, 0.1
 MIN_FACTOR, MAX_FACTOR = 0.2, 10.0
 
 
@@ -85,6 +81,9 @@ class Eigensystem(NamedTuple):
     V: jax.Array  # (n, k) or batched (B, n, k)
     V_inv: jax.Array  # (k, n) or (B, k, n)
     lam: jax.Array  # (k,) or (B, k)
+    # A lagged low-rank eigensystem's next subspace, one sweep ahead ((n, k), R⁻¹ scaled);
+    # (n, 0) for the others.
+    ahead: jax.Array
 
 
 class RadauState(NamedTuple):
@@ -112,6 +111,23 @@ class RadauState(NamedTuple):
     njev: jax.Array  # (B,)
 
 
+class NewtonControl(NamedTuple):
+    """How the step size and the Jacobian follow the simplified Newton iteration.
+
+    After an accepted step, h grows at most to h · ``rate_target`` / (the solve's contraction
+    rate) (``next_step_size``). A Jacobian costs tens of stage evaluations, so it is recomputed
+    only after a slow solve: more than ``recompute_after_iterations`` iterations at a rate above
+    ``recompute_above_rate`` (scipy: more than 2 iterations at rate 1e-3). ``LARGE_FLOW_CONTROL``
+    suits flows with more stiff directions than the eigensystem keeps (benchmarks/MEASUREMENTS.md)."""
+
+    rate_target: float = 0.2
+    recompute_after_iterations: int = 4
+    recompute_above_rate: float = 0.1
+
+
+LARGE_FLOW_CONTROL = NewtonControl(rate_target=0.1, recompute_after_iterations=6, recompute_above_rate=0.2)
+
+
 class RadauProblem(NamedTuple):
     """The functions of one member that the loop calls, and the rate schedule's kinks.
 
@@ -119,12 +135,14 @@ class RadauProblem(NamedTuple):
     the ``Eigensystem`` of J at (t, θ) (``previous`` is the last one, ``first`` marks the
     first call); steps end exactly on the ``kinks``. ``sequential_stages`` evaluates the
     three stages one after another instead of as one vectorised batch: for large flows the
-    batched form's products run slower than three plain ones (benchmarks/MEASUREMENTS.md)."""
+    batched form's products run slower than three plain ones (benchmarks/MEASUREMENTS.md).
+    ``newton`` sets the step-size cap and the Jacobian refreshes (``NewtonControl``)."""
 
     vector_field: Callable
     eigensystem: Callable
     kinks: tuple[float, ...]
     sequential_stages: bool = False
+    newton: NewtonControl = NewtonControl()
 
     def field_batch(self, t, y, loss):
         return jax.vmap(self.vector_field)(t, y, loss)
@@ -157,7 +175,7 @@ def _batched_matvec(matrix: jax.Array, vectors: jax.Array) -> jax.Array:
 def _apply_inverse(eigen: Eigensystem, b, m):
     """(m - J)^-1 b per member, for J = V diag(λ) V^-1 on the range of V and 0 on its
     complement (exact when V is square); b (B, n), m (B,)."""
-    V, V_inv, lam = eigen
+    V, V_inv, lam, _ = eigen
     m = m[:, None]
     return b / m + _batched_matvec(V, (_batched_matvec(V_inv, b[..., None])[..., 0] * (1 / (m - lam) - 1 / m))[..., None])[..., 0]
 
@@ -174,7 +192,7 @@ def solve_newton_systems(eigen: Eigensystem, rhs, m_real, m_complex_re, m_comple
     rhs = (b_real, Re b_complex, Im b_complex) of shape (B, 3, n) -> (x, Re z, Im z).
     XLA on the CPU runs complex products far slower than real ones, so a real
     eigensystem keeps the whole solve real. Cost O(n k) per member."""
-    V, V_inv, lam = eigen
+    V, V_inv, lam, _ = eigen
     if jnp.iscomplexobj(lam):
         x = solve_real_system(eigen, rhs[:, 0], m_real)
         z = _apply_inverse(eigen, rhs[:, 1] + 1j * rhs[:, 2], m_complex_re + 1j * m_complex_im)
@@ -203,7 +221,7 @@ def symmetric_eigensystem(rate_vector: Callable, hessian: Callable) -> Callable:
     def eigensystem(t, theta, loss, previous, first=False):
         root = jnp.sqrt(rate_vector(t))
         curvature, basis = jnp.linalg.eigh(root[:, None] * hessian(theta, loss) * root[None, :])
-        return Eigensystem(root[:, None] * basis, basis.T / root[None, :], -curvature)
+        return Eigensystem(root[:, None] * basis, basis.T / root[None, :], -curvature, jnp.zeros((theta.size, 0)))
 
     return eigensystem
 
@@ -213,35 +231,46 @@ def general_eigensystem(jacobian: Callable) -> Callable:
 
     def eigensystem(t, theta, loss, previous, first=False):
         values, vectors = jnp.linalg.eig(jacobian(t, theta, loss))
-        return Eigensystem(vectors, jnp.linalg.inv(vectors), values)
+        return Eigensystem(vectors, jnp.linalg.inv(vectors), values, jnp.zeros((theta.size, 0), values.dtype))
 
     return eigensystem
 
 
 def low_rank_eigensystem(rate_vector: Callable, gradient: Callable, size: int, rank: int,
-                         iterations: int = 1, first_iterations: int = 20) -> Callable:
+                         first_iterations: int = 20, lagged: bool = False) -> Callable:
     """The ``rank`` eigenpairs of K = R H R largest in magnitude (J = -R K R^-1), by
-    subspace iteration on Hessian-vector products started from the previous basis, then
-    Rayleigh-Ritz. The Newton solves treat J as 0 off this subspace: exact for the stiff
-    directions, and the simplified Newton iteration absorbs the rest.
+    subspace iteration on Hessian-vector products, then Rayleigh-Ritz. The Newton solves
+    treat J as 0 off this subspace: exact for the stiff directions, and the simplified
+    Newton iteration absorbs the rest.
 
     ``gradient(θ, loss)`` is ∇L; it is linearised once per call, so the products share
-    one forward pass. The first call (``first``) starts from a random basis. Cost per call:
-    ``rank`` × (iterations + 1) Hessian-vector products and O(n rank²)."""
+    one forward pass. The first call (``first``) runs ``first_iterations`` sweeps from a
+    random basis; a later call, one sweep from the last basis, then Rayleigh-Ritz: 2 ``rank``
+    Hessian-vector products and O(n rank²). ``lagged`` halves that: the products K B of a
+    call's Rayleigh-Ritz also give its next subspace, qr(K B) (kept as ``ahead``), so a later
+    call applies K once, to that subspace (the sweep made with the last point's K). Large
+    flows, whose refreshes cost most, gain; at the paper's sizes the lag costs more Jacobians
+    than it saves (benchmarks/MEASUREMENTS.md)."""
     start = jnp.asarray(np.linalg.qr(np.random.default_rng(0).standard_normal((size, rank)))[0])
 
     def eigensystem(t, theta, loss, previous, first=False):
         root = jnp.sqrt(rate_vector(t))
         _, hessian_product = jax.linearize(lambda x: gradient(x, loss), theta)
         apply_k = jax.vmap(lambda v: root * hessian_product(root * v), in_axes=1, out_axes=1)
-        # The last basis spans R_old^-1 U_old: the stiff directions, up to the change of rates.
-        basis = start if first else jnp.linalg.qr(previous.V_inv.T)[0]
         sweep = lambda _, basis: jnp.linalg.qr(apply_k(basis))[0]  # noqa: E731
-        basis = jax.lax.fori_loop(0, first_iterations if first else iterations, sweep, basis)
-        projected = basis.T @ apply_k(basis)
+        if first:
+            basis = jax.lax.fori_loop(0, first_iterations, sweep, start)
+        elif lagged:
+            basis = jnp.linalg.qr(previous.ahead)[0]
+        else:
+            # The last basis spans R_old^-1 U_old: the stiff directions, up to the change of rates.
+            basis = sweep(0, jnp.linalg.qr(previous.V_inv.T)[0])
+        product = apply_k(basis)
+        projected = basis.T @ product
         curvature, rotation = jnp.linalg.eigh(0.5 * (projected + projected.T))
         vectors = basis @ rotation
-        return Eigensystem(root[:, None] * vectors, vectors.T / root[None, :], -curvature)
+        ahead = jnp.linalg.qr(product)[0] / root[:, None] if lagged else jnp.zeros((size, 0))
+        return Eigensystem(root[:, None] * vectors, vectors.T / root[None, :], -curvature, ahead)
 
     return eigensystem
 
@@ -381,14 +410,24 @@ def predict_factor(h, h_old, error, error_old):
     return jnp.minimum(1.0, multiplier) * jnp.where(error == 0, jnp.inf, jnp.where(error == 0, 1.0, error) ** -0.25)
 
 
-def next_step_size(h, h_old, error, error_old, n_iter, accept, reject, halve, h_untouched):
+def next_step_size(h, h_old, error, error_old, n_iter, accept, reject, halve, h_untouched, newton_rate,
+                   rate_target: float):
     """The next step to try: grown or shrunk by the controller (with a safety factor that falls
     with the Newton iterations spent) after an accepted or rejected step, halved after a failed
-    Newton solve on a current Jacobian, ``h_untouched`` otherwise."""
+    Newton solve on a current Jacobian, ``h_untouched`` otherwise.
+
+    After an accepted step, growth is also capped so that the next Newton solve contracts at
+    about ``rate_target``: with an approximate Jacobian (the low-rank eigensystem treats J as
+    0 off its subspace) the contraction rate grows about linearly with h, so the cap is
+    h · rate_target / rate (Gustafsson & Söderlind 1997). Without it the error
+    controller grows h past the point where Newton converges, and each failed solve costs up
+    to NEWTON_MAXITER iterations, a Jacobian and a retried step."""
     safety = 0.9 * (2 * NEWTON_MAXITER + 1) / (2 * NEWTON_MAXITER + n_iter)
     factor = predict_factor(h, h_old, error, error_old)
     h_rejected = h * jnp.maximum(MIN_FACTOR, safety * factor)
-    h_accepted = h * jnp.minimum(MAX_FACTOR, safety * factor)
+    measured = jnp.isfinite(newton_rate) & (newton_rate > 0)  # nan after a one-iteration solve
+    newton_cap = jnp.where(measured, jnp.maximum(1.0, rate_target / jnp.where(measured, newton_rate, 1.0)), jnp.inf)
+    h_accepted = h * jnp.minimum(jnp.minimum(MAX_FACTOR, safety * factor), newton_cap)
     return jnp.where(accept, h_accepted, jnp.where(reject, h_rejected, jnp.where(halve, 0.5 * h, h_untouched)))
 
 
@@ -420,21 +459,22 @@ def dense_output(saved, n_saved, accepted, t, y, h, t_new, Z, times):
 # The loop
 
 
-def init_state(problem: RadauProblem, y0, loss, times, t_end, rtol, atol, rank: int, complex_eigensystem: bool) -> RadauState:
+def init_state(problem: RadauProblem, y0, loss, times, t_end, rtol, atol) -> RadauState:
     """The state at t = 0 (status NON_FINITE where f(0, y0) is not finite), with each
     active member's first eigensystem."""
     batch, size = y0.shape
     t0 = jnp.full(batch, times[0])  # the first save time is the start
     f0 = problem.field_batch(t0, y0, loss)
     h = initial_step_size(problem, t0, y0, f0, loss, t_end, rtol, atol)
-    cdtype = jnp.complex128 if complex_eigensystem else jnp.float64
+    # The eigensystem's shapes and dtypes (its rank, real or complex) as it returns them.
+    member_loss = jax.tree_util.tree_map(lambda leaf: leaf[0], loss)
+    shapes = jax.eval_shape(lambda y, loss: problem.eigensystem(t0[0], y, loss, None, True), y0[0], member_loss)
     nan = jnp.full(batch, jnp.nan)
     zeros = jnp.zeros(batch, dtype=jnp.int32)
     state = RadauState(
         t=t0, y=y0, f=f0, h=h, h_old=nan, error_old=nan, rejected=jnp.zeros(batch, bool), t_old=t0, y_old=y0,
         Z=jnp.zeros((batch, 3, size)),
-        jacobian=Eigensystem(jnp.zeros((batch, size, rank), cdtype), jnp.zeros((batch, rank, size), cdtype),
-                             jnp.zeros((batch, rank), cdtype)),
+        jacobian=Eigensystem(*(jnp.zeros((batch, *shape.shape), shape.dtype) for shape in shapes)),
         jacobian_is_current=jnp.zeros(batch, bool), contraction=jnp.ones(batch),
         saved=jnp.zeros((batch, len(times), size)).at[:, 0].set(y0), n_saved=jnp.ones(batch, jnp.int32),
         status=jnp.where(jnp.all(jnp.isfinite(f0), axis=1), RUNNING, NON_FINITE).astype(jnp.int32),
@@ -477,7 +517,8 @@ def attempt_step(problem: RadauProblem, state: RadauState, loss, times, t_end, r
     nfev = newton.nfev + refined
     accept = converged & (error <= 1)
     reject = converged & (error > 1)
-    next_h = next_step_size(h, state.h_old, error, state.error_old, newton.n_iter, accept, reject, halve, state.h)
+    next_h = next_step_size(h, state.h_old, error, state.error_old, newton.n_iter, accept, reject, halve, state.h, newton.rate,
+                            problem.newton.rate_target)
 
     f_new = problem.field_batch(t_new, y_new, loss)
     nfev = nfev + accept
@@ -490,7 +531,8 @@ def attempt_step(problem: RadauProblem, state: RadauState, loss, times, t_end, r
     status = jnp.where(accept & ~finite_new, NON_FINITE, status)
     status = jnp.where(accept & finite_new & (t_new >= t_end), FINISHED, status)
     status = jnp.where((status == RUNNING) & (attempts >= max_attempts) & active, STEP_LIMIT, status)
-    recompute = accept & (newton.n_iter > RECOMPUTE_AFTER_ITERATIONS) & (newton.rate > RECOMPUTE_ABOVE_RATE)
+    control = problem.newton
+    recompute = accept & (newton.n_iter > control.recompute_after_iterations) & (newton.rate > control.recompute_above_rate)
     state = state._replace(
         t=keep(t_new, t), y=keep(y_new, y), f=keep(f_new, state.f), h=jnp.where(active, next_h, state.h),
         h_old=keep(h, state.h_old), error_old=keep(error, state.error_old),
@@ -546,16 +588,14 @@ class RadauFunctions(NamedTuple):
     compile_seconds: float
 
 
-def build_radau(problem: RadauProblem, batch: int, n_save: int, size: int, loss_batch, rank: int,
-                complex_eigensystem: bool) -> RadauFunctions:
+def build_radau(problem: RadauProblem, batch: int, n_save: int, size: int, loss_batch) -> RadauFunctions:
     """Compile ``init(y0, loss, times, t_end, rtol, atol)`` and ``advance(state, loss,
     times, t_end, t_stop, rtol, atol, max_attempts, chunk_attempts)`` for ``batch`` flows of ``size``
     parameters, saved at ``n_save`` times (ascending; entries after t_end are never
-    reached), with eigensystems of ``rank`` (``size`` for a full one). ``loss_batch`` is an
-    example batched loss (its shapes)."""
+    reached). ``loss_batch`` is an example batched loss (its shapes)."""
 
     def init(y0, loss, times, t_end, rtol, atol):
-        return init_state(problem, y0, loss, times, t_end, rtol, atol, rank, complex_eigensystem)
+        return init_state(problem, y0, loss, times, t_end, rtol, atol)
 
     def advance_problem(state, loss, times, t_end, t_stop, rtol, atol, max_attempts, chunk_attempts):
         return advance(problem, state, loss, times, t_end, t_stop, rtol, atol, max_attempts, chunk_attempts)

@@ -1,6 +1,8 @@
 """flowsim.solvers: every method through one entry point, agreeing with each other; step
 limits, blow-ups and failures kept and reported; bad arguments refused."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -171,9 +173,29 @@ def test_an_interrupted_solve_resumes_to_the_uninterrupted_result(default_flow, 
     np.testing.assert_array_equal(resumed.trajectory.t, whole.trajectory.t)
     if resume.is_exact(method):
         assert _same_trajectory(resumed.trajectory, whole.trajectory)
-    else:  # a fresh start at the last saved point: the same flow, other steps
+    if method == "JaxRadau":  # a state saved before eigensystems carried their next subspace
+        older = {name: array for name, array in part.radau_state.items() if name != "jacobian.ahead"}
+        resumed = solve_flow(flow, params0, times, resume=dataclasses.replace(resume, radau_state=older), **options)
+        assert _same_trajectory(resumed.trajectory, whole.trajectory)
+    if not resume.is_exact(method):  # a fresh start at the last saved point: the same flow, other steps
         for name in whole.trajectory.params:
             np.testing.assert_allclose(resumed.trajectory.params[name], whole.trajectory.params[name], atol=1e-6)
+
+
+def test_the_large_flow_newton_control_reaches_the_same_flow(default_flow, monkeypatch):
+    """The default flow run as a large one (lagged refreshes, the slow-solve Newton control) agrees
+    with its usual run to the solver's tolerance, with its own steps."""
+    import flowsim.solvers as solvers
+
+    flow, params0 = default_flow
+    times = np.linspace(0.0, 1000.0, 41)
+    usual = solve_flow(flow, params0, times)
+    monkeypatch.setattr(solvers, "LARGE_FLOW_FROM_SIZE", 0)
+    large = solve_flow(flow, params0, times)
+    assert usual.success and large.success and large.stats.n_steps != usual.stats.n_steps
+    np.testing.assert_allclose(large.trajectory.loss, usual.trajectory.loss, rtol=1e-5)
+    for name in usual.trajectory.params:
+        np.testing.assert_allclose(large.trajectory.params[name], usual.trajectory.params[name], atol=1e-4)
 
 
 def test_a_diverging_gradient_descent_stops_with_status_diverged(default_flow):

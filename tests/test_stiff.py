@@ -152,11 +152,11 @@ def _jacobian_and_eigensystem(seed, symmetric):
         K = K @ K.T + np.eye(N)
         curvature, basis = np.linalg.eigh(K)
         J = -(root[:, None] * K / root[None, :])
-        eigen = stiff.Eigensystem(root[:, None] * basis, basis.T / root[None, :], -curvature)
+        eigen = stiff.Eigensystem(root[:, None] * basis, basis.T / root[None, :], -curvature, np.zeros((N, 0)))
     else:
         J = rng.standard_normal((N, N)) - 3 * np.eye(N)
         values, vectors = np.linalg.eig(J)
-        eigen = stiff.Eigensystem(vectors, np.linalg.inv(vectors), values)
+        eigen = stiff.Eigensystem(vectors, np.linalg.inv(vectors), values, np.zeros((N, 0), complex))
     return J, stiff.Eigensystem(*(jnp.asarray(a)[None] for a in eigen))
 
 
@@ -233,12 +233,17 @@ def test_step_size_factor_equals_scipys(h, h_old, error, error_old):
     assert ours == pytest.approx(expected, rel=1e-12)
 
 
+NO_RATE = jnp.full(4, jnp.nan)  # a one-iteration Newton solve measures no rate
+TARGET = stiff.NewtonControl().rate_target
+
+
 def test_a_zero_error_grows_the_step_as_far_as_allowed():
     """scipy divides by the error; here a zero error gives an infinite factor, capped at MAX_FACTOR."""
     factor = stiff.predict_factor(jnp.array([0.1]), jnp.array([0.2]), jnp.array([0.0]), jnp.array([0.5]))
     assert np.isinf(float(factor[0]))
     grown = stiff.next_step_size(jnp.array([0.1]), jnp.array([0.2]), jnp.array([0.0]), jnp.array([0.5]), jnp.ones(1),
-                                 jnp.array([True]), jnp.array([False]), jnp.array([False]), jnp.array([0.1]))
+                                 jnp.array([True]), jnp.array([False]), jnp.array([False]), jnp.array([0.1]), NO_RATE[:1],
+                                 TARGET)
     assert float(grown[0]) == pytest.approx(stiff.MAX_FACTOR * 0.1)
 
 
@@ -246,17 +251,34 @@ def test_next_step_size_bounds_and_cases():
     h, h_old, error_old = jnp.full(4, 0.1), jnp.full(4, 0.1), jnp.full(4, 0.5)
     accept, reject, halve = (jnp.array(flags) for flags in ([1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]))
     tiny, huge = jnp.full(4, 1e-12), jnp.full(4, 1e12)
-    grown = stiff.next_step_size(h, h_old, tiny, error_old, jnp.ones(4), accept > 0, reject > 0, halve > 0, jnp.full(4, 7.0))
-    shrunk = stiff.next_step_size(h, h_old, huge, error_old, jnp.ones(4), accept > 0, reject > 0, halve > 0, jnp.full(4, 7.0))
+    grown = stiff.next_step_size(h, h_old, tiny, error_old, jnp.ones(4), accept > 0, reject > 0, halve > 0, jnp.full(4, 7.0),
+                                 NO_RATE, TARGET)
+    shrunk = stiff.next_step_size(h, h_old, huge, error_old, jnp.ones(4), accept > 0, reject > 0, halve > 0, jnp.full(4, 7.0),
+                                  NO_RATE, TARGET)
     assert float(grown[0]) == pytest.approx(stiff.MAX_FACTOR * 0.1)  # growth capped
     assert float(shrunk[1]) == pytest.approx(stiff.MIN_FACTOR * 0.1)  # shrinking floored
     assert float(grown[2]) == float(shrunk[2]) == pytest.approx(0.05)  # a failed Newton solve halves
     assert float(grown[3]) == 7.0  # a member that did nothing keeps its step
     # more Newton iterations, a smaller safety factor: a smaller next step
     error = jnp.full(4, 0.5)
-    few, many = (stiff.next_step_size(h, h_old, error, error_old, jnp.full(4, n), accept > 0, reject > 0, halve > 0, h)
-                 for n in (1, 8))
+    few, many = (stiff.next_step_size(h, h_old, error, error_old, jnp.full(4, n), accept > 0, reject > 0, halve > 0, h,
+                                      NO_RATE, TARGET) for n in (1, 8))
     assert float(many[0]) < float(few[0])
+
+
+def test_a_slow_newton_solve_caps_the_growth_of_the_step():
+    """After an accepted step the next h is at most h · rate_target / rate (never below h
+    on that account); the error controller's step stands where it is smaller."""
+    h, h_old, error_old = jnp.full(4, 0.1), jnp.full(4, 0.1), jnp.full(4, 0.5)
+    accept, no = jnp.ones(4, bool), jnp.zeros(4, bool)
+    tiny = jnp.full(4, 1e-12)  # the error controller alone would grow h by MAX_FACTOR
+    target = 0.3
+    rates = jnp.array([target / 4, target, 4 * target, jnp.nan])
+    grown = stiff.next_step_size(h, h_old, tiny, error_old, jnp.full(4, 3), accept, no, no, h, rates, target)
+    np.testing.assert_allclose(np.asarray(grown), [0.4, 0.1, 0.1, 0.1 * stiff.MAX_FACTOR], rtol=1e-12)
+    shrinking = stiff.next_step_size(h, h_old, jnp.full(4, 0.9), error_old, jnp.full(4, 3), accept, no, no, h, rates, target)
+    unlimited = stiff.next_step_size(h, h_old, jnp.full(4, 0.9), error_old, jnp.full(4, 3), accept, no, no, h, NO_RATE, target)
+    np.testing.assert_allclose(np.asarray(shrinking), np.asarray(unlimited), rtol=1e-12)
 
 
 def test_dense_output_reproduces_a_cubic_and_writes_only_the_step():
@@ -282,17 +304,17 @@ def test_refresh_recomputes_only_the_flagged_members():
 
     def eigensystem(t, y, loss, previous, first=False):
         values, vectors = jnp.linalg.eig(loss * A)
-        return stiff.Eigensystem(vectors, jnp.linalg.inv(vectors), values)
+        return stiff.Eigensystem(vectors, jnp.linalg.inv(vectors), values, jnp.zeros((N, 0), values.dtype))
 
     problem = stiff.RadauProblem(lambda t, y, loss: loss * (A @ y), eigensystem, ())
     y0 = jnp.asarray(np.random.default_rng(8).standard_normal((3, N)))
-    state = stiff.init_state(problem, y0, scales, jnp.zeros(4), 1.0, 1e-6, 1e-9, N, complex_eigensystem=True)
+    state = stiff.init_state(problem, y0, scales, jnp.zeros(4), 1.0, 1e-6, 1e-9)
     assert state.njev.tolist() == [1, 1, 1] and bool(state.jacobian_is_current.all())
     stale = state._replace(jacobian=jax.tree_util.tree_map(jnp.zeros_like, state.jacobian),
                            jacobian_is_current=jnp.zeros(3, bool))
     refreshed = stiff.refresh_eigensystems(problem.eigensystem, stale, jnp.array([False, True, False]), scales)
     assert refreshed.njev.tolist() == [1, 2, 1] and refreshed.jacobian_is_current.tolist() == [False, True, False]
-    V, V_inv, lam = (np.asarray(a[1]) for a in refreshed.jacobian)
+    V, V_inv, lam = (np.asarray(a[1]) for a in refreshed.jacobian[:3])
     np.testing.assert_allclose((V * lam) @ V_inv, 2.0 * J, atol=1e-10)  # member 1's own Jacobian
     assert not np.any(np.asarray(refreshed.jacobian.V[0])) and not np.any(np.asarray(refreshed.jacobian.V[2]))
 
@@ -306,13 +328,32 @@ def test_low_rank_eigensystem_finds_the_stiffest_directions():
     H = jnp.asarray(basis * curvature @ basis.T)
     rates = jnp.asarray(rng.uniform(0.5, 2.0, n))
     eigensystem = stiff.low_rank_eigensystem(lambda t: rates, lambda theta, loss: H @ theta, n, rank)
-    V, V_inv, lam = eigensystem(0.0, jnp.zeros(n), None, None, first=True)
+    V, V_inv, lam, _ = eigensystem(0.0, jnp.zeros(n), None, None, first=True)
     J = -np.asarray(rates)[:, None] * np.asarray(H)
     expected = np.linalg.eigvals(J)
     expected = expected[np.argsort(-np.abs(expected))][:rank].real
     np.testing.assert_allclose(np.sort(np.asarray(lam)), np.sort(expected), rtol=1e-8)
     np.testing.assert_allclose(J @ np.asarray(V), np.asarray(V) * np.asarray(lam), atol=1e-6 * np.abs(expected).max())
     np.testing.assert_allclose(np.asarray(V_inv) @ np.asarray(V), np.eye(rank), atol=1e-10)
+
+
+@pytest.mark.parametrize("lagged", [False, True])
+def test_later_low_rank_refreshes_keep_iterating_the_subspace(lagged):
+    """From a poor first basis (one sweep), each later call advances the subspace by one sweep,
+    lagged (through ``ahead``) or not, until the pairs are numpy's."""
+    rng = np.random.default_rng(10)
+    n, rank = 30, 4
+    basis = np.linalg.qr(rng.standard_normal((n, n)))[0]
+    curvature = np.concatenate([[40.0, -25.0, 12.0, 9.0], rng.uniform(-3, 3, n - rank)])
+    H = jnp.asarray(basis * curvature @ basis.T)
+    eigensystem = stiff.low_rank_eigensystem(lambda t: jnp.ones(n), lambda theta, loss: H @ theta, n, rank,
+                                             first_iterations=1, lagged=lagged)
+    eigen = eigensystem(0.0, jnp.zeros(n), None, None, first=True)
+    first_error = np.max(np.abs(np.sort(np.asarray(eigen.lam)) - np.sort(-curvature[:rank])))
+    for _ in range(60):
+        eigen = eigensystem(0.0, jnp.zeros(n), None, eigen)
+    assert first_error > 0.1
+    np.testing.assert_allclose(np.sort(np.asarray(eigen.lam)), np.sort(-curvature[:rank]), rtol=1e-8)
 
 
 @pytest.mark.slow
