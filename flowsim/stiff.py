@@ -14,7 +14,8 @@ leading batch axis B and testable alone:
     solve_newton_systems   (μ/h - J)^-1 for the real and the complex Newton system
     newton_solve           the simplified Newton iteration on the collocation system
     error_norm             the embedded error estimate (refined after a rejection)
-    next_step_size         Hairer's predictive (Gustafsson) step-size controller
+    next_step_size         Hairer's predictive (Gustafsson) step-size controller, its growth
+                           capped by the Newton contraction rate (``NewtonControl``)
     dense_output           the collocation polynomial at the save times
     refresh_eigensystems   recompute (V, V⁻¹, λ) for the members that need it
 
