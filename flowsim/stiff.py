@@ -258,14 +258,14 @@ def low_rank_eigensystem(rate_vector: Callable, gradient: Callable, size: int, r
         root = jnp.sqrt(rate_vector(t))
         _, hessian_product = jax.linearize(lambda x: gradient(x, loss), theta)
         apply_k = jax.vmap(lambda v: root * hessian_product(root * v), in_axes=1, out_axes=1)
-        sweep = lambda _, basis: jnp.linalg.qr(apply_k(basis))[0]  # noqa: E731
+        sweep = lambda basis: jnp.linalg.qr(apply_k(basis))[0]  # noqa: E731
         if first:
-            basis = jax.lax.fori_loop(0, first_iterations, sweep, start)
+            basis = jax.lax.fori_loop(0, first_iterations, lambda _, basis: sweep(basis), start)
         elif lagged:
             basis = jnp.linalg.qr(previous.ahead)[0]
         else:
             # The last basis spans R_old^-1 U_old: the stiff directions, up to the change of rates.
-            basis = sweep(0, jnp.linalg.qr(previous.V_inv.T)[0])
+            basis = sweep(jnp.linalg.qr(previous.V_inv.T)[0])
         product = apply_k(basis)
         projected = basis.T @ product
         curvature, rotation = jnp.linalg.eigh(0.5 * (projected + projected.T))
