@@ -210,6 +210,35 @@ def compute_observables(
     return Observables(t=np.asarray(trajectory.t), columns=columns, constants=constants)
 
 
+def stage_observables(trajectory: Trajectory, pi: np.ndarray) -> Observables:
+    """What the stage detectors read of a one-layer trajectory (paper model), at any vocabulary size:
+    loss, singular values of W0, W1, W_Q, W_K, per-query attention entropy and mass on the frequent
+    token, embedding norms. Nothing d x d is kept per time: O(T d² k) time, O(T d) memory (the full
+    ``compute_observables`` keeps Φ, M and A per saved time)."""
+    params = trajectory.params
+    log_pi = np.log(np.asarray(pi, dtype=float))
+    top = int(np.argmax(pi))
+    entropy, mass = [], []
+    for W0, W_Q, W_K in zip(params["W0"], params["W_Q"], params["W_K"]):
+        logits = (W0 @ W_Q) @ (W0 @ W_K).T + log_pi[None, :]
+        logits -= logits.max(axis=1, keepdims=True)
+        weights = np.exp(logits)
+        total = weights.sum(axis=1)
+        attention = weights / total[:, None]
+        # H = log Σ e^l - Σ a l, row by row
+        entropy.append(np.log(total) - np.sum(attention * logits, axis=1))
+        mass.append(attention[:, top])
+    columns: dict[str, np.ndarray] = {"loss": np.asarray(trajectory.loss)}
+    for name in ("W0", "W1", "W_Q", "W_K"):
+        sigma = singular_values(params[name])
+        columns[f"sv_{name}"] = sigma
+        columns[f"stable_rank_{name}"] = stable_rank(sigma)
+    columns["attention_entropy"] = np.array(entropy)
+    columns["attention_mass_top"] = np.array(mass)
+    columns["embedding_norm"] = np.linalg.norm(params["W0"], axis=2)
+    return Observables(t=np.asarray(trajectory.t), columns=columns, constants={"pi": np.asarray(pi)})
+
+
 def two_layer_observables(
     trajectory: Trajectory, model: TwoLayerTransformer, pi: np.ndarray, flow: GradientFlow | None = None
 ) -> Observables:

@@ -6,3 +6,5 @@ manifolds (``theory.manifold``), the block off them (``theory.transverse``), Sta
 built on the sympy model of ``theory.symbolic``; ``theory.predict`` assembles them for a run
 configuration.
 """
+
+import flowsim  # noqa: F401,E402  (sets JAX to float64 before any theory module traces)

@@ -23,7 +23,7 @@ from theory.focus import predict_focus
 from theory.origin import predict_condensation
 from theory.predict import compared_rows, predict_run
 from theory.restart import RestartPrediction, propagate_rank
-from theory.symbolic import MeanFieldTwin
+from theory.mean_field import MeanFieldChain
 
 
 def random_family(n: int, seed: int = 0, dims: tuple[int, ...] = (3, 4, 5), min_pi: float = 0.02,
@@ -69,7 +69,7 @@ def chain_accuracy(pi: list[float], lam: float, eps: float, seed: int = 0, horiz
     prepared = prepare(load_config(None, overrides))
     chain = prepared.chain
     condensation = predict_condensation(chain.pi, chain.P, prepared.params0, eps)
-    focus = predict_focus(MeanFieldTwin(chain.pi, chain.P), prepared.params0, condensation, prepared.model.k)
+    focus = predict_focus(MeanFieldChain(chain.pi, chain.P), prepared.params0, condensation, prepared.model.k)
     first = focus.order[0]
     predicted_focus = focus.t_onset.get(first)
     # no focus predicted: run past the end of the orbit's linear phase, where its entropy settles
@@ -126,7 +126,7 @@ def first_restart(overrides: list[str], eps: float, look: float, n_save: int) ->
     chain, params0 = prepared.chain, prepared.params0
     condensation = predict_condensation(chain.pi, chain.P, params0, eps)
     floor = float(np.linalg.svd(np.asarray(params0["W0"]), compute_uv=False)[1])
-    stage = propagate_rank(MeanFieldTwin(chain.pi, chain.P), params0, condensation.alpha[:, None], 0.0, look,
+    stage = propagate_rank(MeanFieldChain(chain.pi, chain.P), params0, condensation.alpha[:, None], 0.0, look,
                            StageThresholds().restart_factor * floor, np.geomspace(0.1, look, n_save))
     return stage.restart
 

@@ -28,11 +28,11 @@ import numpy as np
 
 from flowsim.flow import GradientFlow
 from flowsim.models import OneLayerTransformer
-from flowsim.observables import compute_observables
+from flowsim.observables import stage_observables
 from flowsim.stages import Interval, StageReport, StageThresholds, detect_stages
 from flowsim.trajectory import Trajectory
 from theory.restart import RankStage, RestartPrediction, complement, propagate_rank
-from theory.symbolic import MeanFieldTwin
+from theory.mean_field import MeanFieldChain
 
 
 @dataclass(frozen=True)
@@ -60,24 +60,37 @@ def next_direction(params, A: np.ndarray) -> np.ndarray:
     return E @ np.linalg.svd(transverse)[2][0]
 
 
-def predict_cycles(twin: MeanFieldTwin, flow: GradientFlow, model: OneLayerTransformer, params0, alpha: np.ndarray,
-                   t_end: float, thresholds: StageThresholds | None = None, times: np.ndarray | None = None) -> CyclePrediction:
-    """The chained rank-r predictions from θ(0) to ``t_end``, saved at ``times`` (a run's own save times,
-    so that the detectors read prediction and run on the same grid; default 600 log-spaced times)."""
+POINTS_PER_DECADE = 120  # the prediction's own save times: log-spaced from GRID_START, whatever the run's horizon
+GRID_START = 0.1
+
+
+def prediction_grid(look: float) -> np.ndarray:
+    """GRID_START × 10^(n / POINTS_PER_DECADE) up to ``look``: the same times for every horizon."""
+    count = int(np.floor(np.log10(look / GRID_START) * POINTS_PER_DECADE)) + 1
+    return GRID_START * 10.0 ** (np.arange(count) / POINTS_PER_DECADE)
+
+
+def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTransformer, params0, alpha: np.ndarray,
+                   look: float, thresholds: StageThresholds | None = None) -> CyclePrediction:
+    """The chained rank-r predictions from θ(0) to ``look``, saved on ``prediction_grid(look)``.
+
+    Each rank's flow settles and crosses its threshold where it does (``propagate_rank``), so an event's
+    predicted time does not depend on ``look`` once the detectors can confirm it before ``look``.
+    Cost: one ``propagate_rank`` per opened direction, and the detectors' observables on the grid,
+    O(d² m) per saved time."""
     th = StageThresholds() if thresholds is None else thresholds
-    grid = np.geomspace(min(0.1, t_end / 10), t_end, 600) if times is None else np.asarray(times, dtype=float)
-    grid = grid[(grid > 0) & (grid <= t_end)]
+    grid = prediction_grid(look)
     floors = np.linalg.svd(np.asarray(params0["W0"]), compute_uv=False)
     A = np.asarray(alpha, dtype=float).reshape(-1, 1)
     params, t_start, stages = {name: np.asarray(value) for name, value in params0.items()}, 0.0, []
     while True:
         rank = A.shape[1]
-        full = rank >= len(floors)  # W0 has no direction left to open: the last stage runs to t_end
+        full = rank >= len(floors)  # W0 has no direction left to open: the last stage runs to ``look``
         threshold = np.inf if full else th.restart_factor * float(floors[rank])
-        stage = propagate_rank(twin, params, A, t_start, t_end, threshold, grid)
+        stage = propagate_rank(chain, params, A, t_start, look, threshold, grid)
         stages.append(stage)
         crossed = stage.restart.t_integrated
-        if crossed is None or full:
+        if crossed is None or crossed > look or full:
             break
         params = {name: value[-1] for name, value in stage.params.items()}
         A = np.column_stack([A, next_direction(params, A)])
@@ -88,8 +101,8 @@ def predict_cycles(twin: MeanFieldTwin, flow: GradientFlow, model: OneLayerTrans
     velocity = {name: np.concatenate([stage.velocity[name][keep] for stage, keep in zip(stages, saved)])
                 for name in stages[0].velocity}
     trajectory = Trajectory(t=t, loss=flow.loss_along(flow.flatten_batch(thetas)), params=thetas)
-    report = detect_stages(compute_observables(trajectory, model, twin.pi), th)
-    return CyclePrediction(stages, report, trajectory, velocity, twin.pi)
+    report = detect_stages(stage_observables(trajectory, chain.pi), th)
+    return CyclePrediction(stages, report, trajectory, velocity, chain.pi)
 
 
 @dataclass(frozen=True)
@@ -144,9 +157,10 @@ def dilution_mechanism(prediction: CyclePrediction, dilution: Interval) -> str:
     rates = dilution_rates(prediction, dilution.query, token)
     focus = [i for i in prediction.report.of("focus", dilution.query) if i.t_start < dilution.t_start][-1]
     leaving = np.flatnonzero((rates.total < 0) & (rates.t > focus.t_start))
-    n = int(np.searchsorted(rates.t, dilution.t_start))
-    driver = "the embeddings move" if rates.embedding[n] < 0 <= rates.attention[n] else (
-        "the query-key map moves" if rates.attention[n] < 0 <= rates.embedding[n] else "both parts move")
+    # at the onset itself, between the saved times around it
+    total, embedding, attention = (float(np.interp(dilution.t_start, rates.t, x)) for x in (rates.total, rates.embedding, rates.attention))
+    driver = "the embeddings move" if embedding < 0 <= attention else (
+        "the query-key map moves" if attention < 0 <= embedding else "both parts move")
     since = "" if not len(leaving) else f" from t = {rates.t[leaving[0]]:.4g}"
-    return (f"D = d log A[{dilution.query},{token}]/dt < 0{since}; at the onset {rates.total[n]:+.3g} = embedding part "
-            f"{rates.embedding[n]:+.3g} + attention part {rates.attention[n]:+.3g}: {driver} the mass")
+    return (f"D = d log A[{dilution.query},{token}]/dt < 0{since}; at the onset {total:+.3g} = embedding part "
+            f"{embedding:+.3g} + attention part {attention:+.3g}: {driver} the mass")

@@ -47,7 +47,7 @@ from flowsim.observables import attention_entropy
 from flowsim.stages import StageThresholds, detect_focus_and_dilution
 from theory.origin import CondensationPrediction
 from theory.manifold import ReducedFlow, ReducedState
-from theory.symbolic import MeanFieldTwin
+from theory.mean_field import MeanFieldChain, condensed_point
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,19 +67,9 @@ def condensed_point_expressions(d: int) -> tuple[tuple[sp.Symbol, ...], sp.Expr,
     return pi, g_value, gamma, beta.subs(g, g_value)
 
 
-def condensed_point(pi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(γ*, β*) evaluated for π (all entries > 0)."""
-    pi = np.asarray(pi, dtype=float)
-    if np.any(pi <= 0):
-        raise ValueError(f"the condensed point needs π > 0 everywhere, got {pi}")
-    symbols, _, gamma, beta = condensed_point_expressions(len(pi))
-    values = dict(zip(symbols, pi))
-    return (np.array([float(x.subs(values)) for x in gamma]), np.array([float(x.subs(values)) for x in beta]))
-
-
-def attention_coupling(twin: MeanFieldTwin, gamma: np.ndarray, beta: np.ndarray) -> float:
-    """h = γ^T (∂L/∂Φ at Φ = 0, M = γβ^T) γ: the attention block's off-diagonal scale."""
-    G_Phi, _ = twin.gradient_of_maps(np.zeros((twin.d, twin.d)), np.outer(gamma, beta))
+def attention_coupling(chain: MeanFieldChain, gamma: np.ndarray, beta: np.ndarray) -> float:
+    """h = γ^T (∂L/∂Φ at Φ = 0, M = γβ^T) γ: the attention block's off-diagonal scale, O(d²)."""
+    G_Phi = chain.factored(gamma[:, None], np.zeros((1, 1)), beta[:, None]).G_Phi
     return float(gamma @ G_Phi @ gamma)
 
 
@@ -94,11 +84,11 @@ class FocusOrbit:
     entropy: np.ndarray  # (T, d) attention entropy of each query along the orbit
 
 
-def focus_orbit_start(twin: MeanFieldTwin, delta: float) -> tuple[ReducedState, float]:
+def focus_orbit_start(chain: MeanFieldChain, delta: float) -> tuple[ReducedState, float]:
     """The condensed point (γ*, β*) with the unstable attention vector at amplitude δ (k = 1:
     q = δ/√2, r = -sign(h) δ/√2), and the coupling h."""
-    gamma, beta = condensed_point(twin.pi)
-    h = attention_coupling(twin, gamma, beta)
+    gamma, beta = condensed_point(chain.pi)
+    h = attention_coupling(chain, gamma, beta)
     u = delta / np.sqrt(2.0)
     return ReducedState(gamma[:, None], beta[:, None], np.array([[u]]), np.array([[-np.sign(h) * u]])), h
 
@@ -110,14 +100,14 @@ def focus_orbit(pi: tuple[float, ...], P: tuple[tuple[float, ...], ...], delta: 
     nonlinear focus. The attention amplitude u splits as q = u/√2, r = -sign(h) u/√2 (k = 1 suffices:
     Φ depends on q and r only through q·r)."""
     pi_arr, P_arr = np.asarray(pi), np.asarray(P)
-    twin = MeanFieldTwin(pi_arr, P_arr)
-    start, h = focus_orbit_start(twin, delta)
+    chain = MeanFieldChain(pi_arr, P_arr)
+    start, h = focus_orbit_start(chain, delta)
     mu2 = abs(h)
     tau = np.concatenate([[0.0], np.geomspace(1e-3 / mu2, tau_over_mu / mu2, 3000)])
-    solution = ReducedFlow(twin, k=1).solve(start, tau, rtol=1e-10, atol=1e-12 * delta)
+    solution = ReducedFlow(chain, k=1).solve(start, tau, rtol=1e-10, atol=1e-12 * delta)
     entropy = []
     for y in solution.y.T:
-        state = ReducedState.unpack(y, twin.d, 1)
+        state = ReducedState.unpack(y, chain.d, 1)
         Phi = state.Gamma @ state.Q.T @ state.R @ state.Gamma.T
         entropy.append(attention_entropy(softmax(Phi + np.log(pi_arr)[None, :], axis=1)))
     return FocusOrbit(mu2, h, delta, solution.t, np.array(entropy))
@@ -138,18 +128,18 @@ class FocusPrediction:
     orbit: FocusOrbit
 
 
-def predict_focus(twin: MeanFieldTwin, params0, condensation: CondensationPrediction, k: int,
+def predict_focus(chain: MeanFieldChain, params0, condensation: CondensationPrediction, k: int,
                   thresholds: StageThresholds | None = None) -> FocusPrediction:
     """The first query's focus onset: the linear growth along the condensation orbit matched to the focus orbit."""
     th = StageThresholds() if thresholds is None else thresholds
-    pi = twin.pi
-    orbit = focus_orbit(tuple(map(float, pi)), tuple(map(tuple, np.asarray(twin.P, dtype=float))))
+    pi = chain.pi
+    orbit = focus_orbit(tuple(map(float, pi)), tuple(map(tuple, np.asarray(chain.P, dtype=float))))
     gamma_star, beta_star = condensed_point(pi)
     alpha = condensation.alpha
     xi = (np.asarray(params0["W_Q"]).T @ alpha - np.sign(orbit.h) * np.asarray(params0["W_K"]).T @ alpha) / np.sqrt(2.0)
     a_attn0 = float(np.linalg.norm(xi))
     stage_one = condensation.orbit
-    rates = np.array([abs(attention_coupling(twin, g, b)) for g, b in zip(stage_one.gamma, stage_one.beta)])
+    rates = np.array([abs(attention_coupling(chain, g, b)) for g, b in zip(stage_one.gamma, stage_one.beta)])
     growth = cumulative_trapezoid(rates, stage_one.t, initial=0.0)
     matched_at = stage_one.t[-1] + condensation.shift  # real time of the condensation orbit's end
     t_shift = matched_at + (np.log(orbit.delta) - np.log(a_attn0) - growth[-1]) / orbit.mu2

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import sympy as sp
 from scipy.integrate import solve_ivp
 
-from theory.symbolic import MeanFieldTwin, closed_form_map_gradients
+from theory.mean_field import FactoredGradients, MeanFieldChain
 
 _BLOCKS = ("Gamma", "B", "Q", "R")
 
@@ -81,30 +84,79 @@ def project(params, A: np.ndarray) -> ReducedState:
                         np.asarray(params["W_Q"]).T @ A, np.asarray(params["W_K"]).T @ A)
 
 
+JACOBIAN_CHUNK_FLOATS = 2e7  # Hessian columns are computed in chunks whose d x d intermediates hold about this many floats
+
+
+class CompiledReducedFlow(NamedTuple):
+    """ℓ's negative gradient and its Jacobian (minus the Hessian) on the packed coordinates, compiled once
+    per (d, k, rank); each takes (y, π, log π, P)."""
+
+    field: Callable
+    jacobian: Callable
+
+
+def _reduced_loss(y: jax.Array, pi: jax.Array, log_pi: jax.Array, P: jax.Array, d: int, k: int, rank: int) -> jax.Array:
+    """ℓ(Γ, B, Q, R) = L(Γ Q^T R Γ^T, Γ B^T) on the factored maps, O(d² r)."""
+    sizes = np.cumsum([d * rank, d * rank, k * rank])
+    Gamma, B, Q, R = jnp.split(y, sizes)
+    Gamma, B, Q, R = Gamma.reshape(d, rank), B.reshape(d, rank), Q.reshape(k, rank), R.reshape(k, rank)
+    A = jax.nn.softmax((Gamma @ (Q.T @ R)) @ Gamma.T + log_pi[None, :], axis=1)
+    Z = (A @ Gamma) @ B.T
+    return pi @ (jax.nn.logsumexp(Z, axis=1) - jnp.sum(P * Z, axis=1))
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_reduced_flow(d: int, k: int, rank: int) -> CompiledReducedFlow:
+    """-∇ℓ (O(d² r) per call) and -∇²ℓ by forward-over-reverse products in chunks (O(d² r n), n = (2d + 2k) r)."""
+    n = (2 * d + 2 * k) * rank
+    chunk = int(max(1, min(n, JACOBIAN_CHUNK_FLOATS // (d * d))))
+    padded = -(-n // chunk) * chunk
+
+    def gradient(y, pi, log_pi, P):
+        return jax.grad(_reduced_loss)(y, pi, log_pi, P, d, k, rank)
+
+    def hessian(y, pi, log_pi, P):
+        def columns(V):
+            return jax.vmap(lambda v: jax.jvp(lambda x: gradient(x, pi, log_pi, P), (y,), (v,))[1])(V)
+        basis = jnp.eye(padded, n).reshape(padded // chunk, chunk, n)
+        return jax.lax.map(columns, basis).reshape(padded, n)[:n]
+
+    return CompiledReducedFlow(jax.jit(lambda *a: -gradient(*a)), jax.jit(lambda *a: -hessian(*a)))
+
+
 class ReducedFlow:
     """The gradient flow of ℓ(Γ, B, Q, R) for one chain. With G = ∂L/∂Φ, ∂L/∂M at the maps,
 
         ∂ℓ/∂Γ = G_Φ Γ R^T Q + G_Φ^T Γ Q^T R + G_M B,   ∂ℓ/∂B = G_M^T Γ,
         ∂ℓ/∂Q = R Γ^T G_Φ^T Γ,                        ∂ℓ/∂R = Q Γ^T G_Φ Γ,
 
-    evaluated in closed form (O(d³ + d² r), ``closed_form_map_gradients``); ``reduced_gradient_formulas``
-    derives the same with sympy and is its check."""
+    evaluated in closed form on the factored maps (``MeanFieldChain.factored``): O(d² r) per
+    evaluation; ``reduced_gradient_formulas`` derives the same with sympy and is its check. The
+    integrator uses the same field compiled with JAX, and its exact Jacobian (``compiled_reduced_flow``):
+    the flow is stiff once attention sharpens."""
 
-    def __init__(self, twin: MeanFieldTwin, k: int, rank: int = 1):
-        self.twin, self.d, self.k, self.rank = twin, twin.d, k, rank
+    def __init__(self, chain: MeanFieldChain, k: int, rank: int = 1):
+        self.chain, self.d, self.k, self.rank = chain, chain.d, k, rank
+        self._arrays = tuple(jnp.asarray(x) for x in (chain.pi, chain.log_pi, chain.P))
 
     def maps(self, state: ReducedState) -> tuple[np.ndarray, np.ndarray]:
+        """(Φ, M) formed, O(d² r): for checks and small d."""
         return state.Gamma @ state.Q.T @ state.R @ state.Gamma.T, state.Gamma @ state.B.T
 
+    def gradients_of_maps(self, state: ReducedState) -> FactoredGradients:
+        """G_Φ and G_M (factored) at ``state``, O(d² r)."""
+        return self.chain.factored(state.Gamma, state.Q.T @ state.R, state.B)
+
     def loss(self, state: ReducedState) -> float:
-        return self.twin.loss_of_maps(*self.maps(state))
+        return self.gradients_of_maps(state).loss
 
     def gradient(self, state: ReducedState) -> ReducedState:
-        """∂ℓ/∂(Γ, B, Q, R) at ``state``."""
-        G_Phi, G_M = closed_form_map_gradients(*self.maps(state), self.twin.pi, self.twin.P)
+        """∂ℓ/∂(Γ, B, Q, R) at ``state``, O(d² r)."""
+        G = self.gradients_of_maps(state)
         Gamma, B, Q, R = state.Gamma, state.B, state.Q, state.R
-        return ReducedState(G_Phi @ Gamma @ R.T @ Q + G_Phi.T @ Gamma @ Q.T @ R + G_M @ B, G_M.T @ Gamma,
-                            R @ Gamma.T @ G_Phi.T @ Gamma, Q @ Gamma.T @ G_Phi @ Gamma)
+        phi_gamma, phi_t_gamma = G.G_Phi @ Gamma, G.G_Phi.T @ Gamma
+        return ReducedState(phi_gamma @ R.T @ Q + phi_t_gamma @ Q.T @ R + G.G_M_times(B), G.G_M_transpose_times(Gamma),
+                            R @ (Gamma.T @ phi_t_gamma), Q @ (Gamma.T @ phi_gamma))
 
     def vector_field(self, t: float, y: np.ndarray) -> np.ndarray:
         return -self.gradient(ReducedState.unpack(y, self.d, self.k)).pack()
@@ -113,8 +165,11 @@ class ReducedFlow:
               rtol: float = 1e-10, atol: float = 1e-14):
         """Integrate from ``state0`` at ``t_start``; the scipy result (dense output on)."""
         t_eval = np.asarray(t_eval, dtype=float)
-        solution = solve_ivp(self.vector_field, (t_start, float(t_eval[-1])), state0.pack(), method="LSODA",
-                             t_eval=t_eval, rtol=rtol, atol=atol, dense_output=True)
+        y0 = state0.pack()
+        compiled = compiled_reduced_flow(self.d, self.k, len(y0) // (2 * self.d + 2 * self.k))
+        solution = solve_ivp(lambda t, y: np.asarray(compiled.field(y, *self._arrays)), (t_start, float(t_eval[-1])), y0,
+                             method="LSODA", t_eval=t_eval, rtol=rtol, atol=atol, dense_output=True,
+                             jac=lambda t, y: np.asarray(compiled.jacobian(y, *self._arrays)))
         if solution.status != 0:
             raise RuntimeError(f"the reduced flow failed: {solution.message}")
         return solution

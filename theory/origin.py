@@ -28,7 +28,8 @@ import sympy as sp
 
 from flowsim.stages import StageThresholds, detect_condensation
 from theory.manifold import ReducedFlow, ReducedState
-from theory.symbolic import MeanFieldTwin, row_loss
+from theory.mean_field import MeanFieldChain, origin_rate
+from theory.symbolic import row_loss
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,8 +73,8 @@ def _at(pi: np.ndarray) -> dict:
 
 
 def mu1(pi: np.ndarray) -> float:
-    """μ1 evaluated for a stationary law π (from the derived expression)."""
-    return float(mu1_expression(len(pi)).subs(_at(pi)))
+    """μ1 = ‖π‖ ‖π - u‖ for any d, O(d): the closed form ``mu1_expression`` derives (checked there for d <= 5)."""
+    return origin_rate(pi)
 
 
 def origin_hessian_spectrum(pi: np.ndarray, m: int, k: int) -> np.ndarray:
@@ -125,7 +126,7 @@ def condensation_orbit(pi: tuple[float, ...], P: tuple[tuple[float, ...], ...], 
     pi_arr, P_arr = np.asarray(pi), np.asarray(P)
     rate = mu1(pi_arr)
     w0, w1 = unstable_directions(pi_arr)
-    flow = ReducedFlow(MeanFieldTwin(pi_arr, P_arr), k=k)
+    flow = ReducedFlow(MeanFieldChain(pi_arr, P_arr), k=k)
     start = ReducedState(delta * w0[:, None] / np.sqrt(2), delta * w1[:, None] / np.sqrt(2), np.zeros((k, 1)), np.zeros((k, 1)))
     t = np.concatenate([[0.0], np.geomspace(1e-3, t_max_over_mu / rate, 4000)])
     solution = flow.solve(start, t, rtol=1e-11, atol=1e-9 * delta)

@@ -36,12 +36,14 @@ from flowsim.io import write_atomic_json
 from theory.cycles import CyclePrediction, dilution_mechanism, predict_cycles
 from theory.focus import FocusPrediction, predict_focus
 from theory.origin import CondensationPrediction, predict_condensation
-from theory.restart import RestartPrediction
-from theory.symbolic import MeanFieldTwin
+from theory.restart import REACH_LIMIT, RestartPrediction, RuleName
+from theory.mean_field import MeanFieldChain
 
 COMPARE_JSON = "compare.json"
 
 NOT_MEASURED, NOT_PREDICTED = "predicted, not measured", "measured, not predicted"
+AFTER_HORIZON = "after the horizon"
+PREDICTION_REACH = 4.0  # the chained prediction looks this far past t_end, so that every event before t_end is confirmed
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class Prediction:
     condensation: CondensationPrediction
     focus: FocusPrediction
     cycles: CyclePrediction
+    t_end: float  # the horizon the rows were cut at
 
     def constants(self) -> str:
         c, f = self.condensation, self.focus
@@ -75,19 +78,22 @@ class Prediction:
 
 def restart_line(r: RestartPrediction) -> str:
     """How the restart of direction r was predicted, with the numbers of its rule."""
-    head = f"σ{r.direction} restart: transverse rate μ = {r.rate:.4g} where the rank-{r.direction} flow ends"
+    head = f"σ{r.direction} restart: transverse rate μ = {r.rate:.4g} at t = {r.t_reach:.4g}, the end of the rank-{r.direction} flow's reach"
     check = "" if r.t_integrated is None else f"; transverse equation integrated to the threshold: t = {r.t_integrated:.4g}"
-    if r.rule == "formula":
+    if r.rule == RuleName.FORMULA:
         crossing = "beyond reach" if r.t_onset is None else f"t = {r.t_onset:.4g}"
         return (f"{head}; settled at t_s = {r.t_settle:.4g}, then σ{r.direction} under exp(-τ H_T) passes ℓ = "
                 f"{r.threshold:.3g} at {crossing} (leading term t_s + log(ℓ/a_s)/μ = {r.t_settle:.4g} + "
                 f"log({r.threshold:.3g}/{r.amplitude:.3g})/{r.rate:.4g} = {r.t_leading:.4g}){check}")
-    if r.rule == "before settling":
-        settles = "does not settle by the horizon" if r.t_settle is None else f"settles at t = {r.t_settle:.4g}"
-        return f"{head}; σ{r.direction} passes ℓ = {r.threshold:.3g} before the flow {settles}{check}"
-    if r.rule == "degenerate":
+    if r.rule == RuleName.BEFORE_SETTLING:
+        settles = (f"before the flow has converged" if r.t_settle is None
+                   else f"before the flow settles at t = {r.t_settle:.4g}")
+        return f"{head}; σ{r.direction} passes ℓ = {r.threshold:.3g} {settles}{check}"
+    if r.rule == RuleName.DEGENERATE:
         return f"{head}: degenerate (largest rate on the way {r.peak_rate:.3g}), no restart"
-    return f"{head}; the flow has not settled by the horizon and σ{r.direction} stays below ℓ = {r.threshold:.3g}"
+    if r.rule == RuleName.OPTIMUM:
+        return f"{head}: the flow reaches the Bayes loss there (largest rate on the way {r.peak_rate:.3g}), no restart"
+    return f"{head}; the flow has not settled by t = {REACH_LIMIT:g} and σ{r.direction} stays below ℓ = {r.threshold:.3g}"
 
 
 def check_supported(config: RunConfig) -> None:
@@ -117,24 +123,22 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     """
     check_supported(config)
     prepared = prepare(config)
-    chain = prepared.chain
-    if not 2 <= chain.d <= 5:
-        raise ConfigError(f"the symbolic model covers d = 2 to 5; this chain has d = {chain.d}")
-    if np.any(chain.pi <= 0):
-        raise ConfigError(f"predictions need every token to have π > 0, got π = {chain.pi.tolist()}")
+    source = prepared.chain
+    if np.any(source.pi <= 0):
+        raise ConfigError(f"predictions need every token to have π > 0, got min π = {source.pi.min():g} "
+                          f"(token {int(np.argmin(source.pi))})")
     eps = config.init.eps if config.init.file is None else float(np.sqrt(np.mean(np.asarray(prepared.params0["W0"]) ** 2)))
-    progress(f"building the symbolic model (d = {chain.d})")
-    twin = MeanFieldTwin(chain.pi, chain.P)
-    progress("Stage I: spectrum at the origin and the condensation orbit")
+    chain = MeanFieldChain(source.pi, source.P)
+    t_end = float(config.time.t_end)
+    look = PREDICTION_REACH * t_end
+    progress(f"Stage I: spectrum at the origin and the condensation orbit (d = {chain.d})")
     condensation = predict_condensation(chain.pi, chain.P, prepared.params0, eps)
     progress("Stage II: condensed point, attention block, focus onset")
-    focus = predict_focus(twin, prepared.params0, condensation, prepared.model.k)
-    progress("Stages III-IV: the rank-r flows, their transverse equations and restarts")
-    t_end = float(config.time.t_end)
-    cycles = predict_cycles(twin, prepared.flow, prepared.model, prepared.params0, condensation.alpha, t_end,
-                            times=prepared.times)
-    rows = [Row("condensation", None, None, condensation.t_end)]
-    rows += [Row("focus", query, None, t) for query, t in focus.t_onset.items()]
+    focus = predict_focus(chain, prepared.params0, condensation, prepared.model.k)
+    progress(f"Stages III-IV: the rank-r flows, their transverse equations and restarts (to t = {look:g})")
+    cycles = predict_cycles(chain, prepared.flow, prepared.model, prepared.params0, condensation.alpha, look)
+    rows = [timed_row(Row("condensation", None, None, condensation.t_end), t_end)]
+    rows += [timed_row(Row("focus", query, None, t), t_end) for query, t in focus.t_onset.items()]
     if not focus.t_onset:
         drop = focus.orbit.entropy[0, focus.order[0]] - focus.orbit.entropy[:, focus.order[0]].min()
         rows.append(Row("focus", focus.order[0], None, None, note=f"no focus: on the focus orbit the entropy falls only "
@@ -144,16 +148,26 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
         for query in focus.order:
             found = cycles.report.of(stage, query)
             if found and not (stage == "focus" and query in focus.t_onset):
-                rows.append(Row(stage, query, None, found[0].t_start))
-    return Prediction(rows, condensation, focus, cycles)
+                rows.append(timed_row(Row(stage, query, None, found[0].t_start), t_end))
+    return Prediction(rows, condensation, focus, cycles, t_end)
+
+
+def timed_row(row: Row, t_end: float) -> Row:
+    """A predicted event after the horizon keeps its time in ``note`` and has no predicted time in it."""
+    if row.predicted is None or row.predicted <= t_end:
+        return row
+    return Row(row.stage, row.query, row.direction, None, note=f"{AFTER_HORIZON} t = {t_end:g}: predicted at t = {row.predicted:.4g}")
 
 
 def restart_row(r: RestartPrediction, t_end: float) -> Row:
     """The row of direction r's restart: its time, or the verdict that rules it out."""
     if r.t_onset is not None and r.t_onset <= t_end:
         return Row("restart", None, r.direction, r.t_onset)
-    if r.rule == "degenerate":
+    if r.rule == RuleName.DEGENERATE:
         return Row("restart", None, r.direction, None, note=f"no restart: μ_δ = {r.rate:.2g} ≈ 0, degenerate point")
+    if r.rule == RuleName.OPTIMUM:
+        return Row("restart", None, r.direction, None,
+                   note=f"no restart: the rank-{r.direction} flow reaches the Bayes loss (μ = {r.rate:.2g} ≈ 0)")
     beyond = "" if r.t_onset is None else f"; the formula puts it at t = {r.t_onset:.4g}"
     return Row("restart", None, r.direction, None, note=f"no restart by t = {t_end:g} (transverse rate μ = {r.rate:.3g}{beyond})")
 

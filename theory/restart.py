@@ -34,7 +34,8 @@ transverse equation (2d + 2k)(m - r), each C O(d² (d + k) r).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
+from enum import Enum
+from typing import Callable
 
 import numpy as np
 from scipy.integrate import solve_ivp
@@ -42,11 +43,29 @@ from scipy.optimize import brentq
 from scipy.linalg import null_space
 
 from theory.manifold import ReducedFlow, ReducedState, project
-from theory.symbolic import MeanFieldTwin
-from theory.transverse import coupling_at, fastest_transverse_mode, transverse_hessian
+from theory.mean_field import MeanFieldChain
+from theory.transverse import TransverseCoupling, fastest_transverse_mode, transverse_hessian
 
-SETTLED = 0.01  # the transverse rate within 1% of its final value: settled
-DEGENERATE_RATE = 1e-8  # μ below this × the largest rate on the way: a degenerate point
+SETTLED = 0.01  # the transverse rate within 1% of its limit: settled
+CONVERGED = 1e-3  # the rate moved less than this (relative) over the last doubling of the reduced flow's reach: its limit
+DEGENERATE_RATE = 1e-8  # μ below this × the largest rate on the way: a degenerate point (or the optimum)
+OPTIMUM_GAP = 1e-6  # a loss within this (relative) of the Bayes loss: the flow has reached the optimum
+FIRST_SPAN = 64.0  # the reduced flow is followed over t_start + FIRST_SPAN × 2^j, j = 0, 1, ...
+REACH_LIMIT = 1e6  # ... until its rate converges, or this far
+SAMPLES_PER_SPAN = 48  # rate evaluations per doubling
+REDUCED_RTOL, REDUCED_ATOL = 1e-8, 1e-12  # the rank-r flows' tolerances (their states are O(1) once condensed)
+TRANSVERSE_METHOD = "DOP853"  # the transverse equation is not stiff: H_T's spectrum is ±σ_i(C), growth as fast as decay
+
+
+class RuleName(str, Enum):
+    """Which rule predicted a restart (``RestartPrediction.rule``)."""
+
+    FORMULA = "formula"
+    BEFORE_SETTLING = "before settling"
+    DEGENERATE = "degenerate"
+    OPTIMUM = "at the optimum"
+    NOT_SETTLED = "not settled"
+    FULL_RANK = "full rank"
 
 
 @dataclass(frozen=True)
@@ -55,10 +74,11 @@ class RestartPrediction:
 
     direction: int
     t_onset: float | None  # the prediction (None: degenerate, or never within reach)
-    rule: str  # "formula", "before settling", "degenerate", "not settled", "full rank" (no direction left)
-    t_integrated: float | None  # the transverse equation integrated to the threshold (None: not by t_end)
-    t_settle: float | None  # when the rank-r flow settled (None: not by t_end)
-    rate: float  # μ = σ_max(C) where the rank-r flow ends (settled or at t_end)
+    rule: RuleName
+    t_integrated: float | None  # the transverse equation followed to the threshold (None: not within reach)
+    t_settle: float | None  # when the rank-r flow settled (None: not within REACH_LIMIT)
+    rate: float  # μ = σ_max(C) at the end of the rank-r flow's reach (where it settled, when it did)
+    t_reach: float  # how far the rank-r flow was followed
     peak_rate: float  # the largest transverse rate met on the way
     amplitude: float | None  # a_s, the transverse W0 amplitude along the fastest mode at t_settle
     t_leading: float | None  # the formula's leading term t_s + log(ℓ / a_s) / μ
@@ -101,112 +121,230 @@ def _sigma(W0: np.ndarray, r: int) -> float:
     return float(values[r]) if r < len(values) else 0.0
 
 
-def propagate_rank(twin: MeanFieldTwin, params, A: np.ndarray, t_start: float, t_end: float,
+@dataclass(frozen=True)
+class ReducedPath:
+    """The rank-r flow from ``t_start``, followed over doubling spans until its transverse rate converges
+    (to a limit that does not depend on any run's horizon), with the rate sampled on the way."""
+
+    segments: list  # consecutive scipy solutions (dense output)
+    ends: np.ndarray  # each segment's end time
+    t: np.ndarray  # times of the rate samples (t_start first)
+    rates: np.ndarray  # σ_max(C) there
+    converged: bool  # the rate reached its limit (or zero: a degenerate point) within REACH_LIMIT
+
+    @property
+    def t_reach(self) -> float:
+        return float(self.ends[-1])
+
+    def y(self, t: float) -> np.ndarray:
+        """The reduced coordinates at t (held at the last state beyond the reach: the flow has settled there)."""
+        index = min(int(np.searchsorted(self.ends, t)), len(self.segments) - 1)
+        return self.segments[index].sol(min(t, self.t_reach))
+
+
+def follow_reduced_flow(reduced_flow: ReducedFlow, state0: ReducedState, t_start: float,
+                        rate_of: Callable[[np.ndarray], float],
+                        enough: Callable[[object, np.ndarray], bool] = lambda segment, rates: False) -> ReducedPath:
+    """Integrate the rank-r flow over t_start + FIRST_SPAN × 2^j until it has converged (over the last
+    doubling σ_max(C) moved less than CONVERGED and stayed within SETTLED of its end value, and the state
+    moved less than CONVERGED relative to its size), σ_max(C) has
+    fallen to zero (degenerate), ``enough(segment, rates so far)`` says so, or REACH_LIMIT is reached.
+    Cost: (2d + 2k) r equations at O(d² r) per evaluation, and SAMPLES_PER_SPAN couplings per span."""
+    segments, ends, times, rates = [], [], [float(t_start)], [rate_of(state0.pack())]
+    y0, t0, span, converged = state0.pack(), float(t_start), FIRST_SPAN, False
+    while not converged and t0 < REACH_LIMIT:
+        t1 = min(float(t_start) + span, REACH_LIMIT)
+        samples = np.geomspace(max(t0 - t_start, 1e-3 * span), t1 - t_start, SAMPLES_PER_SPAN + 1)[1:] + t_start
+        samples[-1] = t1
+        solution = reduced_flow.solve(ReducedState.unpack(y0, reduced_flow.d, reduced_flow.k), samples, t_start=t0,
+                                      rtol=REDUCED_RTOL, atol=REDUCED_ATOL)
+        segments.append(solution)
+        ends.append(t1)
+        segment_rates = [rate_of(y) for y in solution.y.T]
+        times += list(solution.t)
+        rates += segment_rates
+        peak, last = max(rates), segment_rates[-1]
+        if peak > 0 and last <= DEGENERATE_RATE * peak:
+            converged = True
+        elif len(segments) >= 2:
+            # the rate steady over the last doubling, and the state too (near the origin the rate is steady
+            # while the state still grows exponentially)
+            moved = np.abs(np.asarray(segment_rates) - last).max()
+            travelled = np.linalg.norm(solution.y[:, -1] - y0) / np.linalg.norm(solution.y[:, -1])
+            converged = moved <= SETTLED * last and abs(segment_rates[0] - last) <= CONVERGED * last and travelled <= CONVERGED
+        y0, t0, span = solution.y[:, -1], t1, 2.0 * span
+        if enough(solution, np.array([times, rates])):
+            break
+    return ReducedPath(segments, np.array(ends), np.array(times), np.array(rates), converged)
+
+
+def settle_time(path: ReducedPath, rate_of: Callable[[np.ndarray], float]) -> float | None:
+    """The time from which σ_max(C) stays within SETTLED of its limit (refined between samples on the dense
+    output); None where the rate did not converge within reach or fell to zero."""
+    rate, peak = float(path.rates[-1]), float(path.rates.max())
+    if not path.converged or peak == 0 or rate <= DEGENERATE_RATE * peak:
+        return None
+    moving = np.flatnonzero(np.abs(path.rates - rate) > SETTLED * rate)
+    if len(moving) == 0:
+        return float(path.t[0])
+    after = int(moving[-1]) + 1
+    lo, hi = path.t[after - 1], path.t[after]
+    return float(brentq(lambda t: abs(rate_of(path.y(t)) - rate) - SETTLED * rate, lo, hi, xtol=1e-9 * hi))
+
+
+def propagate_rank(chain: MeanFieldChain, params, A: np.ndarray, t_start: float, look: float,
                    threshold: float, grid: np.ndarray) -> RankStage:
-    """Integrate the rank-r flow and the transverse equation from ``params`` at ``t_start``; predict
-    the restart of direction r = A.shape[1] (σ_r(W0) passing ``threshold``)."""
+    """Follow the rank-r flow and the transverse equation from ``params`` at ``t_start``; predict the restart
+    of direction r = A.shape[1] (σ_r(W0) passing ``threshold``). Where the flow settles and when the
+    transverse part crosses are found without reference to ``look``, which only bounds the saved trajectory
+    (``grid`` times up to the crossing or ``look``). Cost: the reduced flow (``follow_reduced_flow``) and the
+    linear transverse equation, (2d + 2k)(m - r) equations at O(d² (m - r + r)) per evaluation."""
     A = np.asarray(A, dtype=float)
     rank, E = A.shape[1], complement(A)
-    k = np.shape(params["W_Q"])[1]
-    d = twin.d
-    times = np.concatenate([[t_start], grid[(grid > t_start) & (grid <= t_end)]])
-    reduced_flow = ReducedFlow(twin, k, rank)
-    reduced_field = reduced_flow.vector_field
-    reduced = reduced_flow.solve(project(params, A), times, t_start=t_start)
-
-    def state_at(t: float) -> ReducedState:
-        return ReducedState.unpack(reduced.sol(t), d, k)
-
+    d, k = chain.d, np.shape(params["W_Q"])[1]
+    reduced_flow = ReducedFlow(chain, k, rank)
     rows, columns = 2 * d + 2 * k, E.shape[1]
 
-    def field(t, z):
-        H = transverse_hessian(coupling_at(twin, state_at(t)))
-        return -(H @ z.reshape(rows, columns)).ravel()
+    def coupling(y: np.ndarray) -> TransverseCoupling:
+        return TransverseCoupling(chain, ReducedState.unpack(y, d, k))
 
-    def jacobian(t, z):
-        return -np.kron(transverse_hessian(coupling_at(twin, state_at(t))), np.eye(columns))
+    def rate_of(y: np.ndarray) -> float:
+        return coupling(y).rate()
 
-    def passes(t, z):
-        return _sigma(assemble(state_at(t), A, z.reshape(rows, columns), E)["W0"], rank) - threshold
+    def state_at(t: float) -> ReducedState:
+        return ReducedState.unpack(path.y(t), d, k)
 
-    passes.terminal = True
+    def transverse_field(C: TransverseCoupling, Z: np.ndarray) -> np.ndarray:
+        """dZ/dt = -H_T Z: (dU, dY) = -(C Y, C^T U), O(d² (m - r))."""
+        return -np.vstack([C.times(Z[d:]), C.transpose_times(Z[:d])])
+
     Z0 = transverse_part(params, E)
-    if columns == 0:  # A spans R^m: nothing is transverse
-        transverse = SimpleNamespace(t=times, y=np.zeros((0, len(times))), t_events=[np.array([])],
-                                     sol=lambda t: np.zeros(0))
-    else:
-        scale = float(np.abs(Z0).max()) or 1.0  # the transverse part starts at the initial scale and does not shrink much
-        transverse = solve_ivp(field, (t_start, float(times[-1])), Z0.ravel(), method="LSODA", t_eval=times, events=passes,
-                               jac=jacobian, dense_output=True, rtol=1e-8, atol=1e-9 * scale)
-        if transverse.status == -1:
-            raise RuntimeError(f"the transverse equation failed: {transverse.message}")
-    crossing = transverse.t_events[0]
-    t_integrated = float(crossing[0]) if len(crossing) else None
+    full_rank = columns == 0 or not np.isfinite(threshold)
+    scale = float(np.abs(Z0).max(initial=0.0)) or 1.0  # the transverse part starts at the initial scale and does not shrink much
+    pieces, crossings = [], []  # the transverse equation, integrated segment by segment alongside the reduced flow
 
-    # the transverse rate along the whole rank-r flow (to t_end), and where it settles
-    def rate_at(y: np.ndarray) -> float:
-        return float(np.linalg.svd(coupling_at(twin, ReducedState.unpack(y, d, k)), compute_uv=False)[0])
+    def transverse_over(segment, samples: np.ndarray) -> bool:
+        """Integrate the transverse equation over the reduced flow's new segment; enough once it crosses (the
+        flow has not converged by then: the restart comes before settling), or, at full rank, at ``look``."""
+        if full_rank:
+            return segment.t[-1] >= look
+        if not crossings:
+            def field(t, z):
+                C = TransverseCoupling(chain, ReducedState.unpack(segment.sol(t), d, k))
+                return transverse_field(C, z.reshape(rows, columns)).ravel()
 
-    rates = np.array([rate_at(y) for y in reduced.y.T])
-    rate, peak = float(rates[-1]), float(rates.max())
-    t_settle = None
-    if peak > 0 and rate > DEGENERATE_RATE * peak:
-        moving = np.flatnonzero(np.abs(rates - rate) > SETTLED * rate)
-        first_settled = 0 if len(moving) == 0 else int(moving[-1]) + 1
-        if 0 < first_settled < len(times) - 1:  # refine between the save times on the dense output
-            t_settle = float(brentq(lambda t: abs(rate_at(reduced.sol(t)) - rate) - SETTLED * rate,
-                                    times[first_settled - 1], times[first_settled], xtol=1e-9 * times[first_settled]))
-        elif first_settled == 0:
-            t_settle = float(times[0])
+            def passes(t, z):
+                return _sigma(assemble(ReducedState.unpack(segment.sol(t), d, k), A, z.reshape(rows, columns), E)["W0"],
+                              rank) - threshold
+
+            passes.terminal = True
+            z0 = Z0.ravel() if not pieces else pieces[-1].sol(pieces[-1].t[-1])
+            piece = solve_ivp(field, (segment.sol.t_min, segment.sol.t_max), z0, method=TRANSVERSE_METHOD, events=passes,
+                              dense_output=True, rtol=1e-8, atol=1e-9 * scale)
+            if piece.status == -1:
+                raise RuntimeError(f"the transverse equation failed: {piece.message}")
+            pieces.append(piece)
+            crossings.extend(float(t) for t in piece.t_events[0][:1])
+        return bool(crossings)  # crossed while the flow still moves: the rule for what comes first
+
+    path = follow_reduced_flow(reduced_flow, project(params, A), t_start, rate_of, transverse_over)
+    t_settle = settle_time(path, rate_of)
+    rate, peak = float(path.rates[-1]), float(path.rates.max())
+    t_integrated = crossings[0] if crossings else None
+    piece_ends = np.array([piece.t[-1] for piece in pieces])
+
+    def integrated_at(t: float) -> np.ndarray:
+        piece = pieces[min(int(np.searchsorted(piece_ends, t)), len(pieces) - 1)]
+        return piece.sol(min(t, piece.t[-1])).reshape(rows, columns)
+
+    # past the reduced flow's reach it has settled: H_T is frozen there and Z follows exp(-τ H_T) in closed form
+    frozen = None
+    if not full_rank and t_integrated is None and path.converged and rate > DEGENERATE_RATE * peak:
+        frozen = FrozenTransverse.at(coupling(path.y(path.t_reach)), integrated_at(path.t_reach), path.t_reach)
+        tau = settled_crossing(state_at(path.t_reach), A, E, frozen, rank, threshold, rate)
+        t_integrated = None if tau is None else path.t_reach + tau
 
     amplitude = t_leading = None
-    if columns == 0 or not np.isfinite(threshold):
-        rule, t_onset = "full rank", None
+    if full_rank:
+        rule, t_onset = RuleName.FULL_RANK, None
     elif peak == 0 or rate <= DEGENERATE_RATE * peak:
-        rule, t_onset = "degenerate", None
+        # C -> 0 either at a degenerate critical point or because the rank-r flow reaches the Bayes loss
+        excess_loss = reduced_flow.loss(state_at(path.t_reach)) - chain.bayes_loss()
+        rule = RuleName.OPTIMUM if excess_loss <= OPTIMUM_GAP * chain.bayes_loss() else RuleName.DEGENERATE
+        t_onset = None
     elif t_integrated is not None and (t_settle is None or t_integrated <= t_settle):
-        rule, t_onset = "before settling", t_integrated
+        rule, t_onset = RuleName.BEFORE_SETTLING, t_integrated
     elif t_settle is None:
-        rule, t_onset = "not settled", None
+        rule, t_onset = RuleName.NOT_SETTLED, None
     else:
         settled_state = state_at(t_settle)
-        C = coupling_at(twin, settled_state)
+        C = coupling(path.y(t_settle))
         mode = fastest_transverse_mode(C)
-        Z_settle = transverse.sol(t_settle).reshape(rows, columns)
+        Z_settle = integrated_at(t_settle)
         basis = np.linalg.svd(settled_state.Gamma, full_matrices=True)[0]
         off_open = basis[:, rank:] @ basis[:, rank:].T
         amplitude = float(np.linalg.norm(mode.direction @ Z_settle) * np.linalg.norm(off_open @ mode.u))
         t_leading = t_settle + float(np.log(threshold / amplitude)) / rate
-        t_onset = settled_crossing(settled_state, A, E, Z_settle, transverse_hessian(C), rank, threshold, rate)
-        rule, t_onset = "formula", None if t_onset is None else t_settle + t_onset
+        tau = settled_crossing(settled_state, A, E, FrozenTransverse.at(C, Z_settle, t_settle), rank, threshold, rate)
+        rule, t_onset = RuleName.FORMULA, None if tau is None else t_settle + tau
 
-    kept = transverse.t
-    if t_integrated is not None:
+    # the saved trajectory: the grid up to the crossing (or ``look``), and the crossing itself
+    stop = min(look, t_integrated) if t_integrated is not None else look
+    kept = np.concatenate([[t_start], grid[(grid > t_start) & (grid <= stop)]])
+    if t_integrated is not None and t_integrated <= look:
         kept = np.append(kept, t_integrated)
-        Z_path = np.vstack([transverse.y.T, transverse.y_events[0][0][None]])
-    else:
-        Z_path = transverse.y.T
-    full = [assemble(state_at(t), A, z.reshape(rows, columns), E) for t, z in zip(kept, Z_path)]
-    # assemble is linear in (coordinates, Z), so the predicted velocity is assemble of their fields
-    speeds = [assemble(ReducedState.unpack(reduced_field(t, reduced.sol(t)), d, k), A, field(t, z).reshape(rows, columns), E)
-              for t, z in zip(kept, Z_path)]
+
+    def transverse_at(t: float) -> np.ndarray:
+        if full_rank:
+            return np.zeros((rows, columns))
+        if frozen is not None and t > path.t_reach:
+            return frozen.at_time(t)
+        return integrated_at(t)
+
+    full, speeds = [], []
+    for t in kept:
+        y, Z = path.y(t), transverse_at(t)
+        full.append(assemble(ReducedState.unpack(y, d, k), A, Z, E))
+        # assemble is linear in (coordinates, Z), so the predicted velocity is assemble of their fields
+        moving = reduced_flow.vector_field(t, y) if t <= path.t_reach else np.zeros_like(y)
+        speeds.append(assemble(ReducedState.unpack(moving, d, k), A,
+                               transverse_field(coupling(y), Z) if columns else Z, E))
     stacked = {name: np.stack([p[name] for p in full]) for name in full[0]}
     velocity = {name: np.stack([v[name] for v in speeds]) for name in speeds[0]}
-    restart = RestartPrediction(rank, t_onset, rule, t_integrated, t_settle, rate, peak, amplitude, t_leading, threshold)
-    return RankStage(rank, A, np.asarray(kept), stacked, velocity, restart)
+    restart = RestartPrediction(rank, t_onset, rule, t_integrated, t_settle, rate, path.t_reach, peak, amplitude, t_leading,
+                                threshold)
+    return RankStage(rank, A, kept, stacked, velocity, restart)
 
 
+@dataclass(frozen=True)
+class FrozenTransverse:
+    """Z(t0 + τ) = exp(-τ H_T) Z(t0) = W e^{-τΛ} W^T Z(t0) at a frozen point (H_T = W Λ W^T, one dense
+    symmetric eigendecomposition, O((2d + 2k)³))."""
 
-def settled_crossing(state: ReducedState, A: np.ndarray, E: np.ndarray, Z: np.ndarray, H_T: np.ndarray, rank: int,
+    values: np.ndarray
+    vectors: np.ndarray
+    coefficients: np.ndarray  # W^T Z(t0)
+    t0: float
+
+    @staticmethod
+    def at(C: TransverseCoupling, Z: np.ndarray, t0: float) -> "FrozenTransverse":
+        values, vectors = np.linalg.eigh(transverse_hessian(C.dense()))
+        return FrozenTransverse(values, vectors, vectors.T @ Z, float(t0))
+
+    def after(self, tau: float) -> np.ndarray:
+        return self.vectors @ (np.exp(-tau * self.values)[:, None] * self.coefficients)
+
+    def at_time(self, t: float) -> np.ndarray:
+        return self.after(t - self.t0)
+
+
+def settled_crossing(state: ReducedState, A: np.ndarray, E: np.ndarray, frozen: FrozenTransverse, rank: int,
                      threshold: float, rate: float, decades: float = 12.0) -> float | None:
-    """The first τ at which σ_r(W0) of Z(τ) = exp(-τ H_T) Z passes ``threshold`` at the frozen settled point
+    """The first τ at which σ_r(W0) of Z(τ) = exp(-τ H_T) Z passes ``threshold`` at the frozen point
     (None if not within ``decades`` e-folds of the fastest rate, 10^decades in amplitude)."""
-    values, vectors = np.linalg.eigh(H_T)
-    coefficients = vectors.T @ Z
 
     def excess(tau: float) -> float:
-        moved = vectors @ (np.exp(-tau * values)[:, None] * coefficients)
-        return _sigma(assemble(state, A, moved, E)["W0"], rank) - threshold
+        return _sigma(assemble(state, A, frozen.after(tau), E)["W0"], rank) - threshold
 
     taus = np.concatenate([[0.0], np.geomspace(1e-3, decades * np.log(10.0), 400) / rate])
     signs = np.array([excess(tau) for tau in taus]) > 0

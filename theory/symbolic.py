@@ -148,24 +148,6 @@ def parameter_chain_rule() -> ChainRule:
     )
 
 
-def closed_form_map_gradients(Phi: np.ndarray, M: np.ndarray, pi: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(G_Φ, G_M) = (∂L/∂Φ, ∂L/∂M) in closed form, O(d³), for the reduced flows' many evaluations:
-    with A = softmax(Φ + log π), Z = A M, E = diag(π) (softmax(Z) - P) and F = E M^T,
-
-        G_M = A^T E,   G_Φ = A ⊙ (F - rowsum(A ⊙ F)).
-
-    ``MeanFieldTwin.gradient_of_maps`` (sympy's row gradients) is its check."""
-    logits = Phi + np.log(pi)[None, :]
-    A = np.exp(logits - logits.max(axis=1, keepdims=True))
-    A /= A.sum(axis=1, keepdims=True)
-    Z = A @ M
-    S = np.exp(Z - Z.max(axis=1, keepdims=True))
-    S /= S.sum(axis=1, keepdims=True)
-    E = pi[:, None] * (S - P)
-    F = E @ M.T
-    return A * (F - np.sum(A * F, axis=1, keepdims=True)), A.T @ E
-
-
 def _as_arrays(params) -> list[np.ndarray]:
     return [np.asarray(params[name], dtype=float) for name in PARAMETER_NAMES]
 

@@ -56,11 +56,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import sympy as sp
+from scipy.sparse.linalg import LinearOperator, svds
 
 from flowsim.losses import expected_cross_entropy, mean_field_attention
 from theory.focus import focus_orbit_start
 from theory.manifold import ReducedFlow, ReducedState, _BLOCKS
-from theory.symbolic import MeanFieldTwin, closed_form_map_gradients
+from theory.mean_field import MeanFieldChain
 
 
 # ---------------------------------------------------------------------------------
@@ -102,10 +103,53 @@ def transverse_hessian(C: np.ndarray) -> np.ndarray:
     return np.block([[np.zeros((d, d)), C], [C.T, np.zeros((rest, rest))]])
 
 
-def coupling_at(twin: MeanFieldTwin, state: ReducedState) -> np.ndarray:
-    """C at a point of the rank-r manifold of the twin's chain."""
-    Phi, M = state.Gamma @ state.Q.T @ state.R @ state.Gamma.T, state.Gamma @ state.B.T
-    return transverse_coupling(*closed_form_map_gradients(Phi, M, twin.pi, twin.P), state)
+class TransverseCoupling:
+    """C = [G_M | G_Φ Γ R^T | G_Φ^T Γ Q^T] at a point of a rank-r manifold, kept factored (G_M = A^T E):
+    products with C and C^T cost O(d² c) for c columns, the dense C O(d³)."""
+
+    DENSE_UP_TO = 400  # vocabulary sizes up to which σ_max(C) comes from a dense SVD (cheaper than iterating)
+
+    def __init__(self, chain: MeanFieldChain, state: ReducedState):
+        self.gradients = chain.factored(state.Gamma, state.Q.T @ state.R, state.B)
+        G_Phi = self.gradients.G_Phi
+        self.query_part = G_Phi @ state.Gamma @ state.R.T  # d x k
+        self.key_part = G_Phi.T @ state.Gamma @ state.Q.T  # d x k
+        self.d, self.k = chain.d, state.Q.shape[0]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.d, self.d + 2 * self.k
+
+    def times(self, Y: np.ndarray) -> np.ndarray:
+        """C Y for Y of d + 2k rows."""
+        d, k = self.d, self.k
+        return self.gradients.G_M_times(Y[:d]) + self.query_part @ Y[d:d + k] + self.key_part @ Y[d + k:]
+
+    def transpose_times(self, U: np.ndarray) -> np.ndarray:
+        """C^T U for U of d rows."""
+        return np.concatenate([self.gradients.G_M_transpose_times(U), self.query_part.T @ U, self.key_part.T @ U])
+
+    def dense(self) -> np.ndarray:
+        return np.hstack([self.gradients.G_M(), self.query_part, self.key_part])
+
+    def top(self) -> tuple[float, np.ndarray, np.ndarray]:
+        """(σ_max(C), left and right singular vectors): a dense SVD up to ``DENSE_UP_TO``, Lanczos
+        (``scipy.sparse.linalg.svds`` on the products, O(d²) per iteration) beyond."""
+        if self.d <= self.DENSE_UP_TO:
+            left, values, right_t = np.linalg.svd(self.dense())
+            return float(values[0]), left[:, 0], right_t[0]
+        operator = LinearOperator(self.shape, matvec=lambda y: self.times(y.reshape(-1, 1)).ravel(),
+                                  rmatvec=lambda u: self.transpose_times(u.reshape(-1, 1)).ravel(), dtype=float)
+        left, values, right_t = svds(operator, k=1, tol=1e-12, random_state=0)
+        return float(values[0]), left[:, 0], right_t[0]
+
+    def rate(self) -> float:
+        return self.top()[0]
+
+
+def coupling_at(chain: MeanFieldChain, state: ReducedState) -> np.ndarray:
+    """C formed, at a point of the rank-r manifold of the chain (O(d³): for checks)."""
+    return TransverseCoupling(chain, state).dense()
 
 
 @dataclass(frozen=True)
@@ -117,10 +161,10 @@ class TransverseMode:
     u: np.ndarray  # its W0 part ā/√2 (d,)
 
 
-def fastest_transverse_mode(C: np.ndarray) -> TransverseMode:
-    left, values, right_t = np.linalg.svd(C)
-    direction = np.concatenate([left[:, 0], -right_t[0]]) / np.sqrt(2.0)
-    return TransverseMode(float(values[0]), direction, left[:, 0] / np.sqrt(2.0))
+def fastest_transverse_mode(coupling: TransverseCoupling) -> TransverseMode:
+    rate, left, right = coupling.top()
+    direction = np.concatenate([left, -right]) / np.sqrt(2.0)
+    return TransverseMode(rate, direction, left / np.sqrt(2.0))
 
 
 # ---------------------------------------------------------------------------------
@@ -220,9 +264,9 @@ def settled_by_integration(pi: np.ndarray, P: np.ndarray, t_settle_over_mu: floa
                            amplitude: float = 1e-6) -> tuple[np.ndarray, float]:
     """The rank-one flow from the condensed point along the unstable attention vector (the focus
     orbit), integrated for ``t_settle_over_mu`` / μ2: (γ, β, q) balanced, and sign(q·r)."""
-    twin = MeanFieldTwin(pi, P)
-    start, h = focus_orbit_start(twin, np.sqrt(2.0) * amplitude)
-    end = ReducedFlow(twin, k=1).solve(start, np.array([t_settle_over_mu / abs(h)]), rtol=1e-10, atol=1e-14)
+    chain = MeanFieldChain(pi, P)
+    start, h = focus_orbit_start(chain, np.sqrt(2.0) * amplitude)
+    end = ReducedFlow(chain, k=1).solve(start, np.array([t_settle_over_mu / abs(h)]), rtol=1e-10, atol=1e-14)
     state = ReducedState.unpack(end.y[:, -1], len(pi), 1)
     phi = float(state.Q[0, 0] * state.R[0, 0])
     return np.concatenate([state.Gamma[:, 0], state.B[:, 0], [np.sqrt(abs(phi))]]), float(np.sign(phi))

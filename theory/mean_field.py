@@ -1,0 +1,113 @@
+"""The mean-field loss of the one-layer model in closed form, at any vocabulary size.
+
+The loss factors through the two d x d maps Φ = W0 W_Q W_K^T W0^T and M = W0 W1. With
+
+    A = softmax(Φ + log π) (row by row),   Z = A M,   E = diag(π) (softmax(Z) - P),   F = E M^T,
+
+    L   = Σ_i π_i (logsumexp(Z_i) - P_i · Z_i),
+    G_M = ∂L/∂M = A^T E,
+    G_Φ = ∂L/∂Φ = A ⊙ (F - rowsum(A ⊙ F) 1^T).
+
+``theory.symbolic`` derives the same row by row with sympy (d <= 5): there they are checked.
+
+On the rank-r manifolds (``theory.manifold``) the maps come factored, Φ = Γ K Γ^T with the
+r x r core K = Q^T R and M = Γ B^T, and nothing of cost d³ is formed: Z = (A Γ) B^T,
+F = (E B) Γ^T, and G_M enters only through products G_M X = A^T (E X) and G_M^T Y = E^T (A Y).
+One evaluation is O(d² r) (plus O(d² c) per product with c columns): a handful of d x d arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _softmax_rows(logits: np.ndarray) -> np.ndarray:
+    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return weights / weights.sum(axis=1, keepdims=True)
+
+
+def _logsumexp_rows(logits: np.ndarray) -> np.ndarray:
+    top = logits.max(axis=1)
+    return top + np.log(np.exp(logits - top[:, None]).sum(axis=1))
+
+
+@dataclass(frozen=True)
+class FactoredGradients:
+    """(G_Φ, G_M) at a point of a rank-r manifold, with G_M kept as the pair (A, E): G_M = A^T E."""
+
+    A: np.ndarray  # d x d attention
+    E: np.ndarray  # d x d, diag(π)(softmax(Z) - P)
+    G_Phi: np.ndarray  # d x d
+    loss: float
+
+    def G_M_times(self, X: np.ndarray) -> np.ndarray:
+        """G_M X = A^T (E X), O(d² c) for c columns."""
+        return self.A.T @ (self.E @ X)
+
+    def G_M_transpose_times(self, Y: np.ndarray) -> np.ndarray:
+        """G_M^T Y = E^T (A Y), O(d² c)."""
+        return self.E.T @ (self.A @ Y)
+
+    def G_M(self) -> np.ndarray:
+        """G_M formed, O(d³): for a dense SVD of the transverse coupling at small d."""
+        return self.A.T @ self.E
+
+
+class MeanFieldChain:
+    """The mean-field loss of one chain (π, P) and its gradient in the maps, in closed form."""
+
+    def __init__(self, pi: np.ndarray, P: np.ndarray):
+        self.pi, self.P = np.asarray(pi, dtype=float), np.asarray(P, dtype=float)
+        if np.any(self.pi <= 0):
+            raise ValueError(f"the mean-field loss needs π > 0 for every token, got min π = {self.pi.min():g}")
+        self.d = len(self.pi)
+        self.log_pi = np.log(self.pi)
+
+    def bayes_loss(self) -> float:
+        """Σ_i π_i H(P_i): the infimum of L (the logits log P_i), O(d²)."""
+        safe = np.where(self.P > 0, self.P, 1.0)
+        return float(-self.pi @ np.sum(self.P * np.log(safe), axis=1))
+
+    def loss_of_maps(self, Phi: np.ndarray, M: np.ndarray) -> float:
+        """L(Φ, M), O(d³) (dense M)."""
+        Z = _softmax_rows(Phi + self.log_pi[None, :]) @ M
+        return float(self.pi @ (_logsumexp_rows(Z) - np.sum(self.P * Z, axis=1)))
+
+    def gradient_of_maps(self, Phi: np.ndarray, M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(G_Φ, G_M) = (∂L/∂Φ, ∂L/∂M) for dense maps, O(d³)."""
+        A = _softmax_rows(Phi + self.log_pi[None, :])
+        Z = A @ M
+        E = self.pi[:, None] * (_softmax_rows(Z) - self.P)
+        F = E @ M.T
+        return A * (F - np.sum(A * F, axis=1, keepdims=True)), A.T @ E
+
+    def factored(self, Gamma: np.ndarray, core: np.ndarray, B: np.ndarray) -> FactoredGradients:
+        """The gradients and the loss at Φ = Γ K Γ^T, M = Γ B^T (Γ, B: d x r; K: r x r), O(d² r)."""
+        A = _softmax_rows((Gamma @ core) @ Gamma.T + self.log_pi[None, :])
+        Z = (A @ Gamma) @ B.T
+        E = self.pi[:, None] * (_softmax_rows(Z) - self.P)
+        F = (E @ B) @ Gamma.T
+        loss = float(self.pi @ (_logsumexp_rows(Z) - np.sum(self.P * Z, axis=1)))
+        return FactoredGradients(A, E, A * (F - np.sum(A * F, axis=1, keepdims=True)), loss)
+
+
+def origin_rate(pi: np.ndarray) -> float:
+    """μ1 = ‖π‖ ‖π - u‖, the growth rate at θ = 0 (``theory.origin`` derives it with sympy), O(d)."""
+    pi = np.asarray(pi, dtype=float)
+    return float(np.linalg.norm(pi) * np.linalg.norm(pi - 1.0 / len(pi)))
+
+
+def condensed_point(pi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(γ*, β*): where the condensation orbit ends, softmax((π·γ) β) = π with Σβ = 0, ‖γ‖ = ‖β‖, γ ∥ π:
+
+        γ* = g π̂,   β* = ℓ / (g ‖π‖),   ℓ = log π - mean(log π),   g² = ‖ℓ‖ / ‖π‖      (O(d);
+    ``theory.focus.condensed_point_expressions`` solves the same equations with sympy)."""
+    pi = np.asarray(pi, dtype=float)
+    if np.any(pi <= 0):
+        raise ValueError(f"the condensed point needs π > 0 everywhere, got min π = {pi.min():g}")
+    ell = np.log(pi) - np.mean(np.log(pi))
+    norm_pi = np.linalg.norm(pi)
+    g = np.sqrt(np.linalg.norm(ell) / norm_pi)
+    return g * pi / norm_pi, ell / (g * norm_pi)
