@@ -119,14 +119,14 @@ def predict(
 ) -> None:
     """Print the theory's predicted stage onsets for a configuration (mean-field one-layer model)."""
     from flowsim.config import ConfigError, load_config
-    from theory.predict import predict_run, table
+    from theory.predict import cached_prediction, table
 
     try:
-        prediction = predict_run(load_config(config, set_), progress=_progress)
+        prediction = cached_prediction(load_config(config, set_), progress=_progress)
     except ConfigError as error:
         _fail(str(error))
     typer.echo(table(prediction.rows, measured=False))
-    typer.echo(prediction.constants())
+    typer.echo(prediction.constants)
 
 
 @app.command()
@@ -147,7 +147,7 @@ def compare(run_dir: Path = typer.Argument(..., help="A run directory written by
     if note:
         typer.echo(note)
     typer.echo(table(rows))
-    typer.echo(prediction.constants())
+    typer.echo(prediction.constants)
     typer.echo(f"written: {run_dir / COMPARE_JSON}")
 
 

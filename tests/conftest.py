@@ -1,7 +1,13 @@
 """Shared fixtures: the paper chain and model, and one compiled default flow per session."""
 
+import os
+import tempfile
+
 import numpy as np
 import pytest
+
+# predictions are cached per user; the tests keep theirs apart, in a folder of this session
+os.environ["FLOWSIM_PREDICTION_CACHE"] = tempfile.mkdtemp(prefix="flowsim-predictions-")
 
 import flowsim
 from flowsim.flow import GradientFlow

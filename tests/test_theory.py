@@ -221,7 +221,10 @@ def test_predict_and_compare_commands(tmp_path):
     stages = json.loads((run_dir / "stages.json").read_text())["intervals"]
     assert {row["stage"] for row in rows} >= {"condensation", "focus"}
     for row in rows:
-        assert set(row) == {"stage", "query", "direction", "predicted", "measured", "rel_error", "note"}
+        assert set(row) == {"stage", "query", "direction", "predicted", "measured", "rel_error", "note", "resolution"}
+        assert (row["resolution"] is None) == (row["measured"] is None) or row["measured"] >= 1000, row
+        if row["resolution"] is not None:  # the save grid's spacing at the measured time
+            assert 0 < row["resolution"] < 0.2, row
         # the measured time is the detectors' own (stages.json): condensation's end, every other onset
         matching = [interval for interval in stages if interval["stage"] == row["stage"]
                     and interval["query"] == row["query"] and interval["direction"] == row["direction"]]
@@ -240,6 +243,9 @@ def test_predict_and_compare_commands(tmp_path):
     assert by_stage["focus", 0, None]["rel_error"] < 0.05
     assert by_stage["restart", None, 1]["rel_error"] < 0.05
     assert by_stage["dilution", 0, None]["rel_error"] < 0.05  # Stage III on the rank-two manifold
+    again = runner.invoke(app, ["compare", str(run_dir)])  # the prediction is not made twice
+    assert again.exit_code == 0 and "prediction read from the cache" in again.output, again.output
+    assert json.loads((run_dir / "compare.json").read_text())["rows"] == rows
     bad = runner.invoke(app, ["predict", "--set", "loss.kind='finite'", "--set", "loss.s=8"])
     assert bad.exit_code == 2 and "mean_field" in bad.output
     two_layer = runner.invoke(app, ["predict", "--set", "model.kind='two_layer'"])

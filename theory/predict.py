@@ -22,18 +22,22 @@ the formula puts beyond the horizon).
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+import flowsim
 from flowsim.config import ConfigError, RunConfig, load_config
 from flowsim.experiment import label_run, prepare
-from flowsim.rundir import CONFIG_FILE
+from flowsim.rundir import CONFIG_FILE, load_run
 from flowsim.stages import StageReport, StageThresholds, subject_label
-from flowsim.io import write_atomic_json
-from theory.cycles import CyclePrediction, dilution_mechanism, predict_cycles
+from flowsim.io import DamagedFileError, file_digest, read_json, write_atomic_json
+from theory.cycles import POINTS_PER_DECADE, CyclePrediction, dilution_mechanism, predict_cycles
 from theory.focus import FocusPrediction, predict_focus
 from theory.origin import CondensationPrediction, predict_condensation
 from theory.restart import REACH_LIMIT, RestartPrediction, RuleName
@@ -55,6 +59,7 @@ class Row:
     measured: float | None = None
     rel_error: float | None = None
     note: str = ""
+    resolution: float | None = None  # the run's save-time spacing at the measured time, relative: the grid's own error
 
 
 @dataclass(frozen=True)
@@ -181,39 +186,109 @@ def measured_time(report: StageReport, row: Row) -> float | None:
     return None if not found else found[0].t_start
 
 
-def compared_rows(predicted: list[Row], report: StageReport) -> list[Row]:
-    """Each predicted row with its measured time, then the first occurrence of every measured
-    (stage, query, direction) that no row predicts."""
+def grid_resolution(times: np.ndarray, t: float) -> float | None:
+    """(t_n - t_{n-1}) / t for the save times t_{n-1} <= t < t_n around ``t`` (None outside the grid)."""
+    n = int(np.searchsorted(times, t, side="right"))
+    return None if n == 0 or n >= len(times) else float((times[n] - times[n - 1]) / t)
+
+
+def compared_rows(predicted: list[Row], report: StageReport, times: np.ndarray | None = None) -> list[Row]:
+    """Each predicted row with its measured time (and, given the run's save ``times``, the grid's
+    resolution there), then the first occurrence of every measured (stage, query, direction) that no
+    row predicts."""
+    def resolution(measured: float | None) -> float | None:
+        return None if measured is None or times is None else grid_resolution(np.asarray(times), measured)
+
     rows = []
     for row in predicted:
         measured = measured_time(report, row)
         error = None if measured is None or row.predicted is None else abs(row.predicted - measured) / measured
         note = row.note or (NOT_MEASURED if measured is None else "")
-        rows.append(Row(row.stage, row.query, row.direction, row.predicted, measured, error, note))
+        rows.append(Row(row.stage, row.query, row.direction, row.predicted, measured, error, note, resolution(measured)))
     covered = {(row.stage, row.query, row.direction) for row in rows}
     for interval in report.intervals:
         key = (interval.stage, interval.query, interval.direction)
         if key not in covered:
             covered.add(key)
             time = interval.t_end if interval.stage == "condensation" else interval.t_start
-            rows.append(Row(*key, None, time, None, NOT_PREDICTED))
+            rows.append(Row(*key, None, time, None, NOT_PREDICTED, resolution(time)))
     return rows
 
 
-def compare_run(run_dir: Path, progress: Callable[[str], None] = _quiet) -> tuple[list[Row], Prediction]:
-    """Predicted beside measured for a run directory; writes compare.json there."""
+@dataclass(frozen=True)
+class PredictionSummary:
+    """What ``predict`` prints and ``compare`` needs: the rows and the constants' text (kept in a cache)."""
+
+    rows: list[Row]
+    constants: str
+    t_end: float
+
+    def to_json(self) -> dict:
+        return {"rows": [asdict(row) for row in self.rows], "constants": self.constants, "t_end": self.t_end}
+
+    @staticmethod
+    def from_json(payload: dict) -> "PredictionSummary":
+        return PredictionSummary([Row(**row) for row in payload["rows"]], payload["constants"], float(payload["t_end"]))
+
+
+CACHE_VERSION = 1  # bump when the theory's numbers change
+
+
+def prediction_cache_dir() -> Path | None:
+    """FLOWSIM_PREDICTION_CACHE: a directory, or "off"; by default the user's cache directory."""
+    chosen = os.environ.get("FLOWSIM_PREDICTION_CACHE")
+    if chosen is not None:
+        return None if chosen.strip().lower() in ("", "off", "0", "false") else Path(chosen)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flowsim" / "predictions"
+
+
+def prediction_key(config: RunConfig) -> str:
+    """A digest of everything the prediction depends on: chain, model, init (and its file's bytes), loss,
+    flow, the horizon, the code's version."""
+    sections = config.to_dict()
+    relevant = {name: sections.get(name) for name in ("chain", "model", "init", "loss", "flow")}
+    relevant["t_end"] = float(config.time.t_end)
+    relevant["versions"] = [flowsim.__version__, CACHE_VERSION]
+    if config.init.file is not None:
+        relevant["init_file"] = file_digest(Path(config.init.file))
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def cached_prediction(config: RunConfig, progress: Callable[[str], None] = _quiet) -> PredictionSummary:
+    """``predict_run``'s rows and constants, from the cache when the same prediction was made before."""
+    folder = prediction_cache_dir()
+    path = None if folder is None else folder / f"{prediction_key(config)}.json"
+    if path is not None and path.exists():
+        try:
+            summary = PredictionSummary.from_json(read_json(path))
+            progress(f"prediction read from the cache ({path})")
+            return summary
+        except (DamagedFileError, KeyError, TypeError, ValueError):
+            pass  # a damaged cache entry is recomputed
+    prediction = predict_run(config, progress)
+    summary = PredictionSummary(prediction.rows, prediction.constants(), prediction.t_end)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic_json(path, summary.to_json())
+        except OSError as error:
+            progress(f"prediction not cached ({error})")
+    return summary
+
+
+def compare_run(run_dir: Path, progress: Callable[[str], None] = _quiet) -> tuple[list[Row], PredictionSummary]:
+    """Predicted beside measured for a run directory (the prediction cached); writes compare.json there."""
     run_dir = Path(run_dir)
     config = load_config(run_dir / CONFIG_FILE)
-    prediction = predict_run(config, progress)
-    rows = compared_rows(prediction.rows, label_run(run_dir))
-    payload = {"rows": [asdict(row) for row in rows]}
-    write_atomic_json(run_dir / COMPARE_JSON, payload)
-    return rows, prediction
+    summary = cached_prediction(config, progress)
+    rows = compared_rows(summary.rows, label_run(run_dir), load_run(run_dir).trajectory.t)
+    write_atomic_json(run_dir / COMPARE_JSON, {"rows": [asdict(row) for row in rows]})
+    return rows, summary
 
 
 def table(rows: list[Row], measured: bool = True) -> str:
-    """Predicted (and, when ``measured``, measured and relative error) per row."""
-    header = f"{'stage':13} {'q/dir':6} {'predicted':>10}" + (f" {'measured':>10} {'rel.err':>8}" if measured else "")
+    """Predicted (and, when ``measured``, measured, relative error and the save grid's resolution there) per row."""
+    header = f"{'stage':13} {'q/dir':6} {'predicted':>10}" + (f" {'measured':>10} {'rel.err':>8} {'grid':>6}" if measured else "")
     lines = [header]
     for row in rows:
         predicted = "-" if row.predicted is None else f"{row.predicted:.4g}"
@@ -221,7 +296,12 @@ def table(rows: list[Row], measured: bool = True) -> str:
         if measured:
             value = "-" if row.measured is None else f"{row.measured:.4g}"
             error = "-" if row.rel_error is None else f"{100 * row.rel_error:.1f}%"
-            line += f" {value:>10} {error:>8}"
+            grid = "-" if row.resolution is None else f"{100 * row.resolution:.1f}%"
+            line += f" {value:>10} {error:>8} {grid:>6}"
         note = row.note if measured or row.note not in (NOT_MEASURED, NOT_PREDICTED) else ""
         lines.append(line + (f"  {note}" if note else ""))
+    if measured:
+        lines.append("grid: the run's save-time spacing at the measured time (relative): a detector's time moves by up to "
+                     "about that much with the save grid; the prediction is on its own grid of "
+                     f"{POINTS_PER_DECADE} times per decade")
     return "\n".join(lines)

@@ -1,0 +1,134 @@
+"""The theory at any vocabulary size: closed forms against sympy and autodiff, and predictions that do not
+move with the horizon."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sympy as sp
+from conftest import random_chain
+
+import flowsim
+from flowsim.config import load_config
+from flowsim.losses import expected_cross_entropy, mean_field_attention
+from flowsim.observables import compute_observables, stage_observables
+from flowsim.trajectory import Trajectory
+from theory.focus import condensed_point_expressions
+from theory.manifold import ReducedFlow, ReducedState, compiled_reduced_flow
+from theory.mean_field import MeanFieldChain, condensed_point, origin_rate
+from theory.origin import mu1_expression
+from theory.predict import AFTER_HORIZON, predict_run
+from theory.transverse import TransverseCoupling
+
+
+def random_state(d, k, rank, seed, scale=0.5):
+    rng = np.random.default_rng(seed)
+    return ReducedState(*(scale * rng.standard_normal(shape) for shape in ((d, rank), (d, rank), (k, rank), (k, rank))))
+
+
+@pytest.mark.parametrize("d", [2, 3, 4])
+def test_closed_forms_are_the_sympy_solutions(d):
+    pi = np.sort(np.random.default_rng(d).dirichlet(np.ones(d)))[::-1]
+    symbols, _, gamma, beta = condensed_point_expressions(d)
+    values = dict(zip(symbols, pi))
+    got_gamma, got_beta = condensed_point(pi)
+    np.testing.assert_allclose(got_gamma, [float(x.subs(values)) for x in gamma], rtol=1e-12)
+    np.testing.assert_allclose(got_beta, [float(x.subs(values)) for x in beta], rtol=1e-12, atol=1e-14)
+    free = sp.Matrix(list(mu1_expression(d).free_symbols)).T
+    at = {s: pi[int(str(s)[2:])] for s in free}
+    assert origin_rate(pi) == pytest.approx(float(mu1_expression(d).subs(at)), rel=1e-12)
+
+
+def test_mean_field_closed_forms_equal_autodiff_at_d_12():
+    d = 12
+    chain = random_chain(d, seed=5)
+    closed = MeanFieldChain(chain.pi, chain.P)
+    rng = np.random.default_rng(0)
+    Phi, M = rng.standard_normal((d, d)), rng.standard_normal((d, d))
+
+    def loss(Phi, M):
+        return expected_cross_entropy(mean_field_attention(Phi, jnp.asarray(chain.pi)) @ M, jnp.asarray(chain.P),
+                                      jnp.asarray(chain.pi))
+
+    assert closed.loss_of_maps(Phi, M) == pytest.approx(float(loss(Phi, M)), abs=1e-13)
+    for got, want in zip(closed.gradient_of_maps(Phi, M), jax.grad(loss, argnums=(0, 1))(Phi, M)):
+        np.testing.assert_allclose(got, want, atol=1e-13)
+    # factored maps give the same, and the products with G_M equal the formed G_M
+    state = random_state(d, 3, 2, seed=1)
+    factored = closed.factored(state.Gamma, state.Q.T @ state.R, state.B)
+    G_Phi, G_M = closed.gradient_of_maps(state.Gamma @ state.Q.T @ state.R @ state.Gamma.T, state.Gamma @ state.B.T)
+    np.testing.assert_allclose(factored.G_Phi, G_Phi, atol=1e-13)
+    X = rng.standard_normal((d, 4))
+    np.testing.assert_allclose(factored.G_M_times(X), G_M @ X, atol=1e-13)
+    np.testing.assert_allclose(factored.G_M_transpose_times(X), G_M.T @ X, atol=1e-13)
+    # the Bayes loss is the infimum: reached where attention is the identity and M = log P
+    assert closed.loss_of_maps(60.0 * np.eye(d), np.log(chain.P)) == pytest.approx(closed.bayes_loss(), abs=1e-10)
+    assert closed.loss_of_maps(Phi, M) > closed.bayes_loss()
+
+
+def test_compiled_reduced_flow_and_its_jacobian_against_the_closed_form_and_finite_differences():
+    d, k, rank = 10, 3, 2
+    chain = random_chain(d, seed=3)
+    closed = MeanFieldChain(chain.pi, chain.P)
+    flow = ReducedFlow(closed, k, rank)
+    y = random_state(d, k, rank, seed=2).pack()
+    compiled = compiled_reduced_flow(d, k, rank)
+    arrays = (jnp.asarray(closed.pi), jnp.asarray(closed.log_pi), jnp.asarray(closed.P))
+    np.testing.assert_allclose(np.asarray(compiled.field(y, *arrays)), flow.vector_field(0.0, y), atol=1e-13)
+    jacobian = np.asarray(compiled.jacobian(y, *arrays))
+    step = 1e-6
+    for j in range(0, len(y), 7):
+        e = np.zeros_like(y)
+        e[j] = step
+        column = (flow.vector_field(0.0, y + e) - flow.vector_field(0.0, y - e)) / (2 * step)
+        np.testing.assert_allclose(jacobian[:, j], column, atol=1e-7)
+    np.testing.assert_allclose(jacobian, jacobian.T, atol=1e-12)  # minus a Hessian
+
+
+def test_transverse_coupling_products_and_its_iterative_top_singular_value(monkeypatch):
+    d, k = 30, 4
+    chain = random_chain(d, seed=8)
+    coupling = TransverseCoupling(MeanFieldChain(chain.pi, chain.P), random_state(d, k, 1, seed=4))
+    C = coupling.dense()
+    rng = np.random.default_rng(1)
+    Y, U = rng.standard_normal((d + 2 * k, 3)), rng.standard_normal((d, 3))
+    np.testing.assert_allclose(coupling.times(Y), C @ Y, atol=1e-13)
+    np.testing.assert_allclose(coupling.transpose_times(U), C.T @ U, atol=1e-13)
+    dense_rate, left, right = coupling.top()
+    monkeypatch.setattr(TransverseCoupling, "DENSE_UP_TO", 5)  # the Lanczos route of large vocabularies
+    rate, left_iterative, right_iterative = coupling.top()
+    assert rate == pytest.approx(np.linalg.svd(C, compute_uv=False)[0], rel=1e-10) and rate == pytest.approx(dense_rate)
+    assert abs(left @ left_iterative) == pytest.approx(1.0, abs=1e-8)
+    np.testing.assert_allclose(C @ right_iterative, rate * left_iterative, atol=1e-9)
+
+
+def test_stage_observables_equal_the_full_observables():
+    d = 6
+    chain = random_chain(d, seed=2)
+    model = flowsim.OneLayerTransformer(d=d, m=5, k=3)
+    rng = np.random.default_rng(3)
+    params = {name: 0.8 * rng.standard_normal((4, *shape)) for name, shape in model.shapes.items()}
+    trajectory = Trajectory(t=np.array([0.0, 1.0, 2.0, 3.0]), loss=rng.standard_normal(4), params=params)
+    light, full = stage_observables(trajectory, chain.pi), compute_observables(trajectory, model, chain.pi)
+    for name, column in light.columns.items():
+        np.testing.assert_allclose(column, full[name], rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def test_a_prediction_does_not_move_with_the_horizon():
+    """Every event predicted before t = 1500 is predicted at the same time for horizons 1500 and 4000, and the
+    events after 1500 are named with their time, not dropped."""
+    short, long = (predict_run(load_config(None, [f"time.t_end={t_end}"])) for t_end in (1500, 4000))
+    later = {(row.stage, row.query, row.direction): row for row in long.rows}
+    compared = 0
+    for row in short.rows:
+        key = (row.stage, row.query, row.direction)
+        if row.predicted is not None:
+            assert later[key].predicted == pytest.approx(row.predicted, rel=1e-9), (row, later[key])
+            compared += 1
+        elif row.note.startswith(AFTER_HORIZON):
+            time = float(row.note.rsplit("t = ", 1)[1])
+            assert time > 1500 and (later[key].predicted is None or later[key].predicted == pytest.approx(time, rel=1e-3))
+    assert compared >= 5
+    for restart_short, restart_long in zip(short.cycles.restarts(), long.cycles.restarts()):
+        assert (restart_short.rule, restart_short.t_settle, restart_short.t_integrated) == (
+            restart_long.rule, restart_long.t_settle, restart_long.t_integrated)
