@@ -47,7 +47,7 @@ class ChainAccuracy:
     """Predicted and measured onsets on one chain (None where a side has no such event)."""
 
     pi: list[float]
-    lam: float
+    lam: float | None  # None: a general transition matrix
     eps: float
     t_end: float
     condensation: tuple[float, float | None]  # (predicted, measured) end of condensation
@@ -65,7 +65,21 @@ def chain_accuracy(pi: list[float], lam: float, eps: float, seed: int = 0, horiz
     """Predict condensation and the first focus, then integrate the exact flow (m = k = 8, mean field) to
     ``horizon_factor`` × the predicted focus (or, where the theory predicts none, × the end of the focus
     orbit's linear phase) on ``n_save`` log-spaced times and detect its stages."""
-    overrides = [f"chain.pi={pi}", f"chain.lam={lam}", f"init.eps={eps}", f"init.seed={seed}"]
+    return overrides_accuracy([f"chain.pi={pi}", f"chain.lam={lam}"], eps, seed, horizon_factor, n_save, pi, lam)
+
+
+def transition_accuracy(P: np.ndarray, eps: float, seed: int = 0, horizon_factor: float = 2.0,
+                        n_save: int = 600) -> ChainAccuracy:
+    """``chain_accuracy`` for a general transition matrix P (π its stationary law): a text surrogate, say."""
+    rows = ", ".join("[" + ", ".join(repr(float(x)) for x in row) + "]" for row in np.asarray(P))
+    accuracy = overrides_accuracy([f"chain.P=[{rows}]"], eps, seed, horizon_factor, n_save)
+    return accuracy
+
+
+def overrides_accuracy(chain_overrides: list[str], eps: float, seed: int, horizon_factor: float, n_save: int,
+                       pi: list[float] | None = None, lam: float | None = None) -> ChainAccuracy:
+    """Condensation and first focus, predicted and measured, for the chain of ``chain_overrides``."""
+    overrides = chain_overrides + [f"init.eps={eps}", f"init.seed={seed}"]
     prepared = prepare(load_config(None, overrides))
     chain = prepared.chain
     condensation = predict_condensation(chain.pi, chain.P, prepared.params0, eps)
@@ -80,7 +94,7 @@ def chain_accuracy(pi: list[float], lam: float, eps: float, seed: int = 0, horiz
     focused = report.of("focus", first)
     restarts = [i.t_start for i in report.of("restart") if i.direction == 1]
     return ChainAccuracy(
-        pi, lam, eps, t_end,
+        [float(x) for x in chain.pi] if pi is None else pi, lam, eps, t_end,
         (condensation.t_end, condensed[0].t_end if condensed else None),
         (predicted_focus, focused[0].t_start if focused else None),
         restarts[0] if restarts else None,

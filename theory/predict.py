@@ -231,7 +231,12 @@ class PredictionSummary:
         return PredictionSummary([Row(**row) for row in payload["rows"]], payload["constants"], float(payload["t_end"]))
 
 
-CACHE_VERSION = 1  # bump when the theory's numbers change
+def _source_digest() -> str:
+    """The theory's own source and the detectors': a cached prediction is reused only by the code that made it."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")) + [Path(flowsim.__file__).parent / "stages.py"]:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def prediction_cache_dir() -> Path | None:
@@ -244,11 +249,11 @@ def prediction_cache_dir() -> Path | None:
 
 def prediction_key(config: RunConfig) -> str:
     """A digest of everything the prediction depends on: chain, model, init (and its file's bytes), loss,
-    flow, the horizon, the code's version."""
+    flow, the horizon, and the code (``_source_digest``)."""
     sections = config.to_dict()
     relevant = {name: sections.get(name) for name in ("chain", "model", "init", "loss", "flow")}
     relevant["t_end"] = float(config.time.t_end)
-    relevant["versions"] = [flowsim.__version__, CACHE_VERSION]
+    relevant["code"] = _source_digest()
     if config.init.file is not None:
         relevant["init_file"] = file_digest(Path(config.init.file))
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:32]

@@ -222,10 +222,12 @@ def propagate_rank(chain: MeanFieldChain, params, A: np.ndarray, t_start: float,
     full_rank = columns == 0 or not np.isfinite(threshold)
     scale = float(np.abs(Z0).max(initial=0.0)) or 1.0  # the transverse part starts at the initial scale and does not shrink much
     pieces, crossings = [], []  # the transverse equation, integrated segment by segment alongside the reduced flow
+    spans_since: list[float] = []  # the ends of the reduced flow's spans
 
     def transverse_over(segment, samples: np.ndarray) -> bool:
-        """Integrate the transverse equation over the reduced flow's new segment; enough once it crosses (the
-        flow has not converged by then: the restart comes before settling), or, at full rank, at ``look``."""
+        """Integrate the transverse equation over the reduced flow's new segment; enough one span after it
+        crosses (the flow has not converged by then: the restart comes before settling), or, at full rank,
+        at ``look``."""
         if full_rank:
             return segment.t[-1] >= look
         if not crossings:
@@ -245,7 +247,9 @@ def propagate_rank(chain: MeanFieldChain, params, A: np.ndarray, t_start: float,
                 raise RuntimeError(f"the transverse equation failed: {piece.message}")
             pieces.append(piece)
             crossings.extend(float(t) for t in piece.t_events[0][:1])
-        return bool(crossings)  # crossed while the flow still moves: the rule for what comes first
+        spans_since.append(segment.sol.t_max)
+        # one more span after the crossing tells whether the flow had settled before it (the rule for what comes first)
+        return bool(crossings) and sum(t > crossings[0] for t in spans_since) >= 2
 
     path = follow_reduced_flow(reduced_flow, project(params, A), t_start, rate_of, transverse_over)
     t_settle = settle_time(path, rate_of)
