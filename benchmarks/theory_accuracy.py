@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from theory.accuracy import (ChainAccuracy, CycleAccuracy, RestartAccuracy, chain_accuracy, cycle_accuracy, random_family,
-                             restart_accuracy)
+                             restart_accuracy, transition_accuracy, transition_restart_accuracy)
 from theory.predict import NOT_MEASURED, NOT_PREDICTED
 
 from report import write_section
@@ -95,13 +95,86 @@ def cycles_table(cycles_by_eps: dict[float, list[CycleAccuracy]]) -> str:
     return "\n".join(lines)
 
 
+def random_transition_matrix(d: int, seed: int) -> np.ndarray:
+    """Rows from a flat Dirichlet, floored at 0.1/d so that π > 0 everywhere: a general P, not of the λ family."""
+    rows = np.random.default_rng(seed).dirichlet(np.ones(d), size=d)
+    rows = np.maximum(rows, 0.1 / d)
+    return rows / rows.sum(axis=1, keepdims=True)
+
+
+def text_chain(corpus: str, d: int, data_dir: Path, smoothing: float = 0.1) -> np.ndarray:
+    """The bigram chain of a corpus's training split over its top d - 1 words and <unk> (the bridge's surrogate)."""
+    from flowsim.bridge.data import load_corpus
+    from flowsim.chains import MarkovChain
+
+    ids = load_corpus(corpus, d - 1, data_dir).train
+    counts = np.bincount(ids[:-1] * d + ids[1:], minlength=d * d).reshape(d, d).astype(float)
+    return MarkovChain.from_counts(counts, smoothing).P
+
+
+def large_vocabularies(args) -> None:
+    """Condensation, first focus and σ1 restart at d = 8, 16, 64 (paper family and general P) and on the text
+    surrogates; section theory-accuracy-any-d of RESULTS.md."""
+    started = time.perf_counter()
+    cases: list[tuple[str, dict]] = []
+    for d in args.dims:
+        for index, (pi, lam) in enumerate(random_family(args.per_size, seed=args.seed + d, dims=(d,), min_pi=0.2 / d)):
+            cases.append((f"paper family d = {d} #{index}", {"pi": pi, "lam": lam}))
+        for index in range(args.per_size):
+            cases.append((f"general P d = {d} #{index}", {"P": random_transition_matrix(d, args.seed + 100 * d + index)}))
+    for corpus in args.corpus:
+        for d in args.text_d:
+            cases.append((f"{corpus} bigram d = {d}", {"P": text_chain(corpus, d, args.data)}))
+    lines = ["| chain | ε | condensation: theory / flow | error | first focus: theory / flow | error "
+             "| σ1 restart: theory (rule) / flow | error | seconds |", "|---|---:|---|---:|---|---:|---|---:|---:|"]
+    for eps in args.eps or [1e-3]:
+        for name, chain in cases:
+            began = time.perf_counter()
+            try:
+                if "P" in chain:
+                    row = transition_accuracy(chain["P"], eps)
+                    restart = transition_restart_accuracy(chain["P"], eps, t_cap=args.t_cap)
+                else:
+                    row = chain_accuracy(chain["pi"], chain["lam"], eps)
+                    restart = restart_accuracy(chain["pi"], chain["lam"], eps, t_cap=args.t_cap)
+            except RuntimeError as error:  # an exact flow that does not finish is a row, not the end of the table
+                lines.append(f"| {name} | {eps:g} | {error} | | | | | | {time.perf_counter() - began:.0f} |")
+                print(lines[-1], flush=True)
+                continue
+            line = (f"| {name} | {eps:g} | {_time(row.condensation[0])} / {_time(row.condensation[1])} "
+                    f"| {_percent(ChainAccuracy.error(row.condensation))} | {_time(row.focus[0])} / {_time(row.focus[1])} "
+                    f"| {_percent(ChainAccuracy.error(row.focus))} | {_time(restart.prediction.t_onset)} "
+                    f"({restart.prediction.rule.value}) / {_time(restart.measured)} | {_percent(restart.error)} "
+                    f"| {time.perf_counter() - began:.0f} |")
+            lines.append(line)
+            print(line, flush=True)
+    text = [f"## Theory accuracy at larger vocabularies (`python benchmarks/theory_accuracy.py --large`)", "",
+            f"Seeded chains at d = {', '.join(map(str, args.dims))} ({args.per_size} of the paper family with π ~ Dirichlet(1) "
+            f"floored at 0.2/d, {args.per_size} general P with Dirichlet rows floored at 0.1/d) and the bigram surrogates of "
+            f"{', '.join(args.corpus)} at d = {', '.join(map(str, args.text_d))} (smoothing 0.1); m = k = 8, mean-field loss, "
+            f"seed-0 initial point; the exact flow (JaxRadau, rtol 1e-8) to twice the predicted focus and to 1.3 × the "
+            f"predicted σ1 restart (at most t = {args.t_cap:g}). {time.perf_counter() - started:.0f} s on a 2-core CPU.", "",
+            *lines]
+    write_section(args.out, "theory-accuracy-any-d", "\n".join(text))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--large", action="store_true", help="the larger vocabularies and the text surrogates instead")
+    parser.add_argument("--dims", type=int, nargs="+", default=[8, 16, 64])
+    parser.add_argument("--per-size", type=int, default=2)
+    parser.add_argument("--corpus", nargs="*", default=["wikitext2", "tinystories"])
+    parser.add_argument("--text-d", type=int, nargs="+", default=[64])
+    parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
+    parser.add_argument("--t-cap", type=float, default=20000.0)
     parser.add_argument("--chains", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eps", type=float, action="append", help="initial scale (repeatable; default 1e-3 and 1e-6)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if args.large:
+        large_vocabularies(args)
+        return
     epsilons = args.eps or [1e-3, 1e-6]
     family = random_family(args.chains, args.seed)
     started = time.perf_counter()

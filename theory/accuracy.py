@@ -26,6 +26,9 @@ from theory.restart import RestartPrediction, propagate_rank
 from theory.mean_field import MeanFieldChain
 
 
+HORIZON_CAP = 1e5  # the exact flows of the accuracy checks stop here at the latest
+
+
 def random_family(n: int, seed: int = 0, dims: tuple[int, ...] = (3, 4, 5), min_pi: float = 0.02,
                   lam_range: tuple[float, float] = (0.2, 0.8)) -> list[tuple[list[float], float]]:
     """n chains (π, λ), the vocabulary size cycling through ``dims``; π rounded to 6 digits, summing to 1."""
@@ -71,9 +74,7 @@ def chain_accuracy(pi: list[float], lam: float, eps: float, seed: int = 0, horiz
 def transition_accuracy(P: np.ndarray, eps: float, seed: int = 0, horizon_factor: float = 2.0,
                         n_save: int = 600) -> ChainAccuracy:
     """``chain_accuracy`` for a general transition matrix P (π its stationary law): a text surrogate, say."""
-    rows = ", ".join("[" + ", ".join(repr(float(x)) for x in row) + "]" for row in np.asarray(P))
-    accuracy = overrides_accuracy([f"chain.P=[{rows}]"], eps, seed, horizon_factor, n_save)
-    return accuracy
+    return overrides_accuracy([transition_override(P)], eps, seed, horizon_factor, n_save)
 
 
 def overrides_accuracy(chain_overrides: list[str], eps: float, seed: int, horizon_factor: float, n_save: int,
@@ -88,7 +89,7 @@ def overrides_accuracy(chain_overrides: list[str], eps: float, seed: int, horizo
     predicted_focus = focus.t_onset.get(first)
     # no focus predicted: run past the end of the orbit's linear phase, where its entropy settles
     linear_phase_end = focus.t_shift + np.log(1.0 / focus.orbit.delta) / focus.mu2
-    t_end = horizon_factor * (predicted_focus if predicted_focus is not None else linear_phase_end)
+    t_end = min(horizon_factor * (predicted_focus if predicted_focus is not None else linear_phase_end), HORIZON_CAP)
     report = measured_stages(flow_config(overrides, eps, t_end, n_save))
     condensed = report.of("condensation")
     focused = report.of("focus", first)
@@ -106,7 +107,7 @@ class RestartAccuracy:
     """The predicted σ1 restart (with its rule) beside the measured one on one chain."""
 
     pi: list[float]
-    lam: float
+    lam: float | None
     eps: float
     t_end: float | None  # the measured flow's horizon (None: the prediction is past ``t_cap``, not measured)
     prediction: RestartPrediction
@@ -123,7 +124,27 @@ def restart_accuracy(pi: list[float], lam: float, eps: float, seed: int = 0, hor
     """Predict direction 1's restart on the rank-one manifold (looking as far as 10 ``t_cap``), then
     integrate the exact flow (m = k = 8, mean field) to ``horizon_factor`` × the prediction, when that
     is within ``t_cap``, and detect its stages."""
-    overrides = [f"chain.pi={pi}", f"chain.lam={lam}", f"init.eps={eps}", f"init.seed={seed}"]
+    return overrides_restart_accuracy([f"chain.pi={pi}", f"chain.lam={lam}"], eps, seed, horizon_factor, t_cap, n_save,
+                                      pi, lam)
+
+
+def transition_restart_accuracy(P: np.ndarray, eps: float, seed: int = 0, horizon_factor: float = 1.3,
+                                t_cap: float = 20000.0, n_save: int = 600) -> RestartAccuracy:
+    """``restart_accuracy`` for a general transition matrix P."""
+    return overrides_restart_accuracy([transition_override(P)], eps, seed, horizon_factor, t_cap, n_save)
+
+
+def transition_override(P: np.ndarray) -> str:
+    """The --set override that gives the chain of transition matrix P."""
+    return "chain.P=[" + ", ".join("[" + ", ".join(repr(float(x)) for x in row) + "]" for row in np.asarray(P)) + "]"
+
+
+def overrides_restart_accuracy(chain_overrides: list[str], eps: float, seed: int, horizon_factor: float, t_cap: float,
+                               n_save: int, pi: list[float] | None = None, lam: float | None = None) -> RestartAccuracy:
+    """σ1's restart, predicted and measured, for the chain of ``chain_overrides``."""
+    overrides = chain_overrides + [f"init.eps={eps}", f"init.seed={seed}"]
+    if pi is None:
+        pi = [float(x) for x in prepare(load_config(None, overrides)).chain.pi]
     prediction = first_restart(overrides, eps, 10.0 * t_cap, n_save)
     predicted = prediction.t_onset
     if predicted is None or horizon_factor * predicted > t_cap:
@@ -179,5 +200,6 @@ def measured_stages(config: RunConfig) -> StageReport:
     prepared = prepare(config)
     result = solve_flow(prepared.flow, prepared.params0, prepared.times, rtol=1e-8, atol=config.solver.atol)
     if not result.success:
-        raise RuntimeError(f"the flow of π = {config.chain.pi}, λ = {config.chain.lam} did not finish: {result.message}")
+        chain = f"π = {config.chain.pi}, λ = {config.chain.lam}" if config.chain.P is None else f"P (d = {len(config.chain.P)})"
+        raise RuntimeError(f"the flow of {chain} did not finish: {result.message}")
     return detect_stages(compute_observables(result.trajectory, prepared.model, prepared.chain.pi))
