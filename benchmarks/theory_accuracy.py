@@ -161,7 +161,7 @@ def large_vocabularies(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--large", action="store_true", help="the larger vocabularies and the text surrogates instead")
-    parser.add_argument("--dims", type=int, nargs="+", default=[8, 16, 64])
+    parser.add_argument("--dims", type=int, nargs="*", default=[8, 16, 64])
     parser.add_argument("--per-size", type=int, default=2)
     parser.add_argument("--corpus", nargs="*", default=["wikitext2", "tinystories"])
     parser.add_argument("--text-d", type=int, nargs="+", default=[64])

@@ -9,8 +9,8 @@ restarts when σ_r(W0) passes the detector's threshold ℓ_r = restart_factor ×
 
 The prediction, per direction:
 
-* **settled, then the formula.** Once the rank-r flow has settled (its transverse rate σ_max(C(t))
-  stays within ``SETTLED`` of its final value μ from t_s on) H_T is constant and
+* **settled, then the formula.** Once the rank-r flow has settled (it converges, and its transverse
+  rate σ_max(C(t)) stays within ``SETTLED`` of its limit μ from t_s on) H_T is constant and
   Z(t_s + τ) = exp(-τ H_T) Z(t_s) = W e^{-τΛ} W^T Z(t_s) in closed form (H_T = W Λ W^T; the
   eigenvalues are ±σ_i(C)). The prediction is where σ_r(W0) of that closed form passes ℓ_r. Its
   leading term, once the fastest mode v (rate μ = σ_max(C)) dominates, is
@@ -27,8 +27,11 @@ The prediction, per direction:
   is degenerate (C = 0 at symmetric rare tokens) and no direction opens.
 
 The transverse equation integrated to the threshold is kept beside the formula as its check
-(``t_integrated``). Cost per direction: the reduced flow (2d + 2k) r equations and the linear
-transverse equation (2d + 2k)(m - r), each C O(d² (d + k) r).
+(``t_integrated``). Nothing here looks at a run's horizon: the rank-r flow is followed over doubling
+spans until it converges, or one span past the crossing (``follow_reduced_flow``), so t_s and the
+crossing are properties of the flow. Cost per direction: the reduced flow, (2d + 2k) r equations at
+O(d² r) per evaluation plus its exact Jacobian (O(d² r) per column), and the linear transverse equation,
+(2d + 2k)(m - r) equations at O(d² (m - r)) per evaluation (C kept factored, ``TransverseCoupling``).
 """
 
 from __future__ import annotations

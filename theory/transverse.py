@@ -43,7 +43,8 @@ keeps), n spanning the critical curve's tangent. At δ = 0 C vanishes all along 
 C_θ n = 0 and the undetermined multiple drops out of c1 (``leading_coefficient`` checks this and
 computes c1 by automatic differentiation of F and C).
 
-Cost: one C is O(d² (d + k) r); one settled point is a focus orbit, 2d + 2 equations.
+Cost: C kept factored costs O(d² r) to build and O(d² c) per product with c columns (``TransverseCoupling``),
+O(d³) formed; one settled point is a focus orbit, 2d + 2 equations.
 """
 
 from __future__ import annotations
