@@ -8,16 +8,18 @@ Rows (stage names as in stages.json):
   Stage IV, from the transverse equation on the rank-r manifold (``theory.restart``: the
   settled-point formula, or the crossing itself when the restart comes before the flow settles);
 * dilution (per query) and focus of the other queries: onsets detected on the predicted
-  trajectory chained through the rank-r manifolds (``theory.cycles``), Stage III. The detectors
-  confirm an event only once it has held (``StageThresholds``), on the predicted trajectory
-  as on the run, so an event near the horizon t_end is predicted only when the run's
-  horizon would let it be measured too: both sides read the same window.
+  trajectory chained through the rank-r manifolds (``theory.cycles``), Stage III, saved on the
+  prediction's own grid to PREDICTION_REACH × t_end, so that the detectors confirm every event
+  before t_end whatever the horizon: a prediction does not move with t_end, and an event after
+  t_end is a row with its time in ``note``.
 
 ``compare`` lists every row of both sides: predicted and measured (with the relative
 error), predicted but not measured within the run, and measured with no prediction
-(each marked in ``note``). A restart the theory rules out is a row with no predicted time
-and the verdict in ``note`` (the degenerate point of symmetric rare tokens: μ_δ = 0; a restart
-the formula puts beyond the horizon).
+(each marked in ``note``), each measured time with the run's save-grid resolution there. A
+restart the theory rules out is a row with no predicted time and the verdict in ``note`` (the
+degenerate point of symmetric rare tokens: μ_δ = 0; the Bayes loss reached on the rank-r manifold;
+a restart the formula puts beyond the horizon). ``cached_prediction`` keeps the rows and constants
+per configuration and code, so ``compare`` does not predict twice.
 """
 
 from __future__ import annotations
