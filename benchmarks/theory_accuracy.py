@@ -148,7 +148,7 @@ def large_vocabularies(args) -> None:
                     f"| {time.perf_counter() - began:.0f} |")
             lines.append(line)
             print(line, flush=True)
-    text = [f"## Theory accuracy at larger vocabularies (`python benchmarks/theory_accuracy.py --large`)", "",
+    text = ["## Theory accuracy at larger vocabularies (`python benchmarks/theory_accuracy.py --large`)", "",
             f"Seeded chains at d = {', '.join(map(str, args.dims))} ({args.per_size} of the paper family with π ~ Dirichlet(1) "
             f"floored at 0.2/d, {args.per_size} general P with Dirichlet rows floored at 0.1/d) and the bigram surrogates of "
             f"{', '.join(args.corpus)} at d = {', '.join(map(str, args.text_d))} (smoothing 0.1); m = k = 8, mean-field loss, "

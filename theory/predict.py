@@ -93,7 +93,7 @@ def restart_line(r: RestartPrediction) -> str:
                 f"{r.threshold:.3g} at {crossing} (leading term t_s + log(ℓ/a_s)/μ = {r.t_settle:.4g} + "
                 f"log({r.threshold:.3g}/{r.amplitude:.3g})/{r.rate:.4g} = {r.t_leading:.4g}){check}")
     if r.rule == RuleName.BEFORE_SETTLING:
-        settles = (f"before the flow has converged" if r.t_settle is None
+        settles = ("before the flow has converged" if r.t_settle is None
                    else f"before the flow settles at t = {r.t_settle:.4g}")
         return f"{head}; σ{r.direction} passes ℓ = {r.threshold:.3g} {settles}{check}"
     if r.rule == RuleName.DEGENERATE:
