@@ -26,7 +26,7 @@ from theory.restart import RestartPrediction, propagate_rank
 from theory.mean_field import MeanFieldChain
 
 
-HORIZON_CAP = 1e5  # the exact flows of the accuracy checks stop here at the latest
+HORIZON_CAP = 1e5  # where no focus is predicted, the exact flow of the accuracy check stops here at the latest
 
 
 def random_family(n: int, seed: int = 0, dims: tuple[int, ...] = (3, 4, 5), min_pi: float = 0.02,
@@ -89,7 +89,8 @@ def overrides_accuracy(chain_overrides: list[str], eps: float, seed: int, horizo
     predicted_focus = focus.t_onset.get(first)
     # no focus predicted: run past the end of the orbit's linear phase, where its entropy settles
     linear_phase_end = focus.t_shift + np.log(1.0 / focus.orbit.delta) / focus.mu2
-    t_end = min(horizon_factor * (predicted_focus if predicted_focus is not None else linear_phase_end), HORIZON_CAP)
+    t_end = horizon_factor * predicted_focus if predicted_focus is not None else min(horizon_factor * linear_phase_end,
+                                                                                       HORIZON_CAP)
     report = measured_stages(flow_config(overrides, eps, t_end, n_save))
     condensed = report.of("condensation")
     focused = report.of("focus", first)
