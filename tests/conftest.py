@@ -8,9 +8,6 @@ import pytest
 
 # predictions are cached per user; the tests keep theirs apart, in a folder of this session
 os.environ["FLOWSIM_PREDICTION_CACHE"] = tempfile.mkdtemp(prefix="flowsim-predictions-")
-# no persistent XLA cache in the tests: a full run once aborted inside JAX while reading back an entry it
-# had written itself (tests of the cache set their own folder)
-os.environ["FLOWSIM_COMPILATION_CACHE"] = "off"
 
 import flowsim
 from flowsim.flow import GradientFlow
