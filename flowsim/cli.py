@@ -232,12 +232,12 @@ def bridge_train(
     from flowsim.rundir import check_output_dir, new_run_dir
 
     try:
+        if out is not None:
+            check_output_dir(out)  # before the bridge's import: a wrong --out is named with or without torch
         from flowsim.bridge.config import load_bridge_config
         from flowsim.bridge.train import train
 
         resolved = load_bridge_config(config, set_)
-        if out is not None:
-            check_output_dir(out)
         run_dir = out if out is not None else new_run_dir(Path("runs"), f"bridge-{config.stem if config else 'markov'}")
         if check_flow_regime:
             from flowsim.bridge.regime import REGIME_JSON, check_flow_regime as check

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from flowsim.config import load_config
 from flowsim.experiment import execute_run
 
@@ -126,6 +128,7 @@ def test_sweep_help_shows_the_grid_syntax():
 
 
 def test_bridge_compare_on_a_flowsim_run_says_what_it_is(tmp_path):
+    pytest.importorskip("torch")  # without it the command says that the bridge needs torch
     execute_run(load_config(None, SMALL), tmp_path / "run", progress=False)
     line = _one_error_line(_invoke("bridge", "compare", str(tmp_path / "run")))
     assert "not a `flowsim bridge train` run directory" in line and "flowsim compare" in line

@@ -63,3 +63,13 @@ def test_installed_package_runs_shipped_configs_from_any_directory(installed):
                            "--out", "bridge", "--set", "optim.steps=8", "--set", "log.n_checkpoints=4",
                            "--set", "data.batch_size=16", "--set", "log.probe_per_type=4")
     assert bridge.returncode == 0, bridge.stderr
+
+
+def test_the_suite_collects_without_torch():
+    """torch is an optional extra: with it absent every test module imports, and the bridge's are skipped
+    with the reason (``tests/without_torch.py`` runs any part of the suite that way)."""
+    run = subprocess.run([sys.executable, "tests/without_torch.py", "--collect-only", "-q", "-rs", "-p", "no:cacheprovider", "tests"],
+                         cwd=REPOSITORY, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "error" not in run.stdout.lower().split("short test summary")[-1]
+    assert "SKIPPED [1] tests/test_bridge.py" in run.stdout and "No module named 'torch'" in run.stdout
