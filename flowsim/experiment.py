@@ -128,6 +128,11 @@ def initial_params(config: RunConfig, model: Model) -> Params:
         model.check_params(params)
     except ValueError as error:
         raise ConfigError(f"init.file {str(path)!r}: {error}") from None
+    for name, value in params.items():
+        bad = np.flatnonzero(~np.isfinite(value))
+        if len(bad):
+            raise ConfigError(f"init.file {str(path)!r}: {name} has {len(bad)} non-finite entries "
+                              f"(first {value.ravel()[bad[0]]} at flat index {bad[0]}); expected finite numbers")
     return params
 
 

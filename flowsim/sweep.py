@@ -31,6 +31,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import csv
+import hashlib
 import io
 import itertools
 import json
@@ -109,9 +110,20 @@ def expand_grid(grid: dict[str, list], seeds: int) -> list[RunSpec]:
         values = dict(zip(grid, combination))
         for seed in range(seeds):
             overrides = tuple(f"{key}={json.dumps(value)}" for key, value in values.items()) + (f"init.seed={seed}",)
-            name = "_".join(f"{key}={value}" for key, value in values.items()) + f"_seed={seed}"
-            specs.append(RunSpec(name.replace("/", "-"), values, seed, overrides))
+            specs.append(RunSpec(row_name(values, seed), values, seed, overrides))
     return specs
+
+
+ROW_NAME_LIMIT = 100  # longer readable names (a π of many entries) become a hash: file names stop at 255 bytes
+
+
+def row_name(values: dict, seed: int) -> str:
+    """``key=value_..._seed=N`` when short enough for a file name, else ``grid-<12 hex of the values>_seed=N``."""
+    readable = ("_".join(f"{key}={value}" for key, value in values.items()) + f"_seed={seed}").replace("/", "-")
+    if len(readable.encode()) <= ROW_NAME_LIMIT:
+        return readable
+    digest = hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
+    return f"grid-{digest}_seed={seed}"
 
 
 def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: list[RunSpec], out: str) -> list[dict]:

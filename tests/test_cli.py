@@ -4,10 +4,12 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from flowsim.config import load_config
 from flowsim.experiment import execute_run
+from flowsim.models import OneLayerTransformer
 
 SMALL = ["time.t_end=30.0", "time.n_linear=31", "time.n_log=10", "model.m=4", "model.k=4"]
 
@@ -200,3 +202,13 @@ def test_sigint_stops_a_run_which_resume_continues_to_the_uninterrupted_state(tm
     with np.load(run_dir / "trajectory.npz") as saved:
         for name, values in whole.trajectory.params.items():
             np.testing.assert_array_equal(saved[name], values)
+
+
+def test_an_init_file_with_nan_entries_is_refused_before_a_folder_is_made(tmp_path):
+    model = OneLayerTransformer(d=4, m=8, k=8)
+    params = {name: np.array(value) for name, value in model.init(1e-3, 0).items()}
+    params["W_Q"][2, 3] = np.nan
+    np.savez(tmp_path / "start.npz", **params)
+    line = _one_error_line(_invoke("run", "--set", f"init.file='{tmp_path / 'start.npz'}'", "--out", str(tmp_path / "r")))
+    assert "init.file" in line and "W_Q has 1 non-finite entries" in line and "nan" in line
+    assert not (tmp_path / "r").exists()

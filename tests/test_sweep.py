@@ -11,6 +11,7 @@ from flowsim import sweep
 from flowsim.cli import app
 from flowsim.config import ConfigError, load_config
 from flowsim.experiment import prepare
+from flowsim.io import write_atomic_json
 from flowsim.solvers import solve_flow
 
 SHORT = ["time.t_end=150", "time.n_linear=31", "time.n_log=30", "time.t_log_min=0.5"]
@@ -120,3 +121,17 @@ def test_phase_diagram_takes_text_grid_values_and_leaves_unreached_cells_grey(tm
     assert _grid_values(rows, "model.ffn") == ["glu", "mlp"] and _grid_values(rows, "flow.qk_rho") == [0.25, 1.0]
     path = plot_sweep_phase_diagram(rows, ["model.ffn", "flow.qk_rho"], tmp_path / "phase.png", columns=("t_basis_mature",))
     assert path.stat().st_size > 5_000
+
+
+def test_rows_with_long_grid_values_get_short_distinct_names(tmp_path):
+    """A π of 30 entries makes a readable name far over a file name's 255 bytes: such rows are named by a hash."""
+    rng = np.random.default_rng(0)
+    pis = [np.round(rng.dirichlet(np.ones(30)), 6).tolist() for _ in range(2)]
+    specs = sweep.expand_grid({"chain.pi": pis, "chain.lam": [0.5]}, 2)
+    names = [spec.name for spec in specs]
+    assert len(set(names)) == 4 and all(len(name.encode()) <= sweep.ROW_NAME_LIMIT for name in names)
+    assert names[0].startswith("grid-") and names[0].endswith("_seed=0")
+    assert names == [spec.name for spec in sweep.expand_grid({"chain.pi": pis, "chain.lam": [0.5]}, 2)]  # stable
+    for name in names:
+        write_atomic_json(tmp_path / "rows" / f"{name}.json", {"name": name})
+    assert sorted(path.stem for path in (tmp_path / "rows").iterdir()) == sorted(names)
