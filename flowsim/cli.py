@@ -15,9 +15,10 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_
 EXIT_INTERRUPTED = 130  # as a shell reports a process stopped by SIGINT
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = 2) -> None:
+    """One line on stderr; exit 2 for bad input, 1 for a run that failed."""
     typer.echo(f"flowsim: error: {message}", err=True)
-    raise typer.Exit(code=2)
+    raise typer.Exit(code=code)
 
 
 def _progress(message: str) -> None:
@@ -37,7 +38,7 @@ def run(
     Ctrl-C (SIGINT) or SIGTERM stops it within about a second, keeping every point computed
     so far; `flowsim run --resume DIR` continues it."""
     from flowsim.config import ConfigError, load_config
-    from flowsim.experiment import execute_run, prepare, resume_run
+    from flowsim.experiment import OutputWriteError, execute_run, prepare, resume_run
     from flowsim.io import DamagedFileError
     from flowsim.rundir import check_output_dir, new_run_dir
 
@@ -46,7 +47,9 @@ def run(
             _fail("--resume continues a run with its own config.toml: give no CONFIG, --set or --out with it")
         try:
             result, exact = resume_run(resume, progress=not quiet)
-        except (ConfigError, DamagedFileError, FileNotFoundError) as error:
+        except OutputWriteError as error:
+            _fail(str(error), code=1)
+        except (ConfigError, DamagedFileError, FileNotFoundError, ValueError) as error:
             _fail(str(error))
         if not exact:
             typer.echo(f"flowsim: note: {result.method} resumed afresh from the last saved point; its steps differ "
@@ -71,7 +74,13 @@ def run(
         if out.exists() and any(out.iterdir()):
             _fail(f"--out {str(out)!r} exists and is not empty; choose a new folder")
         run_dir = out
-    _report_run(execute_run(resolved, run_dir, progress=not quiet, prepared=prepared), run_dir)
+    try:
+        result = execute_run(resolved, run_dir, progress=not quiet, prepared=prepared)
+    except OutputWriteError as error:
+        _fail(str(error), code=1)
+    except ConfigError as error:  # the folder is in use by another process
+        _fail(str(error))
+    _report_run(result, run_dir)
 
 
 def _report_run(result, run_dir: Path) -> None:

@@ -4,6 +4,8 @@ then observables, stage labels and the summary figure."""
 from __future__ import annotations
 
 import datetime as _dt
+import errno
+import hashlib
 import sys
 import time
 import warnings
@@ -16,16 +18,18 @@ from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError, RunConfig, load_config
 from flowsim.flow import DepthSmoothing, GradientFlow, RateSchedule
 from flowsim.interrupts import stop_requests
-from flowsim.io import DamagedFileError, file_digest, read_npz, write_atomic_npz
+from flowsim.io import DamagedFileError, file_digest, read_npz, write_atomic_bytes, write_atomic_npz
 from flowsim.losses import make_loss_function, make_task_loss
 from flowsim.models import Model, OneLayerTransformer, Params, PositionalTwoLayerTransformer, model_from_config
 from flowsim.observables import MEASURED, OBSERVABLES_NPZ, TRAJECTORY_DIGEST, Observables, compute_observables
 from flowsim.plots import plot_run_summary
 from flowsim.rundir import (
     CONFIG_FILE,
+    META_FILE,
     SOLVER_STATE_FILE,
     SUMMARY_FIGURE,
     TRAJECTORY_FILE,
+    folder_lock,
     library_versions,
     load_run,
     read_meta,
@@ -206,11 +210,68 @@ def execute_run(
     SIGTERM stops the solver within about a second: the points so far are written with
     status ``interrupted`` (and JaxRadau's loop state, for ``resume_run``). ``resume`` and
     ``history`` (earlier sessions of the run) are ``resume_run``'s.
+
+    The folder is locked while the run writes it (``folder_lock``: a second writer gets
+    ``FolderInUseError``). meta.json says "finished" only once every output is written. A failure
+    before the first checkpoint leaves a resumed folder as it was; a failure to write (a full
+    disk) keeps what was written, and meta.json says "failed" and what was lost
+    (``OutputWriteError``).
     """
     prepared = prepare(config) if prepared is None else prepared
-    chain, model = prepared.chain, prepared.model
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with folder_lock(run_dir):
+        before = {name: (run_dir / name).read_bytes() for name in (CONFIG_FILE, META_FILE) if (run_dir / name).is_file()}
+        checkpoints = []
+        try:
+            return _write_run(config, run_dir, progress, prepared, resume, history, checkpoints)
+        except OSError as error:
+            raise _record_lost_outputs(run_dir, error) from error
+        except BaseException:
+            if resume is not None and not checkpoints:  # nothing new written: the folder as it was
+                for name, data in before.items():
+                    write_atomic_bytes(run_dir / name, data)
+            raise
+
+
+class OutputWriteError(RuntimeError):
+    """Writing a run's outputs failed (a full disk, a read-only folder): the message says what was kept."""
+
+
+def _record_lost_outputs(run_dir: Path, error: OSError) -> OutputWriteError:
+    """Mark the run "failed" in meta.json with what was written and what was lost (if meta.json can be written)."""
+    reason = "disk full" if error.errno == errno.ENOSPC else (error.strerror or type(error).__name__).lower()
+    present = [name for name in (TRAJECTORY_FILE, OBSERVABLES_NPZ, "stages.json", SUMMARY_FIGURE) if (run_dir / name).is_file()]
+    lost = [name for name in (TRAJECTORY_FILE, OBSERVABLES_NPZ, "stages.json", SUMMARY_FIGURE) if name not in present]
+    message = (f"failed: {reason} while writing {error.filename or 'an output'}; kept: {', '.join(present) or 'nothing'}"
+               f" (the trajectory as of its last checkpoint); not written: {', '.join(lost) or 'nothing'}")
+    try:
+        write_meta(run_dir, {**read_meta(run_dir), "status_name": f"failed: {reason}", "message": message})
+    except (OSError, DamagedFileError):
+        message += "; meta.json could not be updated either"
+    return OutputWriteError(f"{run_dir}: {message}")
+
+
+def config_digest(config: RunConfig) -> str:
+    """SHA-256 of the resolved configuration: a resume checks that config.toml still describes the run."""
+    return hashlib.sha256(config.to_toml().encode()).hexdigest()
+
+
+def changed_keys(old: dict, new: dict) -> str:
+    """"section.key: old -> new" for every key whose value differs between two resolved configurations."""
+    def flat(tree: dict, prefix: str = "") -> dict:
+        items = {}
+        for key, value in tree.items():
+            items.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+        return items
+
+    before, after = flat(old), flat(new)
+    keys = sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))
+    return ", ".join(f"{key}: {before.get(key)!r} -> {after.get(key)!r}" for key in keys) or "the recorded config is missing"
+
+
+def _write_run(config: RunConfig, run_dir: Path, progress: bool, prepared: PreparedRun, resume: ResumePoint | None,
+               history: list | None, checkpoints: list) -> FlowResult:
+    chain, model = prepared.chain, prepared.model
     write_config(run_dir, config.to_toml())
     meta = {
         "status_name": "running",
@@ -219,15 +280,21 @@ def execute_run(
         "seed": config.init.seed,
         "t_end": config.time.t_end,
         "chain": chain.describe(),
+        "config_digest": config_digest(config),
+        "config": config.to_dict(),
         "versions": library_versions(),
         **this_process(),
         **({"sessions": history} if history else {}),
     }
     write_meta(run_dir, meta)
 
-    def save(result: FlowResult) -> None:
+    def save(result: FlowResult, final: bool = False) -> None:
         result.trajectory.save(run_dir / TRAJECTORY_FILE)
-        write_meta(run_dir, {**meta, **result.summary(), "n_saved": len(result.trajectory)})
+        summary = result.summary()
+        if not final or result.status == Status.INTERRUPTED:
+            write_meta(run_dir, {**meta, **summary, "n_saved": len(result.trajectory),
+                                 **({} if result.status == Status.INTERRUPTED else {"status_name": "running"})})
+        checkpoints.append(result.t_reached)
 
     started = time.perf_counter()
     with stop_requests() as stop:
@@ -242,7 +309,7 @@ def execute_run(
         write_atomic_npz(run_dir / SOLVER_STATE_FILE, result.radau_state)
     else:
         (run_dir / SOLVER_STATE_FILE).unlink(missing_ok=True)
-    save(result)
+    save(result, final=True)
     if result.status == Status.INTERRUPTED:
         return result  # observables, stages and figure come when the run is resumed, or on request
     observables = compute_observables(result.trajectory, model, chain.pi, prepared.flow, law_of(chain))
@@ -254,6 +321,7 @@ def execute_run(
     if len(result.trajectory) > 1:
         title = f"{chain.describe()}, {config.solver.method}, {result.status_name}"
         plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=title, stages=stages)
+    write_meta(run_dir, {**meta, **result.summary(), "n_saved": len(result.trajectory)})  # last: every output is there
     return result
 
 
@@ -274,6 +342,11 @@ def resume_run(run_dir: Path, *, progress: bool = True) -> tuple[FlowResult, boo
         raise ConfigError(f"--resume {str(run_dir)!r}: the run has status {status!r}{live}; "
                           f"only runs with status {' or '.join(RESUMABLE)} can be resumed")
     config = load_config(run_dir / CONFIG_FILE)
+    recorded = run.meta.get("config_digest")
+    if recorded is not None and recorded != config_digest(config):
+        changed = changed_keys(run.meta.get("config", {}), config.to_dict())
+        raise ConfigError(f"--resume {str(run_dir)!r}: config.toml was edited after the run started ({changed}); "
+                          "the rest of the trajectory would belong to another flow. Restore it, or start a new run")
     prepared = prepare(config)
     method = config.solver.method
     radau_state = None

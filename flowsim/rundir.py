@@ -16,8 +16,11 @@ leaves the last complete version of each.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import fcntl
 import importlib.metadata
+import json
 import os
 import platform
 import socket
@@ -29,6 +32,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from flowsim.config import ConfigError
 from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
 from flowsim.trajectory import Trajectory
 
@@ -48,28 +52,75 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+def process_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux /proc; None elsewhere or when it is gone):
+    with the pid it tells a process from a later one that reuses its pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[19])  # field 22, starttime
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def this_process() -> dict:
-    """The pid and host that meta.json records, so a reader can tell a live run from a dead one."""
-    return {"pid": os.getpid(), "host": socket.gethostname()}
+    """The pid, its start time and the host that meta.json records, so a reader can tell a live run from a dead one."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "process_start": process_start(os.getpid())}
 
 
-def _process_is_alive(pid: int) -> bool:
+def _process_is_alive(pid: int, started: int | None = None) -> bool:
+    """Whether ``pid`` runs on this host, and is the process that started at ``started`` (when recorded)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return started is None or process_start(pid) in (None, started)
 
 
 def status_of(meta: dict) -> str:
     """The run's status name; a "running" run whose process (on this host) is gone is "interrupted"."""
     status = meta.get("status_name", "unknown")
     if status == "running" and meta.get("host") == socket.gethostname() and isinstance(meta.get("pid"), int) \
-            and not _process_is_alive(meta["pid"]):
+            and not _process_is_alive(meta["pid"], meta.get("process_start")):
         return "interrupted"
     return status
+
+
+LOCK_FILE = ".flowsim.lock"
+
+
+class FolderInUseError(ConfigError):
+    """Another live process writes the folder (``folder_lock``)."""
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path, what: str = "run directory"):
+    """Hold an exclusive lock on ``folder`` (an flock on FOLDER/.flowsim.lock, which records the holder's pid,
+    start time and host) while the block runs; FolderInUseError, naming the holder, if another process holds it.
+    The kernel releases the lock when its process dies, so a crashed writer never leaves a stale lock."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(handle, 4096).decode(errors="replace")
+        os.close(handle)
+        try:
+            who = json.loads(holder)
+            by = f"pid {who.get('pid')} on {who.get('host')}, since {who.get('since')}"
+        except ValueError:
+            by = "another process"
+        raise FolderInUseError(f"the {what} {str(folder)!r} is in use by another flowsim process ({by}); "
+                               "wait for it to finish, or choose another folder") from None
+    try:
+        os.ftruncate(handle, 0)
+        stamp = _dt.datetime.now().isoformat(timespec="seconds")
+        os.pwrite(handle, json.dumps({**this_process(), "since": stamp}).encode(), 0)
+        yield
+    finally:
+        os.close(handle)  # closing the descriptor releases the lock
 
 
 def read_meta(run_dir: Path) -> dict:

@@ -52,7 +52,7 @@ from flowsim.config import ConfigError, load_config
 from flowsim.experiment import law_of, prepare, stages_apply
 from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
 from flowsim.observables import compute_observables
-from flowsim.rundir import check_output_dir, library_versions
+from flowsim.rundir import check_output_dir, folder_lock, library_versions
 from flowsim.solvers import solve_flow, solve_flow_batch
 from flowsim.specialisation import summarise
 from flowsim.stages import detect_stages
@@ -314,10 +314,9 @@ def run_sweep(
 
     Returns the rows in grid order. Raises ConfigError for a bad grid or configuration
     (checked on every run before anything is computed), and for rows in ``out`` made with
-    other settings unless ``force_new`` (then they are computed again).
+    other settings unless ``force_new`` (then they are computed again). The folder is locked while
+    the sweep writes it (``rundir.folder_lock``): a second sweep into it gets ``FolderInUseError``.
     """
-    from flowsim.plots import plot_sweep_phase_diagram
-
     if backend not in BACKENDS:
         raise ConfigError(f"--backend must be one of {BACKENDS}, got {backend!r}")
     if not isinstance(workers, int) or workers < 1:
@@ -332,6 +331,16 @@ def run_sweep(
         check_output_dir(out)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    with folder_lock(out, "sweep folder"):
+        return _run_sweep_locked(grid, specs, out, config_text, base, seeds, backend, workers, scheduler, batch,
+                                 force_new, progress)
+
+
+def _run_sweep_locked(grid, specs, out, config_text, base, seeds, backend, workers, scheduler, batch, force_new,
+                      progress) -> list[dict]:
+    """``run_sweep`` once it holds the folder's lock."""
+    from flowsim.plots import plot_sweep_phase_diagram
+
     stale = stale_rows(config_text, base, specs, out)
     if stale and not force_new:
         first = next(iter(stale))

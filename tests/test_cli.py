@@ -212,3 +212,66 @@ def test_an_init_file_with_nan_entries_is_refused_before_a_folder_is_made(tmp_pa
     line = _one_error_line(_invoke("run", "--set", f"init.file='{tmp_path / 'start.npz'}'", "--out", str(tmp_path / "r")))
     assert "init.file" in line and "W_Q has 1 non-finite entries" in line and "nan" in line
     assert not (tmp_path / "r").exists()
+
+
+def _as_interrupted(run_dir) -> None:
+    """Mark a finished run as one whose process stopped early (what --resume continues)."""
+    meta = json.loads((run_dir / "meta.json").read_text())
+    (run_dir / "meta.json").write_text(json.dumps({**meta, "status_name": "interrupted"}))
+
+
+def test_a_resume_after_the_config_was_edited_is_refused_naming_the_keys(tmp_path):
+    run_dir = tmp_path / "run"
+    execute_run(load_config(None, SMALL), run_dir, progress=False)
+    _as_interrupted(run_dir)
+    config = run_dir / "config.toml"
+    config.write_text(config.read_text().replace("lam = 0.5", "lam = 0.8"))
+    meta = (run_dir / "meta.json").read_bytes()
+    line = _one_error_line(_invoke("run", "--resume", str(run_dir)))
+    assert "config.toml was edited after the run started (chain.lam: 0.5 -> 0.8)" in line
+    assert (run_dir / "meta.json").read_bytes() == meta
+
+
+def test_a_failed_resume_leaves_the_folder_as_it_was(tmp_path):
+    """A solver state from another run (another size) fails the resume; meta.json keeps its status and t_reached."""
+    execute_run(load_config(None, SMALL), tmp_path / "run", progress=False)
+    _as_interrupted(tmp_path / "run")
+    np.savez(tmp_path / "run" / "solver_state.npz", y=np.zeros((1, 7)), saved=np.zeros((1, 64, 7)))
+    files = {name: (tmp_path / "run" / name).read_bytes() for name in ("meta.json", "config.toml", "trajectory.npz")}
+    line = _one_error_line(_invoke("run", "--resume", str(tmp_path / "run")))
+    assert "the saved JaxRadau state lacks" in line
+    assert {name: (tmp_path / "run" / name).read_bytes() for name in files} == files
+
+
+def test_a_second_writer_of_a_run_or_a_sweep_folder_is_refused(tmp_path):
+    from flowsim.rundir import folder_lock
+
+    execute_run(load_config(None, SMALL), tmp_path / "run", progress=False)
+    _as_interrupted(tmp_path / "run")
+    meta = (tmp_path / "run" / "meta.json").read_bytes()
+    with folder_lock(tmp_path / "run"):
+        line = _one_error_line(_invoke("run", "--resume", str(tmp_path / "run")))
+    assert "is in use by another flowsim process (pid" in line and (tmp_path / "run" / "meta.json").read_bytes() == meta
+    sweep = ["sweep", "--grid", "chain.lam=[0.3]", "--out", str(tmp_path / "sweep"), *[i for s in SMALL for i in ("--set", s)]]
+    with folder_lock(tmp_path / "sweep"):
+        line = _one_error_line(_invoke(*sweep))
+    assert "sweep folder" in line and "in use by another flowsim process" in line
+    assert not (tmp_path / "sweep" / "sweep.json").exists()
+
+
+def test_a_full_disk_keeps_the_trajectory_and_says_what_was_lost(tmp_path, monkeypatch):
+    import errno
+
+    from flowsim import experiment
+    from flowsim.trajectory import Trajectory
+
+    def disk_full(observables, run_dir):
+        raise OSError(errno.ENOSPC, "No space left on device", str(run_dir / "observables.npz"))
+
+    monkeypatch.setattr(experiment, "_save_observables", disk_full)
+    result = _invoke("run", *[i for s in SMALL for i in ("--set", s)], "--out", str(tmp_path / "run"))
+    assert result.exit_code == 1 and "disk full" in result.output and "Traceback" not in result.output
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["status_name"] == "failed: disk full"
+    assert "kept: trajectory.npz" in meta["message"] and "not written: observables.npz" in meta["message"]
+    assert Trajectory.load(tmp_path / "run" / "trajectory.npz").t[-1] == 30.0

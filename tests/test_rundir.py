@@ -68,3 +68,38 @@ def test_an_output_folder_must_not_be_a_file(tmp_path):
         check_output_dir(tmp_path / "file")
     with pytest.raises(ValueError, match="is a file, not a folder"):
         check_output_dir(tmp_path / "file" / "below")
+
+
+def test_a_recorded_pid_reused_by_another_process_reads_as_interrupted():
+    import os
+
+    from flowsim.rundir import process_start, status_of, this_process
+
+    me = {"status_name": "running", **this_process()}
+    assert me["process_start"] == process_start(os.getpid()) is not None
+    assert status_of(me) == "running"
+    assert status_of({**me, "process_start": me["process_start"] - 1}) == "interrupted"  # same pid, another process
+
+
+def test_a_folder_lock_refuses_a_second_writer_and_goes_with_its_holder(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from flowsim.rundir import FolderInUseError, folder_lock
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from flowsim.rundir import folder_lock\n"
+                               f"with folder_lock({str(tmp_path)!r}):\n    print('held', flush=True); time.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(FolderInUseError, match=rf"in use by another flowsim process \(pid {holder.pid} on "):
+            with folder_lock(tmp_path):
+                pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with folder_lock(tmp_path):  # a killed holder leaves no stale lock
+        with pytest.raises(FolderInUseError):  # and the lock excludes this process's other writers too
+            with folder_lock(tmp_path):
+                pass
