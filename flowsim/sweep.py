@@ -37,6 +37,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,6 +251,20 @@ def _worker_environment():
                 os.environ[key] = value
 
 
+PARENT_POLL_SECONDS = 1.0
+
+
+def exit_with_parent(parent: int) -> None:
+    """In a worker: exit as soon as the sweep process ``parent`` is gone (killed with -9 it cannot stop its
+    pool), checked every PARENT_POLL_SECONDS by a daemon thread: a worker is re-parented when its parent dies."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _run_local(tasks, workers: int, on_rows: Callable[[list[dict]], None]) -> None:
     if workers == 1:
         for task in tasks:
@@ -257,7 +272,8 @@ def _run_local(tasks, workers: int, on_rows: Callable[[list[dict]], None]) -> No
         return
     # spawn: a forked child of a process that has started JAX's threads can deadlock.
     with _worker_environment(), concurrent.futures.ProcessPoolExecutor(
-            workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            workers, mp_context=multiprocessing.get_context("spawn"), initializer=exit_with_parent,
+            initargs=(os.getpid(),)) as pool:
         for future in concurrent.futures.as_completed([pool.submit(run_chunk, *task) for task in tasks]):
             on_rows(future.result())
 

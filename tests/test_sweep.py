@@ -2,6 +2,7 @@
 interrupted sweep resumes without recomputing finished rows, bad grids fail clearly."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,3 +136,53 @@ def test_rows_with_long_grid_values_get_short_distinct_names(tmp_path):
     for name in names:
         write_atomic_json(tmp_path / "rows" / f"{name}.json", {"name": name})
     assert sorted(path.stem for path in (tmp_path / "rows").iterdir()) == sorted(names)
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (Linux /proc)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if int(text[text.rindex(")") + 2:].split()[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+def test_workers_exit_when_the_sweep_process_is_killed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    sets = ["time.t_end=100000.0", "solver.method='Tsit5'", "solver.max_steps=50000000"]  # hours of work per row
+    parent = subprocess.Popen([sys.executable, "-m", "flowsim.cli", "sweep", "--grid", "chain.lam=[0.3, 0.4]", "--workers", "2",
+                               "--batch", "1", "--out", str(tmp_path / "sweep"), *[i for s in sets for i in ("--set", s)]],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while len(workers := _children(parent.pid)) < 2 and time.time() < deadline:  # the pool (and its resource tracker)
+            time.sleep(0.5)
+        assert len(workers) >= 2, "the sweep's workers did not start"
+        time.sleep(3.0)  # the workers have run their initializer
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    deadline = time.time() + 30
+    while any(Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid) for pid in workers) and time.time() < deadline:
+        time.sleep(0.5)
+    alive = [pid for pid in workers if Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid)]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"workers {alive} outlived the killed sweep"
+
+
+def _state(pid: int) -> str:
+    try:
+        return {"Z": "zombie"}.get(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0], "running")
+    except (OSError, IndexError):
+        return "zombie"
