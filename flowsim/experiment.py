@@ -14,12 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
+from flowsim.budget import check_memory
 from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError, RunConfig, load_config
 from flowsim.flow import DepthSmoothing, GradientFlow, RateSchedule
 from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, file_digest, read_npz, write_atomic_bytes, write_atomic_npz
 from flowsim.losses import make_loss_function, make_task_loss
+from flowsim.methods import SCIPY_METHOD_NAMES
 from flowsim.models import Model, OneLayerTransformer, Params, PositionalTwoLayerTransformer, model_from_config
 from flowsim.observables import MEASURED, OBSERVABLES_NPZ, TRAJECTORY_DIGEST, Observables, compute_observables
 from flowsim.plots import plot_run_summary
@@ -173,8 +175,35 @@ def task_and_model(config: RunConfig) -> tuple[InductionTask, PositionalTwoLayer
     return task, model
 
 
+def check_run_size(config: RunConfig) -> None:
+    """Refuse (``BudgetError``, naming the keys) a run whose arrays will not fit the memory budget, before any is
+    built: the chain's d x d matrices, the saved trajectory (save points x n parameters), and a dense n x n Jacobian
+    for scipy's implicit methods (JaxRadau keeps a few eigenpairs: O(n) per pair)."""
+    if config.task.kind == "markov":
+        chain = config.chain
+        d = len(chain.pi) if chain.pi is not None else len(chain.P or [])
+        d_key = "len(chain.pi)" if chain.pi is not None else "len(chain.P)"
+        model = model_from_config(config.model, max(d, 2))  # shapes only: nothing allocated
+    else:
+        d, d_key = config.task.d, "task.d"
+        model = task_and_model(config)[1]
+    m = config.model.m
+    n = sum(int(np.prod(shape)) for shape in model.shapes.values())
+    points = config.time.n_linear + config.time.n_log + 2
+    check_memory(8.0 * 16 * d * d, f"a chain with d = {d} tokens ({d_key}; its d x d maps and the loss's intermediates)",
+                 "use fewer tokens")
+    if config.solver.method in SCIPY_METHOD_NAMES:
+        check_memory(8.0 * 4 * n * n, f"solver.method = {config.solver.method!r} on {n} parameters (dense n x n "
+                                      f"Jacobian and its factorisation; model.m = {m})",
+                     "use solver.method = 'JaxRadau' (no dense Jacobian), or a smaller model.m")
+    check_memory(8.0 * points * n, f"saving {points} points (time.n_linear + time.n_log) of {n} parameters "
+                                   f"(model.m = {m}, d = {d})", "lower time.n_log or time.n_linear")
+
+
 def prepare(config: RunConfig) -> PreparedRun:
-    """Build the chain (or task), model, flow, initial point and save times, or raise ConfigError."""
+    """Build the chain (or task), model, flow, initial point and save times, or raise ConfigError
+    (``BudgetError`` for a run too large for the memory budget, ``check_run_size``)."""
+    check_run_size(config)
     if config.task.kind == "markov":
         chain = MarkovChain.from_config(config.chain)
         model = model_from_config(config.model, chain.d)

@@ -71,9 +71,9 @@ class InductionTask:
                 raise ValueError(f"task.{name} must be an integer >= 2, got {value!r}")
         if not (isinstance(self.noise, (int, float)) and 0 <= self.noise < 1):
             raise ValueError(f"task.noise must be in [0, 1) (the chance of a uniform next token), got {self.noise!r}")
-        work = math.factorial(self.d) * self.d ** (self.s + 1)
-        if work > ENUMERATION_LIMIT:
-            raise ValueError(f"the exact law of task d = {self.d}, s = {self.s} enumerates d!·d^(s+1) = {work:.3g} "
+        log10_work = (math.lgamma(self.d + 1) + (self.s + 1) * math.log(self.d)) / math.log(10)  # no d! built
+        if log10_work > math.log10(ENUMERATION_LIMIT):
+            raise ValueError(f"the exact law of task d = {self.d}, s = {self.s} enumerates d!·d^(s+1) = 10^{log10_work:.1f} "
                              f"(permutation, sequence) pairs, over the limit {ENUMERATION_LIMIT:.3g}; lower task.s or task.d")
 
     def permutations(self) -> np.ndarray:
