@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -69,7 +70,10 @@ def run(
     except (ConfigError, ValueError) as error:
         _fail(str(error))
     if out is None:
-        run_dir = new_run_dir(Path("runs"), config.stem if config else "default")
+        try:
+            run_dir = new_run_dir(Path("runs"), config.stem if config else "default")
+        except (ValueError, OSError) as error:
+            _fail(f"cannot make a run directory under 'runs': {error}")
     else:
         if out.exists() and any(out.iterdir()):
             _fail(f"--out {str(out)!r} exists and is not empty; choose a new folder")
@@ -181,6 +185,8 @@ def compare_runs(
     factors = (f"{'run':16} {'step(0)':>8} {'energy(0)':>9} {'ffn(0)':>9} {'peak bound':>10} "
                f"{'peak direct':>11} {'direct share':>12} {'exceeded':>8} {'loose':>7} {'tight':>7}")
     probe_lines, factor_lines = [probes], [factors]
+    if loss_target is not None and not math.isfinite(loss_target):
+        _fail(f"--loss-target {loss_target} is not a finite number; expected a loss value such as 0.5")
     for run_dir in run_dirs:
         try:
             config = load_config(run_dir / CONFIG_FILE)
@@ -215,7 +221,11 @@ def figures(
     from figures import build_figures
     from figures.runs import FigureInputError
 
+    from flowsim.rundir import check_output_dir
+
     try:
+        check_output_dir(out)
+        check_output_dir(cache, "--cache")
         build_figures(out, cache, only, tiny=tiny, report=typer.echo)
     except (ValueError, FigureInputError) as error:
         _fail(str(error))

@@ -88,8 +88,8 @@ class ModelConfig(Section):
 
 
 class InitConfig(Section):
-    eps: Positive = 1e-3
-    seed: int = 0
+    eps: Annotated[float, Field(gt=0, le=1e3)] = 1e-3  # the initial scale; far above 1 the flow starts saturated
+    seed: Annotated[int, Field(ge=0)] = 0
     file: str | None = None  # an .npz with W0, W_Q, W_K, W1 (and W_V) to start from instead
 
 
@@ -112,7 +112,8 @@ class FlowConfig(Section):
 
 class SolverConfig(Section):
     method: Literal[METHODS] = DEFAULT_METHOD  # type: ignore[valid-type]
-    rtol: Positive | None = None  # None: the method's default (flowsim.methods.default_rtol)
+    # None: the method's default (flowsim.methods.default_rtol); below 1e-14 (about 100 machine epsilons) no step meets it
+    rtol: Annotated[float, Field(ge=1e-14)] | None = None
     atol: Positive = 1e-12
     max_steps: PositiveInt = 200_000
     lr: Positive = 0.1  # step of gradient_descent
@@ -263,10 +264,15 @@ def load_config(path: Path | str | None = None, overrides: Sequence[str] = (), s
     user: dict = {}
     if path is not None:
         path = find_config(path)
+        if path.is_dir():
+            raise ConfigError(f"config file {str(path)!r} is a folder; expected a TOML file")
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
         try:
-            user = tomllib.loads(path.read_text())
+            user = tomllib.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (byte {error.object[error.start]:#04x} "
+                              f"at offset {error.start}); TOML files are UTF-8") from None
         except tomllib.TOMLDecodeError as error:
             raise ConfigError(f"config file {str(path)!r} is not valid TOML: {error}") from None
     return resolve_config(_merge_overrides(user, overrides), schema)

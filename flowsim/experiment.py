@@ -123,6 +123,8 @@ def initial_params(config: RunConfig, model: Model) -> Params:
     if config.init.file is None:
         return model.init(config.init.eps, config.init.seed)
     path = Path(config.init.file)
+    if path.is_dir():
+        raise ConfigError(f"init.file {str(path)!r} is a folder; expected an .npz file")
     if not path.is_file():
         raise ConfigError(f"init.file {str(path)!r} does not exist")
     try:

@@ -140,7 +140,8 @@ def check_output_dir(out: Path, flag: str = "--out") -> None:
 
 
 def new_run_dir(root: Path, name: str) -> Path:
-    """A fresh folder root/NAME-YYYYmmdd-HHMMSS (suffixed if it exists)."""
+    """A fresh folder root/NAME-YYYYmmdd-HHMMSS (suffixed if it exists); ValueError if root is a file."""
+    check_output_dir(root, "the runs folder")
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     candidate = root / f"{name}-{stamp}"
     suffix = 1

@@ -275,3 +275,29 @@ def test_a_full_disk_keeps_the_trajectory_and_says_what_was_lost(tmp_path, monke
     assert meta["status_name"] == "failed: disk full"
     assert "kept: trajectory.npz" in meta["message"] and "not written: observables.npz" in meta["message"]
     assert Trajectory.load(tmp_path / "run" / "trajectory.npz").t[-1] == 30.0
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--set", "init.eps=1e200"], "init.eps = 1e+200 is invalid: input should be less than or equal to 1000"),
+    (["--set", "init.seed=-1"], "init.seed = -1 is invalid: input should be greater than or equal to 0"),
+    (["--set", "solver.rtol=1e-300"], "solver.rtol = 1e-300 is invalid"),
+    (["--set", "init.file='FOLDER'"], "init.file 'FOLDER' is a folder; expected an .npz file"),
+    (["FOLDER"], "config file 'FOLDER' is a folder; expected a TOML file"),
+    (["LATIN1"], "is not UTF-8 text (byte 0xe9 at offset"),
+])
+def test_bad_values_and_files_are_named_in_one_line(tmp_path, monkeypatch, arguments, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "FOLDER").mkdir()
+    (tmp_path / "LATIN1").write_bytes("[chain]\nlam = 0.5  # réglé\n".encode("latin-1"))
+    assert message in _one_error_line(_invoke("run", *arguments, "--out", str(tmp_path / "r")))
+    assert not (tmp_path / "r").exists()
+
+
+def test_files_where_folders_go_and_a_nan_target_are_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("")
+    assert "the runs folder 'runs' is a file" in _one_error_line(_invoke("run", *[i for s in SMALL for i in ("--set", s)]))
+    (tmp_path / "cache").write_text("")
+    line = _one_error_line(_invoke("figures", "--only", "fig10_premature_specialisation", "--tiny", "--cache", "cache"))
+    assert "--cache 'cache' is a file, not a folder" in line
+    assert "--loss-target nan is not a finite number" in _one_error_line(_invoke("compare-runs", "--loss-target", "nan", "x"))
