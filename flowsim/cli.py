@@ -250,6 +250,7 @@ def bridge_train(
     from flowsim.config import ConfigError
     from flowsim.rundir import check_output_dir, new_run_dir
 
+    made: Path | None = None  # a folder this command made, removed again if the run fails before writing to it
     try:
         if out is not None:
             check_output_dir(out)  # before the bridge's import: a wrong --out is named with or without torch
@@ -257,7 +258,10 @@ def bridge_train(
         from flowsim.bridge.train import train
 
         resolved = load_bridge_config(config, set_)
-        run_dir = out if out is not None else new_run_dir(Path("runs"), f"bridge-{config.stem if config else 'markov'}")
+        if out is None:
+            made = run_dir = new_run_dir(Path("runs"), f"bridge-{config.stem if config else 'markov'}")
+        else:
+            run_dir = out
         if check_flow_regime:
             from flowsim.bridge.regime import REGIME_JSON, check_flow_regime as check
 
@@ -265,6 +269,8 @@ def bridge_train(
         else:
             result = train(resolved, run_dir, progress=not quiet)
     except (ConfigError, ImportError, FileNotFoundError, FloatingPointError, ValueError) as error:
+        if made is not None and made.is_dir() and not any(made.iterdir()):
+            made.rmdir()  # the folder made for this run holds nothing: leave no trace
         _fail(str(error))
     if check_flow_regime:
         typer.echo(report.table())
@@ -272,6 +278,10 @@ def bridge_train(
         if not report.in_flow_regime:
             raise typer.Exit(code=1)
         return
+    if result.interrupted:
+        typer.echo(f"interrupted at step {result.steps_done} (everything saved in {run_dir}); the same command with "
+                   f"--out {run_dir} continues it", err=True)
+        raise typer.Exit(code=EXIT_INTERRUPTED)
     if (run_dir / "stages.txt").is_file():
         typer.echo((run_dir / "stages.txt").read_text().rstrip())
     last = result.log[-1]

@@ -331,3 +331,45 @@ def test_the_flow_regime_check_tells_a_small_learning_rate_from_a_large_one(tmp_
     assert result.exit_code == 1 and "NOT in the flow regime" in result.output, result.output
     saved = json.loads((tmp_path / "large" / "regime.json").read_text())
     assert saved["in_flow_regime"] is False and saved["worst"]["deviation"] > 0.05
+
+
+def test_a_corpus_too_small_or_not_utf8_is_refused_naming_it_and_leaving_no_folder(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+
+    data = tmp_path / "data" / "wikitext-2"
+    data.mkdir(parents=True)
+    (data / "valid.txt").write_text("just one line\n")
+    (data / "test.txt").write_text("and another\n")
+    with pytest.raises(ValueError, match=r"has 3 words, 3 distinct.*data.vocab_size = 100 needs at least"):
+        load_corpus("wikitext2", 100, tmp_path / "data")
+    (data / "valid.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"valid.txt is not UTF-8 text \(byte 0xe9"):
+        load_corpus("wikitext2", 2, tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["bridge", "train", "--set", "data.kind='wikitext2'", "--set", f"data.data_dir='{tmp_path / 'data'}'"])
+    assert result.exit_code == 2 and "is not UTF-8 text" in result.output
+    assert not any((tmp_path / "runs").iterdir())
+
+
+def test_sigint_stops_a_bridge_run_which_the_same_command_continues(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "flowsim.cli", "bridge", "train", "--out", str(tmp_path / "run"),
+               "--set", "optim.steps=200000", "--set", "data.batch_size=16", "--set", "data.s=8", "--set", "log.probe_per_type=4"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    progress = b""
+    while b"train:" not in progress or b"step/s" not in progress and b"s/step" not in progress:  # training has begun
+        chunk = os.read(process.stderr.fileno(), 4096)
+        assert chunk, f"the run ended before training: {progress.decode(errors='replace')}"
+        progress += chunk
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr.decode()
+    assert b"interrupted at step" in stderr and f"--out {tmp_path / 'run'} continues it".encode() in stderr
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["status_name"] == "interrupted" and 0 < meta["steps_done"] < 200000

@@ -60,6 +60,14 @@ def tokenize(corpus: str, text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
+def _read_utf8(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start}); "
+                         "the corpora are read as UTF-8") from None
+
+
 def _read_splits(corpus: str, data_dir: Path, source: str) -> tuple[str, str]:
     """(training text, validation text) of a corpus."""
     if source == "datasets_disk":
@@ -75,8 +83,8 @@ def _read_splits(corpus: str, data_dir: Path, source: str) -> tuple[str, str]:
         if not path.is_file():
             raise FileNotFoundError(f"{corpus}: {path} not found; point data.data_dir at a folder holding {CORPUS_FILES[corpus]}")
     if corpus == "wikitext2":
-        return paths[0].read_text(encoding="utf-8"), paths[1].read_text(encoding="utf-8")
-    stories = [story for story in re.split(r"\n\s*\n", paths[0].read_text(encoding="utf-8")) if story.strip()]
+        return _read_utf8(paths[0]), _read_utf8(paths[1])
+    stories = [story for story in re.split(r"\n\s*\n", _read_utf8(paths[0])) if story.strip()]
     cut = int(TINYSTORIES_TRAIN_FRACTION * len(stories))
     return "\n\n".join(stories[:cut]), "\n\n".join(stories[cut:])
 
@@ -133,6 +141,10 @@ def load_corpus(corpus: str, vocab_size: int, data_dir: Path | str | None = None
     train_words, valid_words = tokenize(corpus, train_text), tokenize(corpus, valid_text)
     counts = Counter(train_words)
     ranked = sorted((word for word in counts if word != UNK), key=lambda w: -counts[w])  # stable: first occurrence
+    if len(ranked) < vocab_size or len(valid_words) < 2:
+        raise ValueError(f"{corpus} in {data_dir}: the training text has {len(train_words)} words, {len(ranked)} distinct, "
+                         f"and the validation text {len(valid_words)}; data.vocab_size = {vocab_size} needs at least that "
+                         "many distinct training words (and a validation text): lower data.vocab_size or use a larger corpus")
     vocabulary = (UNK, *ranked[:vocab_size])
     index = {word: i for i, word in enumerate(vocabulary)}
 

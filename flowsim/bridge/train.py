@@ -43,6 +43,7 @@ from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer
 from flowsim.budget import check_memory
 from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError
+from flowsim.interrupts import StopRequest, stop_requests
 from flowsim.io import DamagedFileError, write_atomic_bytes
 from flowsim.models import model_from_config
 from flowsim.observables import MEASURED
@@ -50,6 +51,7 @@ from flowsim.rundir import (
     CONFIG_FILE,
     SUMMARY_FIGURE,
     TRAJECTORY_FILE,
+    folder_lock,
     library_versions,
     this_process,
     write_config,
@@ -188,6 +190,7 @@ class TrainResult:
     steps_done: int
     finished: bool
     log: list[dict]
+    interrupted: bool = False  # stopped by SIGINT / SIGTERM, everything saved: calling again resumes
 
 
 def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at_step: int | None = None) -> TrainResult:
@@ -202,7 +205,14 @@ def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at
     toml_text = config.to_toml()
     if (run_dir / CONFIG_FILE).is_file() and (run_dir / CONFIG_FILE).read_text() != toml_text:
         raise ConfigError(f"{run_dir} holds a run with a different configuration; resume with the same config or choose a new folder")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with folder_lock(run_dir), stop_requests() as stop:
+        return _train_locked(config, run_dir, data, device, toml_text, progress, stop_at_step, stop)
+
+
+def _train_locked(config: BridgeConfig, run_dir: Path, data: DataSource, device, toml_text: str, progress: bool,
+                  stop_at_step: int | None, stop: StopRequest) -> TrainResult:
+    """``train`` once it holds the run directory's lock; SIGINT or SIGTERM (``stop``) ends it after the current
+    step with everything saved and status "interrupted"."""
     write_config(run_dir, toml_text)
     model = build_model(config, data.vocab_size).to(device)
     slow = model.slow_groups if config.optim.qk_rho != 1.0 else ()
@@ -274,7 +284,7 @@ def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at
         save("running")
     bar = tqdm(total=config.optim.steps, initial=step, disable=not progress, desc="train", unit="step")
     end = config.optim.steps if stop_at_step is None else min(stop_at_step, config.optim.steps)
-    while step < end:
+    while step < end and not stop():
         tokens = data.batch(step).to(device)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             loss = batch_loss(model, tokens)
@@ -299,6 +309,9 @@ def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at
     bar.close()
     finished = step >= config.optim.steps
     meta["wall_time_s"] = time.perf_counter() - started
+    if stop():
+        save("interrupted")
+        return TrainResult(run_dir, step, False, log, interrupted=True)
     save("finished" if finished else "stopped")
     write_outputs(run_dir, config, data, probe.pi, log, rows, params)
     return TrainResult(run_dir, step, finished, log)
