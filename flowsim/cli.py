@@ -330,8 +330,13 @@ def sweep(
         rows = run_sweep(config, parse_grid(grid), seeds, out, base_overrides=set_, backend=backend, workers=workers,
                          scheduler=scheduler, batch=batch, force_new=force_new,
                          progress=lambda message: typer.echo(f"flowsim: {message}", err=True))
-    except ConfigError as error:
+    except (ConfigError, ValueError) as error:
         _fail(str(error))
+    except KeyboardInterrupt:
+        written = len(list((out / "rows").glob("*.json"))) if (out / "rows").is_dir() else 0
+        typer.echo(f"interrupted: {written} rows are written in {out / 'rows'}; the same command continues with the "
+                   "rest", err=True)
+        raise typer.Exit(code=EXIT_INTERRUPTED) from None
     failed = [row["name"] for row in rows if row["status"] != "finished"]
     typer.echo(f"{len(rows)} rows: {out / 'sweep.csv'}, {out / 'phase_diagram.png'}")
     if failed:

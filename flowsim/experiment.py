@@ -112,7 +112,12 @@ def partial_note(run_dir: Path) -> str | None:
     if status == Status.FINISHED.label:
         return None
     reached, t_end = meta.get("t_reached"), meta.get("t_end")
-    where = f", reached t = {reached:g}" if isinstance(reached, (int, float)) else ""
+    if (run_dir / TRAJECTORY_FILE).is_file():  # the saved points, which the table covers (a running solver is ahead)
+        try:
+            reached = float(read_npz(run_dir / TRAJECTORY_FILE, ("t",))["t"][-1])
+        except (DamagedFileError, IndexError):
+            pass
+    where = f", saved up to t = {reached:g}" if isinstance(reached, (int, float)) else ""
     where += f" of t_end = {t_end:g}" if where and isinstance(t_end, (int, float)) else ""
     hint = f"; continue it with `flowsim run --resume {run_dir}`" if status in RESUMABLE and "t_end" in meta else ""
     return f"partial run: status {status}{where}{hint}"

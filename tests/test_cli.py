@@ -259,20 +259,21 @@ def test_a_second_writer_of_a_run_or_a_sweep_folder_is_refused(tmp_path):
     assert not (tmp_path / "sweep" / "sweep.json").exists()
 
 
-def test_a_full_disk_keeps_the_trajectory_and_says_what_was_lost(tmp_path, monkeypatch):
-    import errno
+@pytest.mark.parametrize("code, reason", [(28, "disk full"), (30, "read-only file system")])  # ENOSPC, EROFS
+def test_a_failed_write_keeps_the_trajectory_and_says_what_was_lost(tmp_path, monkeypatch, code, reason):
+    import os
 
     from flowsim import experiment
     from flowsim.trajectory import Trajectory
 
-    def disk_full(observables, run_dir):
-        raise OSError(errno.ENOSPC, "No space left on device", str(run_dir / "observables.npz"))
+    def cannot_write(observables, run_dir):
+        raise OSError(code, os.strerror(code), str(run_dir / "observables.npz"))
 
-    monkeypatch.setattr(experiment, "_save_observables", disk_full)
+    monkeypatch.setattr(experiment, "_save_observables", cannot_write)
     result = _invoke("run", *[i for s in SMALL for i in ("--set", s)], "--out", str(tmp_path / "run"))
-    assert result.exit_code == 1 and "disk full" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 1 and reason in result.output and "Traceback" not in result.output
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
-    assert meta["status_name"] == "failed: disk full"
+    assert meta["status_name"] == f"failed: {reason}"
     assert "kept: trajectory.npz" in meta["message"] and "not written: observables.npz" in meta["message"]
     assert Trajectory.load(tmp_path / "run" / "trajectory.npz").t[-1] == 30.0
 
@@ -301,3 +302,19 @@ def test_files_where_folders_go_and_a_nan_target_are_refused_in_one_line(tmp_pat
     line = _one_error_line(_invoke("figures", "--only", "fig10_premature_specialisation", "--tiny", "--cache", "cache"))
     assert "--cache 'cache' is a file, not a folder" in line
     assert "--loss-target nan is not a finite number" in _one_error_line(_invoke("compare-runs", "--loss-target", "nan", "x"))
+
+
+def test_stages_of_a_running_run_say_how_far_its_table_goes(tmp_path):
+    """A running solver is ahead of its last checkpoint: the note gives the saved reach, which the table covers."""
+    from flowsim.rundir import this_process
+    from flowsim.trajectory import Trajectory
+
+    run_dir = tmp_path / "run"
+    execute_run(load_config(None, SMALL), run_dir, progress=False)
+    whole = Trajectory.load(run_dir / "trajectory.npz")
+    Trajectory(whole.t[:20], whole.loss[:20], {name: value[:20] for name, value in whole.params.items()}).save(run_dir / "trajectory.npz")
+    meta = json.loads((run_dir / "meta.json").read_text())
+    (run_dir / "meta.json").write_text(json.dumps({**meta, "status_name": "running", "t_reached": 29.5, **this_process()}))
+    result = _invoke("stages", str(run_dir))
+    assert result.exit_code == 0 and f"partial run: status running, saved up to t = {whole.t[19]:g} of t_end = 30" in result.output
+    assert "29.5" not in result.output

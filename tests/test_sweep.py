@@ -186,3 +186,26 @@ def _state(pid: int) -> str:
         return {"Z": "zombie"}.get(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0], "running")
     except (OSError, IndexError):
         return "zombie"
+
+
+def test_sigint_stops_a_sweep_saying_what_is_kept(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    sets = ["time.t_end=100000.0", "solver.method='Tsit5'", "solver.max_steps=50000000"]  # hours of work per row
+    process = subprocess.Popen([sys.executable, "-m", "flowsim.cli", "sweep", "--grid", "chain.lam=[0.3]", "--out",
+                                str(tmp_path / "sweep"), *[i for s in sets for i in ("--set", s)]],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    progress = b""
+    while b"to run in" not in progress:  # the sweep has started its rows
+        chunk = os.read(process.stderr.fileno(), 4096)
+        assert chunk, progress.decode(errors="replace")
+        progress += chunk
+    time.sleep(2.0)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr.decode()
+    assert f"interrupted: 0 rows are written in {tmp_path / 'sweep' / 'rows'}".encode() in stderr and b"Traceback" not in stderr
