@@ -373,3 +373,20 @@ def test_sigint_stops_a_bridge_run_which_the_same_command_continues(tmp_path):
     assert b"interrupted at step" in stderr and f"--out {tmp_path / 'run'} continues it".encode() in stderr
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     assert meta["status_name"] == "interrupted" and 0 < meta["steps_done"] < 200000
+
+
+@pytest.mark.slow
+@needs_data
+def test_the_d64_text_example_labels_condensation_beside_the_ode(tmp_path):
+    """The shipped WikiText-2 example at d = 64, trained to t = 30 (its condensation ends near t = 13): the run and
+    the exact flow of the corpus's bigram surrogate both label condensation, within 15% of each other."""
+    from flowsim.bridge.compare import compare_bridge_run
+
+    config = load_bridge_config("configs/bridge/wikitext2-d64.toml", ["optim.steps=1200", "log.n_checkpoints=40",
+                                                                        f"data.data_dir='{DATA_DIR}'"])
+    assert config.data.vocab_size == 63 and config.optim.lr == 0.025
+    train(config, tmp_path / "run", progress=False)
+    rows, _, _ = compare_bridge_run(tmp_path / "run")
+    condensation = [row for row in rows if row.stage == "condensation"]
+    assert condensation and condensation[0].predicted is not None and condensation[0].measured is not None, rows
+    assert condensation[0].rel_error < 0.15, condensation[0]

@@ -91,7 +91,7 @@ def test_non_finite_state_and_solver_failure_are_reported():
         (dict(method="Euler"), "solver.method = 'Euler' is invalid: input should be 'LSODA'"),
         (dict(method="gradient_descent"), "positive learning rate"),
         (dict(method="gradient_descent", lr=0.0), "solver.lr = 0.0 is invalid: input should be greater than 0"),
-        (dict(rtol=-1.0), "solver.rtol = -1.0 is invalid: input should be greater than 0"),
+        (dict(rtol=-1.0), "solver.rtol = -1.0 is invalid: input should be greater than or equal to 0.00000000000001"),
         (dict(atol=float("nan")), "solver.atol = nan is invalid"),
         (dict(max_steps=0), "solver.max_steps = 0 is invalid"),
         (dict(max_steps=2.5), "solver.max_steps = 2.5 has type float, expected int"),
