@@ -82,6 +82,15 @@ def stages_apply(model: Model) -> bool:
     return isinstance(model, OneLayerTransformer)
 
 
+def stages_of(result: FlowResult, model: Model, observables: Observables) -> StageReport | None:
+    """The stage labels of a solved run (``flowsim run`` and every sweep row), or None where they do not
+    apply: a model the detectors do not read, a run whose state left the flow, or fewer than
+    MIN_SAMPLES_FOR_STAGES saved times after t = 0."""
+    if not stages_apply(model) or result.status.broken or np.count_nonzero(observables.t > 0) < MIN_SAMPLES_FOR_STAGES:
+        return None
+    return detect_stages(observables)
+
+
 def check_labelable(run_dir: Path) -> str:
     """The run's status name; a run whose state left the flow (diverged, non-finite) is refused."""
     meta = read_meta(run_dir)
@@ -350,9 +359,8 @@ def _write_run(config: RunConfig, run_dir: Path, progress: bool, prepared: Prepa
         return result  # observables, stages and figure come when the run is resumed, or on request
     observables = compute_observables(result.trajectory, model, chain.pi, prepared.flow, law_of(chain))
     _save_observables(observables, run_dir)
-    stages = None
-    if stages_apply(model) and not result.status.broken and np.count_nonzero(observables.t > 0) >= MIN_SAMPLES_FOR_STAGES:
-        stages = detect_stages(observables)
+    stages = stages_of(result, model, observables)
+    if stages is not None:
         stages.save(run_dir)
     if len(result.trajectory) > 1:
         title = f"{chain.describe()}, {config.solver.method}, {result.status_name}"

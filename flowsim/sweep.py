@@ -50,13 +50,12 @@ except ModuleNotFoundError:  # Python 3.10
 
 
 from flowsim.config import ConfigError, load_config
-from flowsim.experiment import law_of, prepare, stages_apply
+from flowsim.experiment import law_of, prepare, stages_apply, stages_of
 from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
 from flowsim.observables import compute_observables
 from flowsim.rundir import check_output_dir, folder_lock, library_versions
 from flowsim.solvers import solve_flow, solve_flow_batch
 from flowsim.specialisation import summarise
-from flowsim.stages import detect_stages
 
 BACKENDS = ("local", "dask")
 STAGES = ("condensation", "focus", "dilution", "restart")
@@ -165,9 +164,10 @@ def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: l
                                   "upper_entropy": (observables["attention_entropy_2"] @ observables.constants["pi"]).tolist(),
                                   "basis_angle": observables["basis_angle"].tolist(),
                                   "basis_doubling_angle": observables["basis_doubling_angle"].tolist()}})
-        if stages_apply(run.model) and len(result.trajectory) >= 4:
-            # Without the flow: the detectors need no gradient norms.
-            report = detect_stages(compute_observables(result.trajectory, run.model, run.chain.pi))
+        # Without the flow: the detectors need no gradient norms.
+        report = stages_of(result, run.model, compute_observables(result.trajectory, run.model, run.chain.pi)) \
+            if stages_apply(run.model) else None
+        if report is not None:
             for stage in STAGES:
                 starts = [interval.t_start for interval in report.of(stage)]
                 row[f"onset_{stage}"] = float(min(starts)) if starts else None

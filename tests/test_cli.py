@@ -139,7 +139,6 @@ def test_bridge_compare_on_a_flowsim_run_says_what_it_is(tmp_path):
 def test_sigterm_stops_an_explicit_solve_inside_its_compiled_call(tmp_path):
     """Tsit5's solve is one compiled call; SIGTERM sent while it runs must reach the event it polls
     after every step (the handler runs in the main thread, which must not be blocked in the call)."""
-    import os
     import signal
     import time
 

@@ -199,3 +199,14 @@ def test_sigint_stops_a_sweep_saying_what_is_kept(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["sweep", "--grid", "chain.lam=[0.3, 0.4]", "--out", str(tmp_path / "sweep")])
     assert result.exit_code == 130
     assert f"interrupted: 1 rows are written in {tmp_path / 'sweep' / 'rows'}" in result.output and "Traceback" not in result.output
+
+
+def test_a_sweep_labels_its_rows_as_flowsim_run_labels_its_runs(tmp_path):
+    """One labelling path: a diverged run gets no stage labels from `flowsim run`, nor from the sweep."""
+    sets = ["time.t_end=2000", "solver.method=gradient_descent", "solver.lr=20"]
+    result = CliRunner().invoke(app, ["sweep", "--grid", "chain.lam=[0.5]", "--out", str(tmp_path / "sweep"),
+                                      *[i for s in sets for i in ("--set", s)]])
+    assert result.exit_code == 1 and "did not finish" in result.output
+    row = json.loads(next((tmp_path / "sweep" / "rows").iterdir()).read_text())
+    assert row["status"] == "diverged"
+    assert row["cycles"] is None and all(row[f"onset_{stage}"] is None for stage in sweep.STAGES)
