@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flowsim.bridge.compare import ODE_DIR, _events, compare_bridge_run
+from flowsim.bridge.compare import ODE_DIR, compare_bridge_run, stage_events
 from flowsim.bridge.config import load_bridge_config
 from flowsim.bridge.regime import check_flow_regime
 from flowsim.config import shipped_config
@@ -53,7 +53,7 @@ def corpus_tables(corpus: str, out: Path, overrides: list[str]) -> str:
     started = time.perf_counter()
     rows, agreement, description = compare_bridge_run(run, progress=True)
     compare_seconds = time.perf_counter() - started
-    measured_half = _events(detect_stages(Observables.load(half)))
+    measured_half = stage_events(detect_stages(Observables.load(half)))
     lines = [f"### {corpus}", "",
              f"d = {description['surrogate_d']} (vocab_size {config.data.vocab_size} + <unk>), m = k = {config.model.m}, "
              f"s = {config.data.s}, batch {config.data.batch_size}, SGD lr = {config.optim.lr:g} for {config.optim.steps} steps "

@@ -29,7 +29,7 @@ from scipy.integrate import solve_ivp
 
 from theory.mean_field import FactoredGradients, MeanFieldChain
 
-_BLOCKS = ("Gamma", "B", "Q", "R")
+BLOCKS = ("Gamma", "B", "Q", "R")  # the coordinate blocks of a rank-r manifold point, in packing order
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,7 +46,7 @@ def reduced_gradient_formulas(d: int, k: int, rank: int) -> tuple[tuple[sp.Matri
     Phi, M = Gamma * Q.T * R * Gamma.T, Gamma * B.T
     first_order = sp.Add(*G_Phi.multiply_elementwise(Phi)) + sp.Add(*G_M.multiply_elementwise(M))
     gradients = {name: X.applyfunc(lambda x: sp.diff(first_order, x))
-                 for name, X in zip(_BLOCKS, (Gamma, B, Q, R))}
+                 for name, X in zip(BLOCKS, (Gamma, B, Q, R))}
     return (Gamma, B, Q, R, G_Phi, G_M), gradients
 
 

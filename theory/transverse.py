@@ -61,7 +61,7 @@ from scipy.sparse.linalg import LinearOperator, svds
 
 from flowsim.losses import expected_cross_entropy, mean_field_attention
 from theory.focus import focus_orbit_start
-from theory.manifold import ReducedFlow, ReducedState, _BLOCKS
+from theory.manifold import BLOCKS, ReducedFlow, ReducedState
 from theory.mean_field import MeanFieldChain
 
 
@@ -79,8 +79,8 @@ def transverse_block_expression(d: int, k: int, rank: int) -> tuple[list[sp.Symb
     def matrix(name: str, rows: int, cols: int) -> sp.Matrix:
         return sp.Matrix(rows, cols, lambda i, j: sp.Symbol(f"{name}{i}_{j}", real=True))
 
-    on = [matrix(name, rows, rank) for name, rows in zip(_BLOCKS, (d, d, k, k))]
-    off = [matrix(f"z{name}", rows, 1) for name, rows in zip(_BLOCKS, (d, d, k, k))]
+    on = [matrix(name, rows, rank) for name, rows in zip(BLOCKS, (d, d, k, k))]
+    off = [matrix(f"z{name}", rows, 1) for name, rows in zip(BLOCKS, (d, d, k, k))]
     Gamma, B, Q, R = (X.row_join(x) for X, x in zip(on, off))
     G_Phi, G_M = matrix("GPhi", d, d), matrix("GM", d, d)
     Phi, M = Gamma * Q.T * R * Gamma.T, Gamma * B.T

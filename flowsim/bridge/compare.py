@@ -57,7 +57,7 @@ class EventRow:
     rel_error: float | None
 
 
-def _events(report: StageReport) -> dict[tuple, float]:
+def stage_events(report: StageReport) -> dict[tuple, float]:
     """(stage, query, direction, occurrence) -> time (condensation: its end; others: onset)."""
     seen: dict[tuple, int] = {}
     events = {}
@@ -192,8 +192,8 @@ def compare_bridge_run(run_dir: Path, progress: bool = False) -> tuple[list[Even
         raise ConfigError(f"bridge compare labels stages of the one-layer model; this run has model.kind = {config.model.kind!r}")
     measured_observables = Observables.load(run_dir)
     ode, description = ode_beside(run_dir, progress)
-    measured = _events(detect_stages(measured_observables))
-    predicted = _events(detect_stages(ode))
+    measured = stage_events(detect_stages(measured_observables))
+    predicted = stage_events(detect_stages(ode))
     names = [str(name) for name in measured_observables.constants.get("type_names", type_names(build_data(config)))]
     rows = []
     for key in sorted(set(predicted) | set(measured), key=lambda k: (min(predicted.get(k, np.inf), measured.get(k, np.inf)), str(k))):
