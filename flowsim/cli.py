@@ -297,6 +297,7 @@ def bridge_compare(run_dir: Path = typer.Argument(..., help="A run directory wri
     try:
         from flowsim.bridge.compare import (
             BRIDGE_COMPARE_JSON,
+            OVERLAY_FIGURE,
             bridge_table,
             compare_bridge_run,
         )
@@ -306,7 +307,7 @@ def bridge_compare(run_dir: Path = typer.Argument(..., help="A run directory wri
         _fail(str(error))
     typer.echo(f"ODE: {description['ode']}")
     typer.echo(bridge_table(rows, agreement))
-    typer.echo(f"written: {run_dir / BRIDGE_COMPARE_JSON}")
+    typer.echo(f"written: {run_dir / BRIDGE_COMPARE_JSON}, {run_dir / OVERLAY_FIGURE}")
 
 
 @app.command()

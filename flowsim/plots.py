@@ -122,3 +122,39 @@ def plot_sweep_phase_diagram(rows: list[dict], grid_keys: list[str], path: Path,
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return Path(path)
+
+
+def plot_overlay(run: Observables, ode: Observables, path: Path, title: str = "", names: list[str] | None = None,
+                 run_label: str = "SGD run", ode_label: str = "ODE") -> Path:
+    """A run beside the gradient flow on the same t axis (log, t > 0): the run solid, the ODE dashed, in one
+    colour per series. Panels: loss (the run's validation loss, the ODE's population loss); σ_r(W0);
+    attention entropy of each query (``names`` label the queries)."""
+    figure, axes = plt.subplots(3, 1, figsize=(7.5, 8.5), sharex=True, constrained_layout=True)
+    for observables, style, label in ((run, "-", run_label), (ode, "--", ode_label)):
+        keep = observables.t > 0
+        t = observables.t[keep]
+        axes[0].plot(t, observables["loss"][keep], color="black", ls=style, label=label)
+        sigma = observables["sv_W0"][keep]
+        for i in range(sigma.shape[1]):
+            axes[1].plot(t, sigma[:, i], color=f"C{i}", ls=style, lw=1.0)
+        entropy = observables["attention_entropy"][keep]
+        for query in range(entropy.shape[1]):
+            name = f"query {query}" if names is None else names[query]
+            axes[2].plot(t, entropy[:, query], color=f"C{query}", ls=style, lw=1.0,
+                         label=name if style == "-" else None)
+    axes[0].set_ylabel(f"loss\n({run_label}: validation, {ode_label}: population)")
+    axes[0].legend(fontsize="small")
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("singular values of W0")
+    axes[2].set_ylabel(f"attention entropy (nats)\n{run_label} —, {ode_label} --")
+    axes[2].set_xlabel("t (learning rate × steps for the run)")
+    axes[2].set_xscale("log")
+    axes[2].legend(fontsize="x-small", ncol=2)
+    if title:
+        axes[0].set_title(title, fontsize="small")
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp.png")
+    figure.savefig(temporary, dpi=110)
+    plt.close(figure)
+    temporary.replace(path)
+    return path

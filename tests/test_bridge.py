@@ -390,3 +390,4 @@ def test_the_d64_text_example_labels_condensation_beside_the_ode(tmp_path):
     condensation = [row for row in rows if row.stage == "condensation"]
     assert condensation and condensation[0].predicted is not None and condensation[0].measured is not None, rows
     assert condensation[0].rel_error < 0.15, condensation[0]
+    assert (tmp_path / "run" / "overlay.png").stat().st_size > 10_000  # the run beside the ODE

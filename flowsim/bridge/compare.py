@@ -35,12 +35,14 @@ from flowsim.io import DamagedFileError, file_digest, read_json, write_atomic_js
 from flowsim.losses import make_loss_function
 from flowsim.models import model_from_config
 from flowsim.observables import MEASURED, OBSERVABLES_NPZ, Observables
+from flowsim.plots import plot_overlay
 from flowsim.rundir import CONFIG_FILE, TRAJECTORY_FILE, read_meta, status_of
 from flowsim.solvers import solve_flow
 from flowsim.stages import StageReport, detect_stages, subject_label
 from flowsim.trajectory import Trajectory
 
 BRIDGE_COMPARE_JSON = "compare.json"
+OVERLAY_FIGURE = "overlay.png"  # the run beside the ODE: loss, σ(W0), attention entropies
 ODE_DIR = "ode"  # the ODE's observables beside a run (RUN/ode/observables.npz)
 ODE_JSON = "ode.json"
 
@@ -205,6 +207,8 @@ def compare_bridge_run(run_dir: Path, progress: bool = False) -> tuple[list[Even
     description["focus_order"] = focus_order(predicted, measured, names, measured_observables.constants["pi"])
     payload = {"rows": [asdict(row) for row in rows], "order_agreement": agreement, **description}
     write_atomic_json(run_dir / BRIDGE_COMPARE_JSON, payload)
+    plot_overlay(measured_observables, ode, run_dir / OVERLAY_FIGURE, names=names,
+                 title=f"bridge: {config.data.kind}, SGD lr = {config.optim.lr:g} (solid) beside the ODE (dashed)")
     return rows, agreement, description
 
 
