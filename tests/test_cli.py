@@ -169,7 +169,7 @@ def test_sigint_stops_a_run_which_resume_continues_to_the_uninterrupted_state(tm
     from flowsim.experiment import prepare
     from flowsim.solvers import solve_flow
 
-    sets = ["loss.kind=finite", "loss.s=24", "time.t_end=3000"]
+    sets = ["loss.kind=finite", "loss.s=20", "time.t_end=3000"]  # a solve of a few seconds: time to interrupt it
     arguments = [item for s in sets for item in ("--set", s)]
     run_dir = tmp_path / "run"
     process = subprocess.Popen([sys.executable, "-m", "flowsim.cli", "run", *arguments, "--out", str(run_dir)],
