@@ -138,9 +138,10 @@ def plot_overlay(run: Observables, ode: Observables, path: Path, title: str = ""
         for i in range(sigma.shape[1]):
             axes[1].plot(t, sigma[:, i], color=f"C{i}", ls=style, lw=1.0)
         entropy = observables["attention_entropy"][keep]
+        colours = [f"C{q}" for q in range(10)] if entropy.shape[1] <= 10 else list(plt.cm.tab20.colors)
         for query in range(entropy.shape[1]):
             name = f"query {query}" if names is None else names[query]
-            axes[2].plot(t, entropy[:, query], color=f"C{query}", ls=style, lw=1.0,
+            axes[2].plot(t, entropy[:, query], color=colours[query % len(colours)], ls=style, lw=1.0,
                          label=name if style == "-" else None)
     axes[0].set_ylabel(f"loss\n({run_label}: validation, {ode_label}: population)")
     axes[0].legend(fontsize="small")
