@@ -1,5 +1,5 @@
-"""The run summary figure: loss, singular values of W0, attention entropy per query,
-with the detected stages shaded."""
+"""The run summary figure (loss, singular values of W0, attention entropy per query, with the
+detected stages shaded), a run beside the ODE (``plot_overlay``), and the sweep's phase diagram."""
 
 from __future__ import annotations
 
@@ -21,8 +21,25 @@ def _shade(axis, start: float, end: float | None, t_last: float, **style) -> Non
     axis.axvspan(start, t_last if end is None else end, lw=0, **style)
 
 
-def plot_run_summary(observables: Observables, path: Path, title: str = "", stages: StageReport | None = None) -> Path:
+def plot_run_summary(observables: Observables, path: Path, title: str = "", stages: StageReport | None = None,
+                     loss_label: str = "population loss", time_label: str = "t") -> Path:
+    """``summary_figure`` written to ``path`` (atomically)."""
+    return _save(summary_figure(observables, title, stages, loss_label, time_label), path)
+
+
+def _save(figure, path: Path) -> Path:
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp.png")
+    figure.savefig(temporary, dpi=110)
+    plt.close(figure)
+    temporary.replace(path)
+    return path
+
+
+def summary_figure(observables: Observables, title: str = "", stages: StageReport | None = None,
+                   loss_label: str = "population loss", time_label: str = "t"):
     """Three panels against t (log axis, t > 0): loss; σ_r(W0); entropy of each query's attention.
+    ``loss_label`` and ``time_label`` say what they are (a torch run: validation loss, t = lr × steps).
 
     With ``stages``: condensation and plateaus shaded on the loss, each restart on the
     singular values in its direction's colour, each focus (filled) and dilution (hatched)
@@ -38,7 +55,7 @@ def plot_run_summary(observables: Observables, path: Path, title: str = "", stag
 
     figure, axes = plt.subplots(3, 1, figsize=(7.5, 8.5), sharex=True, constrained_layout=True)
     axes[0].plot(t, observables["loss"][keep], color="black")
-    axes[0].set_ylabel("population loss")
+    axes[0].set_ylabel(loss_label)
     for i in range(sigma.shape[1]):
         axes[1].plot(t, sigma[:, i], label=f"σ{i}", color=f"C{i}")
     axes[1].set_yscale("log")
@@ -64,19 +81,14 @@ def plot_run_summary(observables: Observables, path: Path, title: str = "", stag
         for query in range(lower.shape[1]):
             axes[2].plot(t, lower[:, query], color=f"C{query}", ls="--", lw=0.8)
     axes[2].set_ylabel("attention entropy (nats)" + ("\nupper —, lower --" if two_layer else ""))
-    axes[2].set_xlabel("t (learning rate × steps)")
+    axes[2].set_xlabel(time_label)
     axes[2].set_xscale("log")
     axes[2].legend(fontsize="small")
     if stages is not None:
         title = f"{title}\n{stages.cycles} cycle(s): shaded condensation/plateau (loss), restarts (σ), focus/dilution (entropy)"
     if title:
         axes[0].set_title(title, fontsize="small")
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp.png")
-    figure.savefig(temporary, dpi=110)
-    plt.close(figure)
-    temporary.replace(path)
-    return path
+    return figure
 
 
 def _grid_values(rows: list[dict], key: str) -> list:
@@ -126,6 +138,12 @@ def plot_sweep_phase_diagram(rows: list[dict], grid_keys: list[str], path: Path,
 
 def plot_overlay(run: Observables, ode: Observables, path: Path, title: str = "", names: list[str] | None = None,
                  run_label: str = "SGD run", ode_label: str = "ODE") -> Path:
+    """``overlay_figure`` written to ``path`` (atomically)."""
+    return _save(overlay_figure(run, ode, title, names, run_label, ode_label), path)
+
+
+def overlay_figure(run: Observables, ode: Observables, title: str = "", names: list[str] | None = None,
+                   run_label: str = "SGD run", ode_label: str = "ODE"):
     """A run beside the gradient flow on the same t axis (log, t > 0): the run solid, the ODE dashed, in one
     colour per series. Panels: loss (the run's validation loss, the ODE's population loss); σ_r(W0);
     attention entropy of each query (``names`` label the queries)."""
@@ -153,9 +171,4 @@ def plot_overlay(run: Observables, ode: Observables, path: Path, title: str = ""
     axes[2].legend(fontsize="x-small", ncol=2)
     if title:
         axes[0].set_title(title, fontsize="small")
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp.png")
-    figure.savefig(temporary, dpi=110)
-    plt.close(figure)
-    temporary.replace(path)
-    return path
+    return figure

@@ -372,7 +372,7 @@ def test_sigint_stops_a_bridge_run_which_the_same_command_continues(tmp_path):
     assert process.returncode == 130, stderr.decode()
     assert b"interrupted at step" in stderr and f"--out {tmp_path / 'run'} continues it".encode() in stderr
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
-    assert meta["status_name"] == "interrupted" and 0 < meta["steps_done"] < 200000
+    assert meta["status_name"] == "interrupted" and 0 <= meta["steps_done"] < 200000  # the signal may come before step 1
 
 
 @pytest.mark.slow

@@ -27,3 +27,37 @@ def test_summary_figure_is_drawn_with_and_without_stages(tmp_path):
         assert image.shape[0] > 200 and image.shape[1] > 200
     # the stage shading changes the picture
     assert not np.array_equal(imread(plain), imread(labelled))
+
+
+def test_summary_axes_say_what_they_show():
+    """An ODE run's time is t and its loss the population loss; a torch run says validation loss and lr × steps."""
+    import matplotlib.pyplot as plt
+
+    from flowsim.plots import summary_figure
+
+    flow = summary_figure(_observables())
+    assert flow.axes[0].get_ylabel() == "population loss" and flow.axes[2].get_xlabel() == "t"
+    run = summary_figure(_observables(), loss_label="validation loss", time_label="t = learning rate × steps")
+    assert run.axes[0].get_ylabel() == "validation loss" and run.axes[2].get_xlabel() == "t = learning rate × steps"
+    plt.close(flow)
+    plt.close(run)
+
+
+def test_the_overlay_draws_both_sides_of_every_series(tmp_path):
+    """Loss, σ(W0) and each query's entropy, the run solid and the ODE dashed, each the data it was given."""
+    import matplotlib.pyplot as plt
+
+    from flowsim.plots import overlay_figure, plot_overlay
+
+    run, ode = _observables(), _observables()
+    ode.columns["loss"] = ode.columns["loss"] - 0.05
+    figure = overlay_figure(run, ode, names=["a", "b"])
+    for axis, series in zip(figure.axes, (1, 2, 2)):  # loss; two singular values; two queries
+        styles = [line.get_linestyle() for line in axis.get_lines()]
+        assert styles.count("-") == series and styles.count("--") == series
+    solid, dashed = figure.axes[0].get_lines()
+    np.testing.assert_array_equal(solid.get_ydata(), run["loss"][run.t > 0])
+    np.testing.assert_array_equal(dashed.get_ydata(), ode["loss"][ode.t > 0])
+    assert [text.get_text() for text in figure.axes[2].get_legend().get_texts()] == ["a", "b"]
+    plt.close(figure)
+    assert imread(plot_overlay(run, ode, tmp_path / "overlay.png")).shape[0] > 200

@@ -339,7 +339,8 @@ def write_outputs(run_dir: Path, config: BridgeConfig, data: DataSource, pi: np.
     if config.model.kind == "one_layer" and np.count_nonzero(t > 0) >= 3:
         stages = detect_stages(observables)
         stages.save(run_dir)
-        plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=f"bridge: {config.data.kind}", stages=stages)
+        plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=f"bridge: {config.data.kind}", stages=stages,
+                         loss_label="validation loss", time_label="t = learning rate × steps")
 
 
 def type_names(data: DataSource) -> list[str]:
