@@ -59,9 +59,14 @@ from flowsim.specialisation import summarise
 
 BACKENDS = ("local", "dask")
 STAGES = ("condensation", "focus", "dilution", "restart")
-ROW_COLUMNS = ("name", "seed", "status", "final_loss", *(f"onset_{stage}" for stage in STAGES), "end_condensation",
-               "cycles", "t_basis_mature", "premature_index", "t_basis_final", "premature_index_final",
-               "t_upper_specialised", "basis_turn_at_specialisation", "bayes_loss", "n_steps", "solve_seconds")
+# sweep.csv's columns: every row's, then those of the models present (a one-layer sweep has no two-layer probes)
+COMMON_COLUMNS = ("seed", "status", "final_loss")
+MODEL_COLUMNS = {
+    "one_layer": (*(f"onset_{stage}" for stage in STAGES), "end_condensation", "cycles"),
+    "two_layer": ("t_basis_mature", "premature_index", "t_basis_final", "premature_index_final", "t_upper_specialised",
+                  "basis_turn_at_specialisation", "bayes_loss"),
+}
+COST_COLUMNS = ("n_steps", "solve_seconds")
 # BLAS and OpenMP threads of every worker process, as Dask's nanny sets them: equal
 # settings give bit-identical results on either backend.
 WORKER_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
@@ -302,7 +307,9 @@ def write_table(out: Path, specs: list[RunSpec], grid_keys: Sequence[str]) -> li
         path = out / "rows" / f"{spec.name}.json"
         if path.is_file():
             rows.append(read_json(path))
-    columns = ["name", *grid_keys, *[c for c in ROW_COLUMNS if c != "name"]]
+    kinds = {row.get("config", {}).get("model", {}).get("kind", "one_layer") for row in rows}
+    columns = ["name", *grid_keys, *COMMON_COLUMNS,
+               *[column for kind, extra in MODEL_COLUMNS.items() if kind in kinds for column in extra], *COST_COLUMNS]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()

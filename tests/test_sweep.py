@@ -210,3 +210,18 @@ def test_a_sweep_labels_its_rows_as_flowsim_run_labels_its_runs(tmp_path):
     row = json.loads(next((tmp_path / "sweep" / "rows").iterdir()).read_text())
     assert row["status"] == "diverged"
     assert row["cycles"] is None and all(row[f"onset_{stage}"] is None for stage in sweep.STAGES)
+
+
+def test_the_table_has_the_columns_of_the_models_it_holds(tmp_path):
+    """A one-layer sweep's sweep.csv has the stage onsets and no two-layer probes; a two-layer one the reverse."""
+    import csv
+
+    for kind, present, absent in (("one_layer", "onset_focus", "t_basis_mature"), ("two_layer", "t_basis_mature", "onset_focus")):
+        specs = sweep.expand_grid({"chain.lam": [0.3]}, 1)
+        row = {"name": specs[0].name, "chain.lam": 0.3, "seed": 0, "status": "finished", "final_loss": 0.5,
+               present: 1.0, "config": {"model": {"kind": kind}}}
+        write_atomic_json(tmp_path / kind / "rows" / f"{specs[0].name}.json", row)
+        sweep.write_table(tmp_path / kind, specs, ["chain.lam"])
+        with open(tmp_path / kind / "sweep.csv") as file:
+            header = next(csv.reader(file))
+        assert present in header and absent not in header, header
