@@ -285,8 +285,9 @@ class OutputWriteError(RuntimeError):
 def _record_lost_outputs(run_dir: Path, error: OSError) -> OutputWriteError:
     """Mark the run "failed" in meta.json with what was written and what was lost (if meta.json can be written)."""
     reason = "disk full" if error.errno == errno.ENOSPC else (error.strerror or type(error).__name__).lower()
-    present = [name for name in (TRAJECTORY_FILE, OBSERVABLES_NPZ, "stages.json", SUMMARY_FIGURE) if (run_dir / name).is_file()]
-    lost = [name for name in (TRAJECTORY_FILE, OBSERVABLES_NPZ, "stages.json", SUMMARY_FIGURE) if name not in present]
+    outputs = (TRAJECTORY_FILE, OBSERVABLES_NPZ, "stages.json", SUMMARY_FIGURE)
+    present = [name for name in outputs if (run_dir / name).is_file()]
+    lost = [name for name in outputs if name not in present]
     message = (f"failed: {reason} while writing {error.filename or 'an output'}; kept: {', '.join(present) or 'nothing'}"
                f" (the trajectory as of its last checkpoint); not written: {', '.join(lost) or 'nothing'}")
     try:
