@@ -345,6 +345,27 @@ def sweep(
         raise typer.Exit(code=1)
 
 
+@app.command("config")
+def config_keys(
+    section: Optional[str] = typer.Argument(None, help="Only this section, e.g. solver."),
+    bridge: bool = typer.Option(False, "--bridge", help="The keys of `flowsim bridge train` configs."),
+) -> None:
+    """Print every config key with its default, type and meaning, as a TOML file of the defaults."""
+    from flowsim.config import ConfigError, reference_toml
+
+    if bridge:
+        try:
+            from flowsim.bridge.config import BridgeConfig as schema
+        except ImportError as error:
+            _fail(str(error))
+    else:
+        from flowsim.config import RunConfig as schema
+    try:
+        typer.echo(reference_toml(schema, section), nl=False)
+    except ConfigError as error:
+        _fail(str(error))
+
+
 @app.command()
 def version() -> None:
     """Print the versions of flowsim and its numerical libraries."""

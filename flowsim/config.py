@@ -13,9 +13,11 @@ Every error is a ``ConfigError`` whose message is one line naming the bad key an
 
 from __future__ import annotations
 
+import types
+import typing
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, Sequence, TypeVar
+from typing import Annotated, Any, Literal, NamedTuple, Sequence, TypeVar
 
 import numpy as np
 import tomli_w
@@ -46,6 +48,11 @@ Positive = Annotated[float, Field(gt=0)]
 PositiveInt = Annotated[int, Field(ge=1)]
 
 
+def key(default: Any, meaning: str, **constraints: Any) -> Any:
+    """A config key's default, its meaning (``flowsim config`` prints it) and its range (pydantic's gt, ge, le, lt)."""
+    return Field(default, description=meaning, **constraints)
+
+
 class Section(BaseModel):
     """A TOML table: unknown keys are errors, types are strict, numbers finite."""
 
@@ -53,10 +60,12 @@ class Section(BaseModel):
 
 
 class ChainConfig(Section):
-    pi: list[float] | None = [0.75, 0.19, 0.05, 0.01]
-    lam: float | None = 0.5
-    P: list[list[float]] | None = None
-    start: StartLaw = "stationary"
+    """The Markov chain: the paper family P = λ I + (1 - λ) 1 πᵀ, or a transition matrix P."""
+
+    pi: list[float] | None = key([0.75, 0.19, 0.05, 0.01], "stationary law π of the paper family (d = its length)")
+    lam: float | None = key(0.5, "the paper family's λ in P = λ I + (1 - λ) 1 πᵀ")
+    P: list[list[float]] | None = key(None, "a d × d row-stochastic transition matrix; replaces pi and lam")
+    start: StartLaw = key("stationary", "law of a sequence's first token (finite-s losses)")
 
     @model_validator(mode="before")
     @classmethod
@@ -68,55 +77,69 @@ class ChainConfig(Section):
 
 
 class TaskConfig(Section):
-    """The data: a Markov chain ([chain], the default) or a sequence task (flowsim.tasks)."""
+    """The data: a Markov chain ([chain], the default) or a sequence task (flowsim.tasks).
+    A Markov run's config.toml keeps this section with its defaults; only kind is read there."""
 
-    kind: Literal["markov", "induction"] = "markov"
-    d: Annotated[int, Field(ge=2)] = 3  # induction: tokens
-    s: Annotated[int, Field(ge=2)] = 6  # induction: context length (the model's positions)
-    noise: Annotated[float, Field(ge=0, lt=1)] = 0.1  # induction: chance of a uniform next token
+    kind: Literal["markov", "induction"] = key("markov", "markov: the chain of [chain]; induction: the induction-head task "
+                                                         "(d, s, noise below; needs model.kind = 'two_layer')")
+    d: int = key(3, "induction: number of tokens", ge=2)
+    s: int = key(6, "induction: context length (the model's positions)", ge=2)
+    noise: float = key(0.1, "induction: chance that the next token is uniform instead of the copied one", ge=0, lt=1)
 
 
 class ModelConfig(Section):
-    kind: Literal["one_layer", "two_layer"] = "one_layer"
-    m: PositiveInt = 8
-    k: PositiveInt = 8
-    value_matrix: bool = False  # one_layer options
-    residual: bool = False
-    logit_scale: LogitScale = "one"
-    ffn: FFNKind = "none"  # two_layer
-    ffn_width: PositiveInt = 16
+    """The paper's one-layer attention-only Transformer, or the two-layer one."""
+
+    kind: Literal["one_layer", "two_layer"] = key("one_layer", "the model")
+    m: PositiveInt = key(8, "embedding width m (W0 is d × m)")
+    k: PositiveInt = key(8, "query/key width k (W_Q, W_K are m × k)")
+    value_matrix: bool = key(False, "one_layer: a value matrix W_V between attention and the unembedding")
+    residual: bool = key(False, "one_layer: a residual connection around attention")
+    logit_scale: LogitScale = key("one", "one_layer: attention logits scaled by 1 or by 1/√k")
+    ffn: FFNKind = key("none", "two_layer: feed-forward block after each attention (none, mlp or glu)")
+    ffn_width: PositiveInt = key(16, "two_layer: the feed-forward block's hidden width")
 
 
 class InitConfig(Section):
-    eps: Annotated[float, Field(gt=0, le=1e3)] = 1e-3  # the initial scale; far above 1 the flow starts saturated
-    seed: Annotated[int, Field(ge=0)] = 0
-    file: str | None = None  # an .npz with W0, W_Q, W_K, W1 (and W_V) to start from instead
+    """The initial point."""
+
+    eps: float = key(1e-3, "initial scale ε: every weight drawn from N(0, ε²); far above 1 the flow starts saturated",
+                     gt=0, le=1e3)
+    seed: int = key(0, "seed of the initial draw", ge=0)
+    file: str | None = key(None, "an .npz with W0, W_Q, W_K, W1 (and W_V) to start from instead of the draw")
 
 
 class LossConfig(Section):
-    kind: LossKind = "mean_field"
-    s: PositiveInt = 64  # context length for finite and monte_carlo
-    mc_samples: Annotated[int, Field(ge=2)] = 4096
-    mc_seed: int = 0
+    """The loss the flow descends."""
+
+    kind: LossKind = key("mean_field", "mean_field: the s -> infinity population loss; finite: exact at context "
+                                       "length s; monte_carlo: sampled at length s")
+    s: PositiveInt = key(64, "context length of the finite and monte_carlo losses")
+    mc_samples: int = key(4096, "monte_carlo: sequences drawn", ge=2)
+    mc_seed: int = key(0, "monte_carlo: seed of the sequences")
 
 
 class FlowConfig(Section):
-    rates: dict[str, Annotated[float, Field(ge=0)]] = {}  # constant multiplier per group, default 1
-    qk_rho: Positive = 1.0  # Q/K slow window: multiplier rho until qk_t0, linear ramp to 1 by qk_t0 + qk_tr
-    qk_t0: Annotated[float, Field(ge=0)] = 0.0
-    qk_tr: Annotated[float, Field(ge=0)] = 0.0
-    qk_groups: list[str] | None = None  # default: the model's (upper-layer) query and key
-    smoothing_a: Annotated[float, Field(ge=0, le=0.5)] = 0.0  # depth smoothing across blocks (two_layer); S is PSD for a <= 1/2
-    smoothing_variant: SmoothingVariant = "standard"
+    """Per-group time rescalings of the gradient flow."""
+
+    rates: dict[str, Annotated[float, Field(ge=0)]] = key({}, "constant rate per parameter group, e.g. {W_Q = 0.1}; default 1")
+    qk_rho: Positive = key(1.0, "Q/K slow window: rate rho until qk_t0, then a linear ramp to 1 by qk_t0 + qk_tr")
+    qk_t0: float = key(0.0, "Q/K slow window: end of the slow phase", ge=0)
+    qk_tr: float = key(0.0, "Q/K slow window: length of the ramp back to rate 1", ge=0)
+    qk_groups: list[str] | None = key(None, "groups the Q/K window slows; default: the (upper-layer) query and key")
+    smoothing_a: float = key(0.0, "two_layer: depth smoothing a across blocks (S is PSD for a <= 1/2)", ge=0, le=0.5)
+    smoothing_variant: SmoothingVariant = key("standard", "two_layer: standard or norm_preserving smoothing")
 
 
 class SolverConfig(Section):
-    method: Literal[METHODS] = DEFAULT_METHOD  # type: ignore[valid-type]
-    # None: the method's default (flowsim.methods.default_rtol); below 1e-14 (about 100 machine epsilons) no step meets it
-    rtol: Annotated[float, Field(ge=1e-14)] | None = None
-    atol: Positive = 1e-12
-    max_steps: PositiveInt = 200_000
-    lr: Positive = 0.1  # step of gradient_descent
+    """The integrator (flowsim.methods)."""
+
+    method: Literal[METHODS] = key(DEFAULT_METHOD, "integration method")  # type: ignore[valid-type]
+    # below 1e-14 (about 100 machine epsilons) no step meets it
+    rtol: float | None = key(None, "relative tolerance; default: the method's (flowsim.methods.default_rtol)", ge=1e-14)
+    atol: Positive = key(1e-12, "absolute tolerance")
+    max_steps: PositiveInt = key(200_000, "steps before the solve stops with status max_steps")
+    lr: Positive = key(0.1, "gradient_descent: the step (t advances by lr per step)")
 
     @model_validator(mode="after")
     def _default_rtol(self) -> "SolverConfig":
@@ -126,10 +149,12 @@ class SolverConfig(Section):
 
 
 class TimeConfig(Section):
-    t_end: Positive = 6000.0
-    n_linear: Annotated[int, Field(ge=2)] = 301
-    n_log: Annotated[int, Field(ge=0)] = 200
-    t_log_min: Positive = 0.1
+    """The horizon and the saved times."""
+
+    t_end: Positive = key(6000.0, "the horizon")
+    n_linear: int = key(301, "saved times on a linear grid from 0 to t_end", ge=2)
+    n_log: int = key(200, "saved times on a log grid from t_log_min to t_end (merged with the linear grid)", ge=0)
+    t_log_min: Positive = key(0.1, "first time of the log grid")
 
     @model_validator(mode="after")
     def _log_grid_inside(self) -> "TimeConfig":
@@ -276,3 +301,72 @@ def load_config(path: Path | str | None = None, overrides: Sequence[str] = (), s
         except tomllib.TOMLDecodeError as error:
             raise ConfigError(f"config file {str(path)!r} is not valid TOML: {error}") from None
     return resolve_config(_merge_overrides(user, overrides), schema)
+
+
+# ---------------------------------------------------------------------------------
+# The reference: every key with its type, default and meaning (``flowsim config``)
+
+
+class KeyReference(NamedTuple):
+    key: str  # section.key
+    type: str  # e.g. "float > 0", "one of 'one_layer', 'two_layer'"
+    default: Any
+    meaning: str
+
+
+BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+
+
+def _type_name(annotation: Any) -> str:
+    """A key's type as a reader writes it: float, list of float, 'a' | 'b', ... (None left out: it is the default)."""
+    origin, arguments = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Literal:
+        return " | ".join(repr(value) for value in arguments)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in arguments if a is not type(None))
+    if origin is Annotated:
+        return _type_name(arguments[0])
+    if origin is list:
+        return f"list of {_type_name(arguments[0])}"
+    if origin is dict:
+        return f"table of {_type_name(arguments[1])}"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def config_reference(schema: type[Sections] = RunConfig) -> list[KeyReference]:
+    """Every key of ``schema`` in file order, with its type (and range), default and meaning."""
+    rows = []
+    for section_name, section in schema.model_fields.items():
+        for name, field in section.annotation.model_fields.items():
+            bounds = [f"{symbol} {getattr(item, bound):g}" for item in field.metadata
+                      for bound, symbol in BOUNDS.items() if getattr(item, bound, None) is not None]
+            kind = _type_name(field.annotation) + (f" ({', '.join(bounds)})" if bounds else "")
+            rows.append(KeyReference(f"{section_name}.{name}", kind, field.default, field.description or ""))
+    return rows
+
+
+def reference_toml(schema: type[Sections] = RunConfig, section: str | None = None) -> str:
+    """Every key as a TOML file of the defaults, each under a comment with its meaning and type; keys without
+    a default are commented out. Read back, it is the default configuration."""
+    rows = [row for row in config_reference(schema) if section is None or row.key.split(".")[0] == section]
+    if not rows:
+        raise ConfigError(f"unknown config section {section!r}; expected one of {list(schema.model_fields)}")
+    lines, current = [], None
+    for row in rows:
+        section_name, name = row.key.split(".", 1)
+        if section_name != current:
+            doc = (schema.model_fields[section_name].annotation.__doc__ or "").split("\n")[0]
+            lines += ([""] if lines else []) + [f"[{section_name}]  # {doc}".rstrip(" #")]
+            current = section_name
+        lines.append(f"# {row.meaning}  [{row.type}]")
+        lines.append(f"{name} = {_toml_value(row.default)}" if row.default is not None else f"# {name} =")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    """A TOML literal on one line (tomli_w spreads arrays over lines)."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{name} = {_toml_value(item)}" for name, item in value.items()) + "}"
+    return tomli_w.dumps({"value": value}).split("=", 1)[1].strip()

@@ -3,6 +3,11 @@
 import numpy as np
 import pytest
 
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 from flowsim.chains import MarkovChain
 from flowsim.config import (
     ConfigError,
@@ -110,3 +115,43 @@ def test_bridge_schema_extends_the_flowsim_sections():
         load_bridge_config(None, ["optim.smoothing_a=0.1"])
     with pytest.raises(ConfigError, match="compare.method = 'Euler' is invalid"):
         load_bridge_config(None, ["compare.method='Euler'"])
+
+
+@pytest.mark.parametrize("schema_name", ["run", "bridge"])
+def test_config_reference_names_every_key_and_reads_back_as_the_defaults(schema_name):
+    """`flowsim config` is a TOML file of the defaults: every key has a meaning and a type, and
+    the file read back resolves to the default configuration."""
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+    from flowsim.config import config_reference, resolve_config
+
+    schema = RunConfig
+    if schema_name == "bridge":
+        pytest.importorskip("torch")
+        from flowsim.bridge.config import BridgeConfig as schema
+    result = CliRunner().invoke(app, ["config"] + (["--bridge"] if schema_name == "bridge" else []))
+    assert result.exit_code == 0, result.output
+    rows = config_reference(schema)
+    keys = {f"{section}.{name}" for section, table in schema.model_fields.items()
+            for name in table.annotation.model_fields}
+    assert {row.key for row in rows} == keys
+    assert all(row.meaning and row.type for row in rows), [row.key for row in rows if not row.meaning]
+    for row in rows:
+        section, name = row.key.split(".", 1)
+        assert f"{name} = " in result.output or f"# {name} =" in result.output, row.key
+    read_back = resolve_config(tomllib.loads(result.output), schema)
+    assert read_back.to_dict() == schema().to_dict()
+    assert "[float (> 0, <= 1000)]" in CliRunner().invoke(app, ["config", "init"]).output or schema_name == "bridge"
+
+
+def test_config_reference_of_one_section_and_of_an_unknown_one():
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+
+    solver = CliRunner().invoke(app, ["config", "solver"])
+    assert solver.exit_code == 0 and solver.output.startswith("[solver]") and "[chain]" not in solver.output
+    assert "method = \"JaxRadau\"" in solver.output and "# rtol =" in solver.output
+    unknown = CliRunner().invoke(app, ["config", "solvers"])
+    assert unknown.exit_code == 2 and "unknown config section 'solvers'" in unknown.output

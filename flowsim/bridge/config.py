@@ -28,6 +28,7 @@ from flowsim.config import (
     Section,
     Sections,
     SmoothingVariant,
+    key,
     load_config,
 )
 from flowsim.methods import METHODS
@@ -38,29 +39,33 @@ Fraction = Annotated[float, Field(ge=0, le=1)]
 
 
 class DataConfig(Section):
-    kind: Literal[DATA_KINDS] = "markov"  # type: ignore[valid-type]
-    data_dir: str | None = None  # default: $FLOWSIM_DATA_DIR or shared/data beside the repository
-    source: Literal["files", "datasets_disk"] = "files"  # datasets_disk: a folder written by datasets' save_to_disk
-    vocab_size: PositiveInt = 2000  # text: top-V words plus <unk>
-    s: PositiveInt = 64  # context length
-    batch_size: PositiveInt = 1024
-    seed: int = 0
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the training sequences come from."""
+
+    kind: Literal[DATA_KINDS] = key("markov", "markov: sequences of [chain]; wikitext2 or tinystories: a local "  # type: ignore[valid-type]
+                                              "corpus, word-level")
+    data_dir: str | None = key(None, "folder of the corpora; default: $FLOWSIM_DATA_DIR or shared/data beside the repository")
+    source: Literal["files", "datasets_disk"] = key("files", "files: the plain-text files; datasets_disk: a folder written "
+                                                             "by datasets' save_to_disk")
+    vocab_size: PositiveInt = key(2000, "text: the top-V words plus <unk> (the surrogate chain has d = V + 1)")
+    s: PositiveInt = key(64, "context length")
+    batch_size: PositiveInt = key(1024, "sequences per step")
+    seed: int = key(0, "seed of the batches and of the paper models' initial draw")
+    device: Literal["auto", "cpu", "cuda"] = key("auto", "torch device; auto: cuda when available")
 
 
 class BridgeModelConfig(ModelConfig):
     """flowsim's model keys (the paper models), plus the GPT family's."""
 
-    kind: Literal[MODEL_KINDS] = "one_layer"  # type: ignore[valid-type]
-    ffn: FFNKind = "mlp"  # two_layer: none | mlp | glu; gpt: mlp | glu
-    init_eps: Positive = 1e-3  # paper models: flowsim's N(0, eps^2) init with data.seed
-    n_layer: PositiveInt = 4
-    d_model: PositiveInt = 64
-    n_head: PositiveInt = 4
-    norm: Literal["layernorm", "rmsnorm", "none"] | None = None  # gpt: default by ffn
-    bias: bool | None = None  # gpt: default by ffn
-    ffn_mult: PositiveInt = 4
-    dtype: Literal["float32", "float64"] | None = None  # float64 (paper models' default) | float32 (gpt's default)
+    kind: Literal[MODEL_KINDS] = key("one_layer", "the model: flowsim's one_layer or two_layer, or a GPT")  # type: ignore[valid-type]
+    ffn: FFNKind = key("mlp", "two_layer: none, mlp or glu; gpt: mlp or glu")
+    init_eps: Positive = key(1e-3, "paper models: flowsim's N(0, ε²) initial draw, seeded by data.seed")
+    n_layer: PositiveInt = key(4, "gpt: blocks")
+    d_model: PositiveInt = key(64, "gpt: width")
+    n_head: PositiveInt = key(4, "gpt: attention heads")
+    norm: Literal["layernorm", "rmsnorm", "none"] | None = key(None, "gpt: normalisation; default by ffn")
+    bias: bool | None = key(None, "gpt: biases in linear layers; default by ffn")
+    ffn_mult: PositiveInt = key(4, "gpt: the feed-forward block's width as a multiple of d_model")
+    dtype: Literal["float32", "float64"] | None = key(None, "default: float64 for the paper models, float32 for gpt")
 
     def flowsim_keys(self) -> dict:
         """The keys of flowsim's [model] section (a paper-model run)."""
@@ -68,34 +73,39 @@ class BridgeModelConfig(ModelConfig):
 
 
 class OptimConfig(Section):
-    name: Literal["sgd", "adamw"] = "sgd"
-    lr: Positive = 0.1
-    steps: PositiveInt = 1000
-    momentum: Annotated[float, Field(ge=0)] = 0.0
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
-    qk_rho: Positive = 1.0
-    qk_hold: Fraction = 0.04
-    qk_ramp: Fraction = 0.01
-    smoothing_a: Annotated[float, Field(ge=0, le=0.5)] = 0.0
-    smoothing_variant: SmoothingVariant = "standard"
+    """The optimiser and its schedules."""
+
+    name: Literal["sgd", "adamw"] = key("sgd", "optimiser (sgd follows the flow at t = lr × steps)")
+    lr: Positive = key(0.1, "learning rate")
+    steps: PositiveInt = key(1000, "optimiser steps")
+    momentum: float = key(0.0, "sgd: momentum", ge=0)
+    weight_decay: float = key(0.0, "weight decay", ge=0)
+    qk_rho: Positive = key(1.0, "upper-layer Q/K learning-rate multiplier during the hold (1: off)")
+    qk_hold: Fraction = key(0.04, "fraction of the steps the Q/K multiplier holds")
+    qk_ramp: Fraction = key(0.01, "fraction of the steps over which it ramps back to 1")
+    smoothing_a: float = key(0.0, "Window Smoothing across blocks (0: off; needs two_layer or gpt)", ge=0, le=0.5)
+    smoothing_variant: SmoothingVariant = key("standard", "standard or norm_preserving smoothing")
 
 
 class LogConfig(Section):
-    n_checkpoints: Annotated[int, Field(ge=3)] = 60
-    val_batches: PositiveInt = 4
-    probe_per_type: PositiveInt = 64
-    fold_d: PositiveInt = 8  # text: the top-d tokens are tracked, the rest folded into "other"
-    track: list[str] = []  # text: further words tracked on their own (e.g. a mid-frequency one)
+    """What the run records."""
+
+    n_checkpoints: int = key(60, "log-spaced steps at which the observables are recorded", ge=3)
+    val_batches: PositiveInt = key(4, "batches of the validation loss at each checkpoint")
+    probe_per_type: PositiveInt = key(64, "two_layer/gpt: probe sequences per type")
+    fold_d: PositiveInt = key(8, "text: the top-d tokens are tracked, the rest folded into 'other'")
+    track: list[str] = key([], "text: further words tracked on their own (e.g. a mid-frequency one)")
 
 
 class CompareConfig(Section):
-    # default: Tsit5 for the finite-s loss of Markov runs (its exact Hessian costs hundreds of
-    # gradients, so stiff solvers are slow there), JaxRadau for the mean-field surrogate of
-    # text runs (d = vocab_size + 1: no dense Hessian fits)
-    method: Literal[METHODS] | None = None  # type: ignore[valid-type]
-    rtol: Positive = 1e-7
-    atol: Positive = 1e-10
-    smoothing: Annotated[float, Field(ge=0)] = 0.1  # text: additive smoothing of the surrogate's bigram counts
+    """The flow integrated beside the run by flowsim bridge compare."""
+
+    # Tsit5 for the finite-s loss of Markov runs (its exact Hessian costs hundreds of gradients, so stiff
+    # solvers are slow there), JaxRadau for the mean-field surrogate of text runs (no dense Hessian fits)
+    method: Literal[METHODS] | None = key(None, "default: Tsit5 on Markov data, JaxRadau on text")  # type: ignore[valid-type]
+    rtol: Positive = key(1e-7, "relative tolerance")
+    atol: Positive = key(1e-10, "absolute tolerance")
+    smoothing: float = key(0.1, "text: additive smoothing of the surrogate's bigram counts", ge=0)
 
 
 class BridgeConfig(Sections):
