@@ -27,6 +27,7 @@ import numpy as np
 import sympy as sp
 from scipy.integrate import solve_ivp
 
+from flowsim.rkc import RKC
 from theory.mean_field import FactoredGradients, MeanFieldChain
 
 BLOCKS = ("Gamma", "B", "Q", "R")  # the coordinate blocks of a rank-r manifold point, in packing order
@@ -162,14 +163,25 @@ class ReducedFlow:
         return -self.gradient(ReducedState.unpack(y, self.d, self.k)).pack()
 
     def solve(self, state0: ReducedState, t_eval: np.ndarray, *, t_start: float = 0.0,
-              rtol: float = 1e-10, atol: float = 1e-14):
-        """Integrate from ``state0`` at ``t_start``; the scipy result (dense output on)."""
+              rtol: float = 1e-10, atol: float = 1e-14, method: str = "LSODA"):
+        """Integrate from ``state0`` at ``t_start``; the scipy result (dense output on).
+
+        ``method``: "LSODA" with the exact Jacobian (n Hessian-vector products, O(d² r n), per refresh: for
+        small n and tight tolerances), or "RKC" (``flowsim.rkc``: field evaluations only, O(d² r) each, about
+        √(h ρ) per step: for large n, where the Jacobian must be refreshed every few steps)."""
         t_eval = np.asarray(t_eval, dtype=float)
         y0 = state0.pack()
         compiled = compiled_reduced_flow(self.d, self.k, len(y0) // (2 * self.d + 2 * self.k))
-        solution = solve_ivp(lambda t, y: np.asarray(compiled.field(y, *self._arrays)), (t_start, float(t_eval[-1])), y0,
-                             method="LSODA", t_eval=t_eval, rtol=rtol, atol=atol, dense_output=True,
-                             jac=lambda t, y: np.asarray(compiled.jacobian(y, *self._arrays)))
+        span = (t_start, float(t_eval[-1]))
+        if method == "RKC":
+            solution = solve_ivp(None, span, y0, method=RKC, field=compiled.field, field_args=self._arrays, t_eval=t_eval,
+                                 rtol=rtol, atol=atol, dense_output=True)
+        elif method == "LSODA":
+            solution = solve_ivp(lambda t, y: np.asarray(compiled.field(y, *self._arrays)), span, y0,
+                                 method="LSODA", t_eval=t_eval, rtol=rtol, atol=atol, dense_output=True,
+                                 jac=lambda t, y: np.asarray(compiled.jacobian(y, *self._arrays)))
+        else:
+            raise ValueError(f"method = {method!r} is not one of 'LSODA', 'RKC'")
         if solution.status != 0:
             raise RuntimeError(f"the reduced flow failed: {solution.message}")
         return solution

@@ -57,6 +57,7 @@ FIRST_SPAN = 64.0  # the reduced flow is followed over t_start + FIRST_SPAN × 2
 REACH_LIMIT = 1e6  # ... until its rate converges, or this far
 SAMPLES_PER_SPAN = 48  # rate evaluations per doubling
 REDUCED_RTOL, REDUCED_ATOL = 1e-8, 1e-12  # the rank-r flows' tolerances (their states are O(1) once condensed)
+REDUCED_METHOD = "RKC"  # stiff, with a Jacobian that changes every few steps: no Jacobians (flowsim.rkc)
 TRANSVERSE_METHOD = "DOP853"  # the transverse equation is not stiff: H_T's spectrum is ±σ_i(C), growth as fast as decay
 
 
@@ -160,7 +161,7 @@ def follow_reduced_flow(reduced_flow: ReducedFlow, state0: ReducedState, t_start
         samples = np.geomspace(max(t0 - t_start, 1e-3 * span), t1 - t_start, SAMPLES_PER_SPAN + 1)[1:] + t_start
         samples[-1] = t1
         solution = reduced_flow.solve(ReducedState.unpack(y0, reduced_flow.d, reduced_flow.k), samples, t_start=t0,
-                                      rtol=REDUCED_RTOL, atol=REDUCED_ATOL)
+                                      rtol=REDUCED_RTOL, atol=REDUCED_ATOL, method=REDUCED_METHOD)
         segments.append(solution)
         ends.append(t1)
         segment_rates = [rate_of(y) for y in solution.y.T]

@@ -1,0 +1,78 @@
+"""flowsim.rkc: the Runge-Kutta-Chebyshev method against closed forms and another solver."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.integrate import solve_ivp
+from scipy.linalg import expm
+
+from flowsim.rkc import RKC
+
+
+def linear_field(y, A):
+    return A @ y
+
+
+def stiff_linear_system(n: int = 40, seed: int = 0):
+    """dy/dt = A y, A = -V diag(λ) Vᵀ with λ from 1e-2 to 1e3 (stiffness ratio 1e5): y(t) = expm(t A) y0."""
+    rng = np.random.default_rng(seed)
+    V = np.linalg.qr(rng.standard_normal((n, n)))[0]
+    A = -(V * np.geomspace(1e-2, 1e3, n)) @ V.T
+    return A, rng.standard_normal(n)
+
+
+@pytest.mark.parametrize("rtol", [1e-4, 1e-6, 1e-8])
+def test_stiff_linear_system_against_the_matrix_exponential(rtol):
+    A, y0 = stiff_linear_system()
+    times = np.array([0.5, 5.0, 50.0])
+    solution = solve_ivp(None, (0.0, times[-1]), y0, method=RKC, field=linear_field, field_args=(A,), t_eval=times,
+                         rtol=rtol, atol=1e-12)
+    assert solution.success, solution.message
+    exact = np.stack([expm(t * A) @ y0 for t in times], axis=1)
+    error = np.abs(solution.y - exact).max() / np.abs(y0).max()
+    assert error < 30 * rtol, error
+    # stable far beyond an explicit method's limit: RK4 (stable to h λ = 2.79, 4 evaluations a step) needs 72 000
+    assert solution.nfev < 4 * 1e3 * times[-1] / 2.79, solution.nfev
+
+
+def test_second_order_convergence():
+    """Halving the tolerance's cube root halves the steps: the global error falls like rtol^(2/3)."""
+    A, y0 = stiff_linear_system(n=12, seed=1)
+    exact = expm(3.0 * A) @ y0
+    errors = []
+    for rtol in (1e-5, 1e-7, 1e-9):
+        solution = solve_ivp(None, (0.0, 3.0), y0, method=RKC, field=linear_field, field_args=(A,), rtol=rtol, atol=1e-14)
+        errors.append(np.abs(solution.y[:, -1] - exact).max())
+    ratios = np.log10(np.array(errors[:-1]) / np.array(errors[1:])) / 2.0  # decades of error per decade of rtol
+    assert np.all(ratios > 0.4) and np.all(ratios < 1.2), (errors, ratios)
+
+
+def loss(y, target):
+    """Softmax cross-entropy of logits y against a target law plus a quartic coupling: curvature from
+    O(1) to O(100) along the path."""
+    return -(target @ jax.nn.log_softmax(y)) + 25.0 * jnp.sum((y[:-1] - y[1:]) ** 4)
+
+
+def gradient_flow(y, target):
+    return -jax.grad(loss)(y, target)
+
+
+def test_nonlinear_flow_and_dense_output_against_lsoda():
+    target = np.random.default_rng(2).dirichlet(np.ones(30))
+    y0 = np.random.default_rng(3).standard_normal(30)
+    field, hessian = jax.jit(gradient_flow), jax.jit(jax.hessian(loss))
+    times = np.linspace(0.0, 20.0, 41)
+    reference = solve_ivp(lambda t, y: np.asarray(field(y, target)), (0.0, 20.0), y0, method="LSODA", t_eval=times,
+                          rtol=1e-12, atol=1e-14, dense_output=True, jac=lambda t, y: -np.asarray(hessian(y, target)))
+    solution = solve_ivp(None, (0.0, 20.0), y0, method=RKC, field=gradient_flow, field_args=(target,), t_eval=times,
+                         rtol=1e-8, atol=1e-12, dense_output=True)
+    assert solution.success
+    np.testing.assert_allclose(solution.y, reference.y, atol=1e-6)
+    between = (times[3:-1] + times[4:]) / 2  # the dense output between the saved times
+    np.testing.assert_allclose(solution.sol(between), reference.sol(between), atol=1e-6)
+
+
+def test_field_is_required():
+    with pytest.raises(ValueError, match="RKC needs field="):
+        solve_ivp(None, (0.0, 1.0), np.ones(2), method=RKC)
