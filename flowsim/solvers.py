@@ -317,15 +317,16 @@ def solve_flow_batch(
     loss = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *[with_fused_products(flow.loss) for flow in flows])
     started = time.perf_counter()
     slots = _save_slots(len(times))
+    # a saved state is checked before anything is shown or compiled
+    resumed = None if radau_state is None else _radau_state_from_arrays(radau_state, len(flows), thetas0.shape[1], slots)
+    bar = _Progress(progress, times[0], times[-1], "JaxRadau")
+    bar.compiling()
     functions, compile_seconds = _radau_functions(flows[0], len(flows), slots, loss)
     solve_started = time.perf_counter()
     times_device = jnp.asarray(np.concatenate([times, np.full(slots - len(times), np.inf)]))
     t_end = times[-1]
-    if radau_state is None:
-        state = functions.init(jnp.asarray(thetas0), loss, times_device, t_end, rtol, atol)
-    else:
-        state = _radau_state_from_arrays(radau_state, len(flows), thetas0.shape[1], slots)
-    bar = _Progress(progress, times[0], times[-1], "JaxRadau")
+    state = functions.init(jnp.asarray(thetas0), loss, times_device, t_end, rtol, atol) if resumed is None else resumed
+    bar.update(times[0])
     last_checkpoint = time.perf_counter()
     max_attempts = np.int32(min(max_steps, 2**31 - 1))
     # Each call of the compiled loop returns to the host to report, checkpoint or stop: only
@@ -424,6 +425,10 @@ class _Progress:
     def _label(self, t: float) -> str:
         return f"flow ({self.method}) t={t:.4g}/{self.t_end:.4g}"
 
+    def compiling(self) -> None:
+        """Say so while JAX compiles (tens of seconds the first time a model shape is met), not a silent 0%."""
+        self.bar.set_description_str(f"flow ({self.method}) compiling (once per model shape)", refresh=True)
+
     def update(self, t: float) -> None:
         self.bar.set_description_str(self._label(t), refresh=False)
         self.bar.update(max(0.0, float(np.log1p(t)) - self.bar.n))
@@ -436,13 +441,15 @@ def _solve_scipy(flow, theta0, times, *, method, rtol, atol, max_steps, progress
                  should_stop, **_):
     field = lambda t, theta: np.asarray(flow.vector_field(t, theta))  # noqa: E731
     jacobian = lambda t, theta: np.asarray(flow.jacobian(t, theta))  # noqa: E731
+    bar = _Progress(progress, times[0], times[-1], method)
+    bar.compiling()
     field(times[0], theta0), jacobian(times[0], theta0)  # compiles both on first use
     compile_seconds = time.perf_counter() - started
+    bar.update(times[0])
     solver = SCIPY_METHODS[method](field, times[0], theta0, times[-1], rtol=rtol, atol=atol, jac=jacobian)
     saved_t, saved_theta = [times[0]], [theta0]
     status, steps = Status.FINISHED, 0
     message = status.message()
-    bar = _Progress(progress, times[0], times[-1], method)
     last_checkpoint = time.perf_counter()
     try:
         while len(saved_t) < len(times):

@@ -223,3 +223,13 @@ def test_the_stiff_subspace_grows_with_the_flow_so_a_sixteen_token_flow_finishes
     result = solve_flow(prepared.flow, prepared.params0, prepared.times, max_steps=2000)
     assert result.success, result.message
     assert np.all(np.diff(result.trajectory.loss) <= 1e-9) and result.trajectory.loss[-1] < 0.7 * result.trajectory.loss[0]
+
+
+@pytest.mark.parametrize("method", ["JaxRadau", "LSODA"])
+def test_the_progress_bar_says_when_it_is_compiling(default_flow, method, capsys):
+    """The first run of a model shape spends tens of seconds in JAX's compiler: the bar says so, not 0%."""
+    flow, params0 = default_flow
+    result = solve_flow(flow, params0, np.array([0.0, 1.0]), method=method, progress=True)
+    assert result.success
+    shown = capsys.readouterr().err
+    assert f"flow ({method}) compiling" in shown and f"flow ({method}) t=1/1" in shown

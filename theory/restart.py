@@ -57,7 +57,9 @@ FIRST_SPAN = 64.0  # the reduced flow is followed over t_start + FIRST_SPAN × 2
 REACH_LIMIT = 1e6  # ... until its rate converges, or this far
 SAMPLES_PER_SPAN = 48  # rate evaluations per doubling
 REDUCED_RTOL, REDUCED_ATOL = 1e-8, 1e-12  # the rank-r flows' tolerances (their states are O(1) once condensed)
-REDUCED_METHOD = "RKC"  # stiff, with a Jacobian that changes every few steps: no Jacobians (flowsim.rkc)
+# LSODA (Adams) while the rank-r flow is not stiff; once LSODA needs Jacobians the flow is stiff, with a Hessian
+# that changes every few steps, and the later spans take RKC, which needs none (flowsim.rkc)
+NONSTIFF_METHOD, STIFF_METHOD = "LSODA", "RKC"
 TRANSVERSE_METHOD = "DOP853"  # the transverse equation is not stiff: H_T's spectrum is ±σ_i(C), growth as fast as decay
 
 
@@ -153,15 +155,18 @@ def follow_reduced_flow(reduced_flow: ReducedFlow, state0: ReducedState, t_start
     doubling σ_max(C) moved less than CONVERGED and stayed within SETTLED of its end value, and the state
     moved less than CONVERGED relative to its size), σ_max(C) has
     fallen to zero (degenerate), ``enough(segment, rates so far)`` says so, or REACH_LIMIT is reached.
+    Spans are integrated by LSODA until one needs a Jacobian (n = (2d + 2k) r Hessian-vector products), then by RKC.
     Cost: (2d + 2k) r equations at O(d² r) per evaluation, and SAMPLES_PER_SPAN couplings per span."""
     segments, ends, times, rates = [], [], [float(t_start)], [rate_of(state0.pack())]
-    y0, t0, span, converged = state0.pack(), float(t_start), FIRST_SPAN, False
+    y0, t0, span, converged, method = state0.pack(), float(t_start), FIRST_SPAN, False, NONSTIFF_METHOD
     while not converged and t0 < REACH_LIMIT:
         t1 = min(float(t_start) + span, REACH_LIMIT)
         samples = np.geomspace(max(t0 - t_start, 1e-3 * span), t1 - t_start, SAMPLES_PER_SPAN + 1)[1:] + t_start
         samples[-1] = t1
         solution = reduced_flow.solve(ReducedState.unpack(y0, reduced_flow.d, reduced_flow.k), samples, t_start=t0,
-                                      rtol=REDUCED_RTOL, atol=REDUCED_ATOL, method=REDUCED_METHOD)
+                                      rtol=REDUCED_RTOL, atol=REDUCED_ATOL, method=method)
+        if solution.njev > 0:
+            method = STIFF_METHOD
         segments.append(solution)
         ends.append(t1)
         segment_rates = [rate_of(y) for y in solution.y.T]
