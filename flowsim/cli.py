@@ -325,7 +325,7 @@ def sweep(
 ) -> None:
     """Run a grid of configurations x seeds, label every run's stages, and write a table and a phase diagram."""
     from flowsim.config import ConfigError
-    from flowsim.sweep import parse_grid, run_sweep
+    from flowsim.sweep import parse_grid, run_sweep, summary_table
 
     try:
         rows = run_sweep(config, parse_grid(grid), seeds, out, base_overrides=set_, backend=backend, workers=workers,
@@ -339,6 +339,7 @@ def sweep(
                    "rest", err=True)
         raise typer.Exit(code=EXIT_INTERRUPTED) from None
     failed = [row["name"] for row in rows if row["status"] != "finished"]
+    typer.echo(summary_table(rows))
     typer.echo(f"{len(rows)} rows: {out / 'sweep.csv'}, {out / 'phase_diagram.png'}")
     if failed:
         typer.echo(f"runs that did not finish: {', '.join(failed)}", err=True)

@@ -319,6 +319,28 @@ def write_table(out: Path, specs: list[RunSpec], grid_keys: Sequence[str]) -> li
     return rows
 
 
+SUMMARY_COLUMNS = {"one_layer": tuple(f"onset_{stage}" for stage in STAGES),
+                   "two_layer": ("t_basis_mature", "t_upper_specialised", "bayes_loss")}
+
+
+def summary_table(rows: list[dict]) -> str:
+    """The sweep at a glance, one line per row: status, final loss and the model's headline times, an event the
+    run did not reach by its horizon written "not reached" (the phase diagram leaves those cells blank)."""
+    kinds = [kind for kind in SUMMARY_COLUMNS
+             if any(row.get("config", {}).get("model", {}).get("kind", "one_layer") == kind for row in rows)]
+    columns = ["name", "status", "final_loss", *[column for kind in kinds for column in SUMMARY_COLUMNS[kind]]]
+
+    def cell(row: dict, column: str) -> str:
+        value = row.get(column)
+        if value is None:
+            return "not reached" if column.startswith(("onset_", "t_")) and row.get("status") == "finished" else "-"
+        return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+    table = [[column.removeprefix("onset_") for column in columns]] + [[cell(row, c) for c in columns] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
+    return "\n".join("  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip() for line in table)
+
+
 def run_sweep(
     config_path: Path | None,
     grid: dict[str, list],

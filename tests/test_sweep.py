@@ -34,6 +34,15 @@ def test_rows_equal_independent_runs_and_resume_recomputes_only_missing_rows(tmp
     alone = solve_flow(prepared.flow, prepared.params0, prepared.times, method="JaxRadau")
     assert row["final_loss"] == pytest.approx(alone.trajectory.loss[-1], rel=1e-12)
     assert row["status"] == "finished" and 1 < row["onset_condensation"] < row["end_condensation"] < row["onset_focus"] < 150
+    # the printed summary: a line per row with its status, loss and onsets, "not reached" where the row has none
+    lines = [line for line in result.output.splitlines() if not line.startswith("flowsim: ")]  # not the progress
+    assert lines[0].split() == ["name", "status", "final_loss", "condensation", "focus", "dilution", "restart"]
+    for name, stored in rows.items():
+        printed = next(line for line in lines if line.startswith(name + " ")).split("  ")
+        cells = [cell.strip() for cell in printed if cell.strip()]
+        expected = [f"{stored[f'onset_{stage}']:.6g}" if stored[f"onset_{stage}"] is not None else "not reached"
+                    for stage in sweep.STAGES]
+        assert cells == [name, "finished", f"{stored['final_loss']:.6g}", *expected], (cells, expected)
 
     # interrupt: one row lost; the rerun computes that row alone and the table comes back the same
     (out / "rows" / "chain.lam=0.3_seed=1.json").unlink()
