@@ -45,3 +45,13 @@ def random_params(model, scale, seed):
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_code():
+    """Drop JAX's in-memory compilation caches after each test module: a full run otherwise holds the
+    compiled code of every shape it met (the on-disk cache keeps recompiling cheap)."""
+    yield
+    import jax
+
+    jax.clear_caches()

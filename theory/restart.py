@@ -30,8 +30,9 @@ The transverse equation integrated to the threshold is kept beside the formula a
 (``t_integrated``). Nothing here looks at a run's horizon: the rank-r flow is followed over doubling
 spans until it converges, or one span past the crossing (``follow_reduced_flow``), so t_s and the
 crossing are properties of the flow. Cost per direction: the reduced flow, (2d + 2k) r equations at
-O(d² r) per evaluation plus its exact Jacobian (O(d² r) per column), and the linear transverse equation,
-(2d + 2k)(m - r) equations at O(d² (m - r)) per evaluation (C kept factored, ``TransverseCoupling``).
+O(d² r) per evaluation (LSODA with the exact Jacobian, O(d² r) per column, until the flow turns stiff;
+then RKC, which needs no Jacobian), and the linear transverse equation, (2d + 2k)(m - r) equations at
+O(d² (m - r)) per evaluation (C kept factored, ``TransverseCoupling``).
 """
 
 from __future__ import annotations
