@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy.integrate import DenseOutput, OdeSolver
+from scipy.interpolate import CubicHermiteSpline
 
 DAMPING = 2.0 / 13.0  # the damped Chebyshev polynomial's ε: stability interval ≈ 0.65 s², robust to complex λ near the axis
 RADIUS_SAFETY = 1.2  # ρ is the power iteration's estimate times this (it converges from below)
@@ -90,12 +91,10 @@ class HermiteOutput(DenseOutput):
 
     def __init__(self, t_old: float, t: float, y0, y1, f0, f1):
         super().__init__(t_old, t)
-        self.h, self.y0, self.y1, self.f0, self.f1 = t - t_old, y0, y1, f0, f1
+        self.spline = CubicHermiteSpline([t_old, t], np.stack([y0, y1], axis=1), np.stack([f0, f1], axis=1), axis=1)
 
     def _call_impl(self, t):
-        x = (np.asarray(t) - self.t_old) / self.h
-        weights = (2 * x**3 - 3 * x**2 + 1, self.h * (x**3 - 2 * x**2 + x), 3 * x**2 - 2 * x**3, self.h * (x**3 - x**2))
-        return sum(np.multiply.outer(vector, weight) for vector, weight in zip((self.y0, self.f0, self.y1, self.f1), weights))
+        return self.spline(t)
 
 
 class RKC(OdeSolver):

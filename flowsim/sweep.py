@@ -300,6 +300,11 @@ def _run_dask(tasks, workers: int, scheduler: str | None, on_rows: Callable[[lis
             on_rows(future.result())
 
 
+def model_kind(row: dict) -> str:
+    """The model kind of a row file (rows written before it was recorded are one-layer)."""
+    return row.get("config", {}).get("model", {}).get("kind", "one_layer")
+
+
 def write_table(out: Path, specs: list[RunSpec], grid_keys: Sequence[str]) -> list[dict]:
     """sweep.csv from the row files present, in grid order; returns the rows."""
     rows = []
@@ -307,7 +312,7 @@ def write_table(out: Path, specs: list[RunSpec], grid_keys: Sequence[str]) -> li
         path = out / "rows" / f"{spec.name}.json"
         if path.is_file():
             rows.append(read_json(path))
-    kinds = {row.get("config", {}).get("model", {}).get("kind", "one_layer") for row in rows}
+    kinds = {model_kind(row) for row in rows}
     columns = ["name", *grid_keys, *COMMON_COLUMNS,
                *[column for kind, extra in MODEL_COLUMNS.items() if kind in kinds for column in extra], *COST_COLUMNS]
     buffer = io.StringIO()
@@ -326,8 +331,8 @@ SUMMARY_COLUMNS = {"one_layer": tuple(f"onset_{stage}" for stage in STAGES),
 def summary_table(rows: list[dict]) -> str:
     """The sweep at a glance, one line per row: status, final loss and the model's headline times, an event the
     run did not reach by its horizon written "not reached" (the phase diagram leaves those cells blank)."""
-    kinds = [kind for kind in SUMMARY_COLUMNS
-             if any(row.get("config", {}).get("model", {}).get("kind", "one_layer") == kind for row in rows)]
+    present = {model_kind(row) for row in rows}
+    kinds = [kind for kind in SUMMARY_COLUMNS if kind in present]
     columns = ["name", "status", "final_loss", *[column for kind in kinds for column in SUMMARY_COLUMNS[kind]]]
 
     def cell(row: dict, column: str) -> str:
