@@ -6,6 +6,12 @@ import tempfile
 import numpy as np
 import pytest
 
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # the suite runs in parallel workers (pyproject's addopts): one thread each, so they do not contend for the cores
+    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(variable, "1")
+
 # predictions are cached per user; the tests keep theirs apart, in a folder of this session
 os.environ["FLOWSIM_PREDICTION_CACHE"] = tempfile.mkdtemp(prefix="flowsim-predictions-")
 
