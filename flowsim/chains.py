@@ -236,6 +236,13 @@ class MarkovChain:
         """The law of the first token x_1."""
         return self.pi if self.start == "stationary" else np.full(self.d, 1.0 / self.d)
 
+    @property
+    def entropy_rate(self) -> float:
+        """Σ_i π_i H(P_i), in nats, O(d²): the least next-token loss any predictor reaches on the stationary
+        chain (the Bayes loss of the mean-field loss, and of the finite-s losses from the stationary start)."""
+        safe = np.where(self.P > 0, self.P, 1.0)
+        return float(-self.pi @ np.sum(self.P * np.log(safe), axis=1))
+
     def sample(self, n_sequences: int, length: int, seed: int) -> np.ndarray:
         """Sample ``n_sequences`` paths x_1..x_length (int array, shape (n, length))."""
         if n_sequences < 1 or length < 1:

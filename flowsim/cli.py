@@ -166,11 +166,42 @@ def compare(run_dir: Path = typer.Argument(..., help="A run directory written by
 
 @app.command("compare-runs")
 def compare_runs(
-    run_dirs: List[Path] = typer.Argument(..., help="Two-layer run directories."),
+    run_dirs: List[Path] = typer.Argument(..., help="Run directories (one-layer or two-layer)."),
     loss_target: Optional[float] = typer.Option(None, "--loss-target", help="Report when each run's loss first reaches this."),
+    figure: Path = typer.Option(Path("compare-runs.png"), "--figure",
+                                help="Where the one-layer runs' overlay figure goes (loss, σ(W0), attention entropies)."),
 ) -> None:
-    """A table of the premature-specialisation probes and the pathwise growth factors across
-    two-layer runs (the factors are cached in each run's pathwise.npz)."""
+    """Runs side by side. One-layer runs (up to four): final loss, stage onsets and an overlay figure.
+    Two-layer runs: the premature-specialisation probes and the pathwise growth factors (cached in each
+    run's pathwise.npz)."""
+    from flowsim.config import ConfigError, load_config
+    from flowsim.rundir import CONFIG_FILE
+
+    if loss_target is not None and not math.isfinite(loss_target):
+        _fail(f"--loss-target {loss_target} is not a finite number; expected a loss value such as 0.5")
+    try:
+        kinds = {run_dir: load_config(run_dir / CONFIG_FILE).model.kind for run_dir in run_dirs}
+    except (FileNotFoundError, ConfigError) as error:
+        _fail(str(error))
+    one_layer = [run_dir for run_dir in run_dirs if kinds[run_dir] == "one_layer"]
+    two_layer = [run_dir for run_dir in run_dirs if kinds[run_dir] != "one_layer"]
+    if one_layer:
+        from flowsim.runs_compared import compare_one_layer_runs
+
+        try:
+            table, written = compare_one_layer_runs(one_layer, figure, loss_target)
+        except (FileNotFoundError, ConfigError, ValueError) as error:
+            _fail(str(error))
+        typer.echo(table)
+        typer.echo(f"written: {written}")
+    if two_layer:
+        if one_layer:
+            typer.echo("")
+        typer.echo(_two_layer_tables(two_layer, loss_target))
+
+
+def _two_layer_tables(run_dirs: List[Path], loss_target: float | None) -> str:
+    """The probes table and the pathwise factors table of two-layer runs."""
     from flowsim.config import ConfigError, load_config
     from flowsim.experiment import observables_of_run
     from flowsim.rundir import CONFIG_FILE
@@ -185,8 +216,6 @@ def compare_runs(
     factors = (f"{'run':16} {'step(0)':>8} {'energy(0)':>9} {'ffn(0)':>9} {'peak bound':>10} "
                f"{'peak direct':>11} {'direct share':>12} {'exceeded':>8} {'loose':>7} {'tight':>7}")
     probe_lines, factor_lines = [probes], [factors]
-    if loss_target is not None and not math.isfinite(loss_target):
-        _fail(f"--loss-target {loss_target} is not a finite number; expected a loss value such as 0.5")
     for run_dir in run_dirs:
         try:
             config = load_config(run_dir / CONFIG_FILE)
@@ -207,7 +236,7 @@ def compare_runs(
                             f"{pathwise['ffn_write_0']:9.4g} {pathwise['peak_bound']:10.4g} "
                             f"{pathwise['peak_direct']:11.4g} {pathwise['direct_share']:12.4g} "
                             f"{pathwise['exceeded_share']:8.3g} {pathwise['looseness']:7.3g} {pathwise['tight_looseness']:7.3g}")
-    typer.echo("\n".join(probe_lines + [""] + factor_lines))
+    return "\n".join(probe_lines + [""] + factor_lines)
 
 
 @app.command()

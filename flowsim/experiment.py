@@ -297,6 +297,26 @@ def _record_lost_outputs(run_dir: Path, error: OSError) -> OutputWriteError:
     return OutputWriteError(f"{run_dir}: {message}")
 
 
+def model_description(config: RunConfig) -> str:
+    """The model in words, for figure titles: "two-layer Transformer (m = 8, k = 8, ffn = mlp)"."""
+    model = config.model
+    name = {"one_layer": "one-layer", "two_layer": "two-layer"}.get(model.kind, model.kind)
+    if config.task.kind == "induction":
+        name = "positional two-layer"
+    ffn = f", ffn = {model.ffn}" if model.kind == "two_layer" and model.ffn != "none" else ""
+    return f"{name} Transformer (m = {model.m}, k = {model.k}{ffn}), {config.loss.kind.replace('_', '-')} loss"
+
+
+def bayes_loss(config: RunConfig, data: MarkovChain | InductionTask) -> float | None:
+    """The least loss any predictor reaches, where the data law gives it exactly: an induction task's, or a
+    chain's entropy rate for the mean-field loss and the finite-s losses from the stationary start."""
+    if isinstance(data, InductionTask):
+        return data.bayes_loss
+    if config.loss.kind == "mean_field" or data.start == "stationary":
+        return data.entropy_rate
+    return None
+
+
 def config_digest(config: RunConfig) -> str:
     """SHA-256 of the resolved configuration: a resume checks that config.toml still describes the run."""
     return hashlib.sha256(config.to_toml().encode()).hexdigest()
@@ -364,8 +384,8 @@ def _write_run(config: RunConfig, run_dir: Path, progress: bool, prepared: Prepa
     if stages is not None:
         stages.save(run_dir)
     if len(result.trajectory) > 1:
-        title = f"{chain.describe()}, {config.solver.method}, {result.status_name}"
-        plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=title, stages=stages)
+        title = f"{model_description(config)}\n{chain.describe()}, {config.solver.method}, {result.status_name}"
+        plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=title, stages=stages, bayes_loss=bayes_loss(config, chain))
     write_meta(run_dir, {**meta, **result.summary(), "n_saved": len(result.trajectory)})  # last: every output is there
     return result
 

@@ -1,5 +1,6 @@
 """The run summary figure (loss, singular values of W0, attention entropy per query, with the
-detected stages shaded), a run beside the ODE (``plot_overlay``), and the sweep's phase diagram."""
+detected stages shaded), runs overlaid (``plot_overlay``: a run beside the ODE, or runs side by side), and
+the sweep's phase diagram."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ def _shade(axis, start: float, end: float | None, t_last: float, **style) -> Non
 
 
 def plot_run_summary(observables: Observables, path: Path, title: str = "", stages: StageReport | None = None,
-                     loss_label: str = "population loss", time_label: str = "t") -> Path:
+                     loss_label: str = "population loss", time_label: str = "t", bayes_loss: float | None = None) -> Path:
     """``summary_figure`` written to ``path`` (atomically)."""
-    return _save(summary_figure(observables, title, stages, loss_label, time_label), path)
+    return _save(summary_figure(observables, title, stages, loss_label, time_label, bayes_loss), path)
 
 
 def _save(figure, path: Path) -> Path:
@@ -37,9 +38,10 @@ def _save(figure, path: Path) -> Path:
 
 
 def summary_figure(observables: Observables, title: str = "", stages: StageReport | None = None,
-                   loss_label: str = "population loss", time_label: str = "t"):
+                   loss_label: str = "population loss", time_label: str = "t", bayes_loss: float | None = None):
     """Three panels against t (log axis, t > 0): loss; σ_r(W0); entropy of each query's attention.
-    ``loss_label`` and ``time_label`` say what they are (a torch run: validation loss, t = lr × steps).
+    ``loss_label`` and ``time_label`` say what they are (a torch run: validation loss, t = lr × steps);
+    ``bayes_loss``, where the data law gives one, is drawn on the loss as the line it cannot go below.
 
     With ``stages``: condensation and plateaus shaded on the loss, each restart on the
     singular values in its direction's colour, each focus (filled) and dilution (hatched)
@@ -56,6 +58,9 @@ def summary_figure(observables: Observables, title: str = "", stages: StageRepor
     figure, axes = plt.subplots(3, 1, figsize=(7.5, 8.5), sharex=True, constrained_layout=True)
     axes[0].plot(t, observables["loss"][keep], color="black")
     axes[0].set_ylabel(loss_label)
+    if bayes_loss is not None:
+        axes[0].axhline(bayes_loss, color="tab:red", ls=":", lw=1.0, label=f"Bayes loss {bayes_loss:.5g}")
+        axes[0].legend(fontsize="small", loc="upper right")
     for i in range(sigma.shape[1]):
         axes[1].plot(t, sigma[:, i], label=f"σ{i}", color=f"C{i}")
     axes[1].set_yscale("log")
@@ -102,53 +107,76 @@ def _grid_label(value) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 
 
+ONSET_COLUMNS = ("onset_condensation", "onset_focus", "onset_dilution", "onset_restart")
+NOT_REACHED, NO_FINISHED_RUN = "not\nreached", "no finished\nrun"  # what a cell without a value says
+
+
 def plot_sweep_phase_diagram(rows: list[dict], grid_keys: list[str], path: Path,
-                             columns: tuple[str, ...] = ("onset_condensation", "onset_focus", "onset_dilution",
-                                                         "onset_restart")) -> Path:
-    """One panel per time column of the rows (e.g. a stage's onset): its mean over seeds,
-    on a log colour scale, over the first two grid keys (a single row for a one-key grid);
-    cells where no seed reached it are grey."""
+                             columns: tuple[str, ...] = ONSET_COLUMNS) -> Path:
+    """``phase_diagram_figure`` written to ``path`` (atomically)."""
+    return _save(phase_diagram_figure(rows, grid_keys, columns), path)
+
+
+def phase_diagram_figure(rows: list[dict], grid_keys: list[str], columns: tuple[str, ...] = ONSET_COLUMNS):
+    """One panel per time column of the rows (e.g. a stage's onset): its mean over seeds, over the first two
+    grid keys (a single row for a one-key grid), on one log colour scale shared by every panel, so that
+    colours compare across stages. A cell where no seed has the time is grey and says why: "not reached"
+    (its runs finished without the event) or "no finished run" (rows without a status count as finished)."""
     x_key = grid_keys[0]
     y_key = grid_keys[1] if len(grid_keys) > 1 else None
     xs = _grid_values(rows, x_key)
     ys = _grid_values(rows, y_key) if y_key else [None]
-    figure, axes = plt.subplots(1, len(columns), figsize=(3.2 * len(columns), 2.8), constrained_layout=True, squeeze=False)
-    for axis, column in zip(axes[0], columns):
+    grids, finished = {}, np.zeros((len(ys), len(xs)), dtype=bool)
+    for column in columns:
         grid = np.full((len(ys), len(xs)), np.nan)
         for j, y in enumerate(ys):
             for i, x in enumerate(xs):
-                onsets = [row[column] for row in rows
-                          if row[x_key] == x and (y_key is None or row[y_key] == y)]
-                finite = [value for value in onsets if value is not None and np.isfinite(value)]
-                grid[j, i] = np.log10(np.mean(finite)) if finite else np.nan
-        image = axis.imshow(grid, origin="lower", aspect="auto", cmap="viridis")
+                cell = [row for row in rows if row[x_key] == x and (y_key is None or row[y_key] == y)]
+                finished[j, i] = any(row.get("status", "finished") == "finished" for row in cell)
+                times = [row[column] for row in cell if row.get(column) is not None and np.isfinite(row[column])]
+                grid[j, i] = np.log10(np.mean(times)) if times else np.nan
+        grids[column] = grid
+    values = np.concatenate([grid[np.isfinite(grid)] for grid in grids.values()])
+    low, high = (float(values.min()), float(values.max())) if len(values) else (0.0, 1.0)
+    if high - low < 1e-9:
+        low, high = low - 0.5, high + 0.5
+    figure, axes = plt.subplots(1, len(columns), figsize=(3.2 * len(columns) + 1.0, 2.8), constrained_layout=True,
+                                squeeze=False)
+    for axis, column in zip(axes[0], columns):
+        grid = grids[column]
+        image = axis.imshow(grid, origin="lower", aspect="auto", cmap="viridis", vmin=low, vmax=high)
         axis.imshow(np.where(np.isnan(grid), 1.0, np.nan), origin="lower", aspect="auto", cmap="Greys", vmin=0, vmax=4)
+        for j, i in zip(*np.nonzero(np.isnan(grid))):
+            axis.text(i, j, NOT_REACHED if finished[j, i] else NO_FINISHED_RUN, ha="center", va="center", fontsize="x-small")
         axis.set_xticks(range(len(xs)), [_grid_label(x) for x in xs], rotation=45)
         axis.set_yticks(range(len(ys)), [_grid_label(y) for y in ys] if y_key else [""])
         axis.set_xlabel(x_key)
         if y_key:
             axis.set_ylabel(y_key)
         axis.set_title(column.replace("_", " "))
-        colorbar = figure.colorbar(image, ax=axis, label="log10 t")
-        colorbar.ax.ticklabel_format(useOffset=False)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return Path(path)
+    colorbar = figure.colorbar(image, ax=axes[0].tolist(), label="log10 t (mean over seeds)")
+    colorbar.ax.ticklabel_format(useOffset=False)
+    return figure
 
 
-def plot_overlay(run: Observables, ode: Observables, path: Path, title: str = "", names: list[str] | None = None,
-                 run_label: str = "SGD run", ode_label: str = "ODE") -> Path:
+RUN_STYLES = ("-", "--", ":", "-.")  # one line style per overlaid run, in order
+
+
+def plot_overlay(runs: list[tuple[str, Observables]], path: Path, title: str = "", names: list[str] | None = None,
+                 loss_label: str = "loss", time_label: str = "t") -> Path:
     """``overlay_figure`` written to ``path`` (atomically)."""
-    return _save(overlay_figure(run, ode, title, names, run_label, ode_label), path)
+    return _save(overlay_figure(runs, title, names, loss_label, time_label), path)
 
 
-def overlay_figure(run: Observables, ode: Observables, title: str = "", names: list[str] | None = None,
-                   run_label: str = "SGD run", ode_label: str = "ODE"):
-    """A run beside the gradient flow on the same t axis (log, t > 0): the run solid, the ODE dashed, in one
-    colour per series. Panels: loss (the run's validation loss, the ODE's population loss); σ_r(W0);
-    attention entropy of each query (``names`` label the queries)."""
+def overlay_figure(runs: list[tuple[str, Observables]], title: str = "", names: list[str] | None = None,
+                   loss_label: str = "loss", time_label: str = "t"):
+    """Labelled runs on one t axis (log, t > 0), one line style per run (``RUN_STYLES``: the first solid, the
+    second dashed, ...) and one colour per series. Panels: loss; σ_r(W0); attention entropy of each query
+    (``names`` label the queries). At most len(RUN_STYLES) runs."""
+    if not 1 <= len(runs) <= len(RUN_STYLES):
+        raise ValueError(f"an overlay draws 1 to {len(RUN_STYLES)} runs, got {len(runs)}")
     figure, axes = plt.subplots(3, 1, figsize=(7.5, 8.5), sharex=True, constrained_layout=True)
-    for observables, style, label in ((run, "-", run_label), (ode, "--", ode_label)):
+    for (label, observables), style in zip(runs, RUN_STYLES):
         keep = observables.t > 0
         t = observables.t[keep]
         axes[0].plot(t, observables["loss"][keep], color="black", ls=style, label=label)
@@ -160,13 +188,13 @@ def overlay_figure(run: Observables, ode: Observables, title: str = "", names: l
         for query in range(entropy.shape[1]):
             name = f"query {query}" if names is None else names[query]
             axes[2].plot(t, entropy[:, query], color=colours[query % len(colours)], ls=style, lw=1.0,
-                         label=name if style == "-" else None)
-    axes[0].set_ylabel(f"loss\n({run_label}: validation, {ode_label}: population)")
+                         label=name if style == RUN_STYLES[0] else None)
+    axes[0].set_ylabel(loss_label)
     axes[0].legend(fontsize="small")
     axes[1].set_yscale("log")
     axes[1].set_ylabel("singular values of W0")
-    axes[2].set_ylabel(f"attention entropy (nats)\n{run_label} —, {ode_label} --")
-    axes[2].set_xlabel("t (learning rate × steps for the run)")
+    axes[2].set_ylabel("attention entropy (nats)\n" + ", ".join(f"{label} {style}" for (label, _), style in zip(runs, RUN_STYLES)))
+    axes[2].set_xlabel(time_label)
     axes[2].set_xscale("log")
     axes[2].legend(fontsize="x-small", ncol=2)
     if title:

@@ -90,6 +90,16 @@ class StageReport:
     def of(self, stage: str, query: int | None = None) -> list[Interval]:
         return [i for i in self.intervals if i.stage == stage and (query is None or i.query == query)]
 
+    def onset(self, stage: str) -> float | None:
+        """The first start of ``stage`` over every query and direction (None: not detected)."""
+        starts = [interval.t_start for interval in self.of(stage)]
+        return float(min(starts)) if starts else None
+
+    def end_of_condensation(self) -> float | None:
+        """When condensation ended (it starts at once; its end is the time that moves)."""
+        ends = [interval.t_end for interval in self.of("condensation") if interval.t_end is not None]
+        return float(min(ends)) if ends else None
+
     def to_json(self) -> dict:
         return {"intervals": [asdict(interval) for interval in self.intervals], "cycles": self.cycles}
 

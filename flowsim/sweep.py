@@ -173,12 +173,8 @@ def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: l
         report = stages_of(result, run.model, compute_observables(result.trajectory, run.model, run.chain.pi)) \
             if stages_apply(run.model) else None
         if report is not None:
-            for stage in STAGES:
-                starts = [interval.t_start for interval in report.of(stage)]
-                row[f"onset_{stage}"] = float(min(starts)) if starts else None
-            ends = [interval.t_end for interval in report.of("condensation") if interval.t_end is not None]
-            row["end_condensation"] = float(min(ends)) if ends else None  # condensation starts at once; its end moves
-            row["cycles"] = report.cycles
+            row.update({f"onset_{stage}": report.onset(stage) for stage in STAGES})
+            row["end_condensation"], row["cycles"] = report.end_of_condensation(), report.cycles
         write_atomic_json(Path(out) / "rows" / f"{spec.name}.json", row, indent=1)
         rows.append(row)
     return rows

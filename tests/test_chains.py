@@ -161,3 +161,12 @@ def test_a_vocabulary_of_a_thousand_words_builds():
     # the stationary law of a sequence's bigram chain is its word frequency, up to the ends
     frequency = np.bincount(tokens[:-1], minlength=1000) / (len(tokens) - 1)
     np.testing.assert_allclose(chain.pi, frequency, atol=1e-4)
+
+
+def test_entropy_rate_is_the_mean_surprise_of_sampled_transitions():
+    """Σ π_i H(P_i) against Monte Carlo: -log P(x2 | x1) over pairs drawn from the stationary chain."""
+    P = np.random.default_rng(3).dirichlet(np.ones(5), size=5)
+    chain = MarkovChain(P=P)
+    pairs = chain.sample(200_000, 2, seed=1)
+    surprise = -np.log(P[pairs[:, 0], pairs[:, 1]])
+    assert abs(surprise.mean() - chain.entropy_rate) < 4 * surprise.std() / np.sqrt(len(surprise))

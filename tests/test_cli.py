@@ -317,3 +317,30 @@ def test_stages_of_a_running_run_say_how_far_its_table_goes(tmp_path):
     result = _invoke("stages", str(run_dir))
     assert result.exit_code == 0 and f"partial run: status running, saved up to t = {whole.t[19]:g} of t_end = 30" in result.output
     assert "29.5" not in result.output
+
+
+def test_compare_runs_tabulates_one_layer_runs_and_overlays_them(tmp_path):
+    """Each run's line holds the onsets its own stages.json gives; a larger ε condenses sooner; the overlay is written."""
+    for name, eps in (("small", 1e-3), ("large", 1e-2)):
+        execute_run(load_config(None, ["time.t_end=300.0", "time.n_log=100", f"init.eps={eps}"]), tmp_path / name, progress=False)
+    figure = tmp_path / "both.png"
+    result = _invoke("compare-runs", str(tmp_path / "small"), str(tmp_path / "large"), "--figure", str(figure),
+                     "--loss-target", "1.0")
+    assert result.exit_code == 0, result.output
+    header, *lines, written = result.output.strip().splitlines()
+    assert header.split()[:4] == ["run", "status", "t_end", "final"] and written == f"written: {figure}"
+    columns = {line.split()[0]: line.split() for line in lines}
+    condensed = {}
+    for name in ("small", "large"):
+        intervals = json.loads((tmp_path / name / "stages.json").read_text())["intervals"]
+        condensed[name] = min(i["t_end"] for i in intervals if i["stage"] == "condensation")
+        firsts = [min((i["t_start"] for i in intervals if i["stage"] == stage), default=None)
+                  for stage in ("focus", "dilution", "restart")]
+        expected = [f"{condensed[name]:.5g}"] + ["not reached" if t is None else f"{t:.5g}" for t in firsts]
+        row = columns[name]  # name, status, t_end, final loss, time to the target, condensed, focus, dilution, restart, cycles
+        assert row[1] == "finished" and " ".join(row[5:-1]) == " ".join(expected)
+        assert None in firsts  # one event the run did not reach by t = 300 reads "not reached"
+    assert condensed["large"] < condensed["small"]
+    assert figure.stat().st_size > 10_000
+    too_many = _invoke("compare-runs", *[str(tmp_path / "small")] * 5, "--figure", str(tmp_path / "five.png"))
+    assert "1 to 4 one-layer runs, got 5" in _one_error_line(too_many)

@@ -1,6 +1,7 @@
 """flowsim.plots: the run summary figure, with and without stage labels."""
 
 import numpy as np
+import pytest
 from matplotlib.image import imread
 
 from flowsim.observables import Observables
@@ -51,7 +52,7 @@ def test_the_overlay_draws_both_sides_of_every_series(tmp_path):
 
     run, ode = _observables(), _observables()
     ode.columns["loss"] = ode.columns["loss"] - 0.05
-    figure = overlay_figure(run, ode, names=["a", "b"])
+    figure = overlay_figure([("run", run), ("ODE", ode)], names=["a", "b"])
     for axis, series in zip(figure.axes, (1, 2, 2)):  # loss; two singular values; two queries
         styles = [line.get_linestyle() for line in axis.get_lines()]
         assert styles.count("-") == series and styles.count("--") == series
@@ -60,4 +61,27 @@ def test_the_overlay_draws_both_sides_of_every_series(tmp_path):
     np.testing.assert_array_equal(dashed.get_ydata(), ode["loss"][ode.t > 0])
     assert [text.get_text() for text in figure.axes[2].get_legend().get_texts()] == ["a", "b"]
     plt.close(figure)
-    assert imread(plot_overlay(run, ode, tmp_path / "overlay.png")).shape[0] > 200
+    assert imread(plot_overlay([("run", run), ("ODE", ode)], tmp_path / "overlay.png")).shape[0] > 200
+    with pytest.raises(ValueError, match="1 to 4 runs, got 5"):
+        overlay_figure([("run", run)] * 5)
+
+
+def test_the_summary_draws_the_bayes_loss_as_a_line_and_the_title_names_the_model():
+    import matplotlib.pyplot as plt
+
+    from flowsim.config import load_config
+    from flowsim.experiment import bayes_loss, model_description, prepare
+    from flowsim.plots import summary_figure
+
+    figure = summary_figure(_observables(), bayes_loss=0.25)
+    line = [line for line in figure.axes[0].get_lines() if line.get_linestyle() == ":"]
+    assert len(line) == 1 and np.all(np.asarray(line[0].get_ydata()) == 0.25)
+    assert "Bayes loss 0.25" in [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+    plt.close(figure)
+    two_layer = load_config(None, ["model.kind='two_layer'", "model.ffn='mlp'", "model.m=4"])
+    assert model_description(two_layer) == "two-layer Transformer (m = 4, k = 8, ffn = mlp), mean-field loss"
+    induction = load_config(None, ["task.kind='induction'", "model.kind='two_layer'", "loss.kind='finite'", "loss.s=6"])
+    assert model_description(induction).startswith("positional two-layer Transformer")
+    assert bayes_loss(induction, prepare(induction).chain) == prepare(induction).chain.bayes_loss
+    uniform_start = load_config(None, ["chain.start='uniform'", "loss.kind='finite'", "loss.s=4"])
+    assert bayes_loss(uniform_start, prepare(uniform_start).chain) is None  # not the entropy rate there

@@ -133,6 +133,23 @@ def test_phase_diagram_takes_text_grid_values_and_leaves_unreached_cells_grey(tm
     assert path.stat().st_size > 5_000
 
 
+def test_phase_diagram_panels_share_one_colour_scale_and_say_why_a_cell_is_empty():
+    import matplotlib.pyplot as plt
+
+    from flowsim.plots import NO_FINISHED_RUN, NOT_REACHED, phase_diagram_figure
+
+    rows = [{"chain.lam": lam, "seed": seed, "status": "step_limit" if lam == 0.7 else "finished",
+             "onset_focus": 50.0 * (seed + 1) if lam == 0.3 else None, "onset_restart": 4000.0 if lam < 0.7 else None}
+            for lam in (0.3, 0.5, 0.7) for seed in range(2)]
+    figure = phase_diagram_figure(rows, ["chain.lam"], ("onset_focus", "onset_restart"))
+    focus, restart = figure.axes[:2]
+    assert focus.images[0].get_clim() == restart.images[0].get_clim() == pytest.approx((np.log10(75.0), np.log10(4000.0)))
+    assert focus.images[0].get_array()[0, 0] == pytest.approx(np.log10(75.0))  # the mean over seeds
+    assert [text.get_text() for text in focus.texts] == [NOT_REACHED, NO_FINISHED_RUN]  # λ = 0.5 finished, 0.7 did not
+    assert [text.get_text() for text in restart.texts] == [NO_FINISHED_RUN]
+    plt.close(figure)
+
+
 def test_rows_with_long_grid_values_get_short_distinct_names(tmp_path):
     """A π of 30 entries makes a readable name far over a file name's 255 bytes: such rows are named by a hash."""
     rng = np.random.default_rng(0)

@@ -243,6 +243,9 @@ def test_predict_and_compare_commands(tmp_path):
     assert by_stage["focus", 0, None]["rel_error"] < 0.05
     assert by_stage["restart", None, 1]["rel_error"] < 0.05
     assert by_stage["dilution", 0, None]["rel_error"] < 0.05  # Stage III on the rank-two manifold
+    # progress names each rank's flow as it goes, and where direction 1 opened (before settling: the row's time)
+    assert "rank-1 flow from t = 0, until σ1 passes" in result.output
+    assert f"rank-1 flow: σ1 passes at t = {by_stage['restart', None, 1]['predicted']:.5g}" in result.output
     again = runner.invoke(app, ["compare", str(run_dir)])  # the prediction is not made twice
     assert again.exit_code == 0 and "prediction read from the cache" in again.output, again.output
     assert json.loads((run_dir / "compare.json").read_text())["rows"] == rows

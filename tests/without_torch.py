@@ -21,4 +21,5 @@ class TorchAbsent(importlib.abc.MetaPathFinder):
 
 if __name__ == "__main__":
     sys.meta_path.insert(0, TorchAbsent())
-    sys.exit(pytest.main(sys.argv[1:]))
+    # in this process: parallel workers (pyproject's addopts) would start without the finder
+    sys.exit(pytest.main(["-n", "0", *sys.argv[1:]]))

@@ -23,6 +23,7 @@ embedding part is the negative one the dilution is the embeddings' doing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -71,8 +72,10 @@ def prediction_grid(look: float) -> np.ndarray:
 
 
 def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTransformer, params0, alpha: np.ndarray,
-                   look: float, thresholds: StageThresholds | None = None) -> CyclePrediction:
-    """The chained rank-r predictions from θ(0) to ``look``, saved on ``prediction_grid(look)``.
+                   look: float, thresholds: StageThresholds | None = None,
+                   progress: Callable[[str], None] = lambda line: None) -> CyclePrediction:
+    """The chained rank-r predictions from θ(0) to ``look``, saved on ``prediction_grid(look)``; ``progress``
+    receives a line as each rank's flow starts and ends (at large d each takes minutes).
 
     Each rank's flow settles and crosses its threshold where it does (``propagate_rank``), so an event's
     predicted time does not depend on ``look`` once the detectors can confirm it before ``look``.
@@ -87,9 +90,13 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
         rank = A.shape[1]
         full = rank >= len(floors)  # W0 has no direction left to open: the last stage runs to ``look``
         threshold = np.inf if full else th.restart_factor * float(floors[rank])
+        progress(f"rank-{rank} flow from t = {t_start:.5g}" + (f" to t = {look:g} (full rank)" if full else
+                                                               f", until σ{rank} passes {threshold:.3g}"))
         stage = propagate_rank(chain, params, A, t_start, look, threshold, grid)
         stages.append(stage)
         crossed = stage.restart.t_integrated
+        if not full:
+            progress(f"rank-{rank} flow: " + ("no restart within reach" if crossed is None else f"σ{rank} passes at t = {crossed:.5g}"))
         if crossed is None or crossed > look or full:
             break
         params = {name: value[-1] for name, value in stage.params.items()}

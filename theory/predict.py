@@ -143,7 +143,7 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     progress("Stage II: condensed point, attention block, focus onset")
     focus = predict_focus(chain, prepared.params0, condensation, prepared.model.k)
     progress(f"Stages III-IV: the rank-r flows, their transverse equations and restarts (to t = {look:g})")
-    cycles = predict_cycles(chain, prepared.flow, prepared.model, prepared.params0, condensation.alpha, look)
+    cycles = predict_cycles(chain, prepared.flow, prepared.model, prepared.params0, condensation.alpha, look, progress=progress)
     rows = [timed_row(Row("condensation", None, None, condensation.t_end), t_end)]
     rows += [timed_row(Row("focus", query, None, t), t_end) for query, t in focus.t_onset.items()]
     if not focus.t_onset:

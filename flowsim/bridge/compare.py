@@ -207,8 +207,9 @@ def compare_bridge_run(run_dir: Path, progress: bool = False) -> tuple[list[Even
     description["focus_order"] = focus_order(predicted, measured, names, measured_observables.constants["pi"])
     payload = {"rows": [asdict(row) for row in rows], "order_agreement": agreement, **description}
     write_atomic_json(run_dir / BRIDGE_COMPARE_JSON, payload)
-    plot_overlay(measured_observables, ode, run_dir / OVERLAY_FIGURE, names=names,
-                 title=f"bridge: {config.data.kind}, SGD lr = {config.optim.lr:g} (solid) beside the ODE (dashed)")
+    plot_overlay([("SGD run", measured_observables), ("ODE", ode)], run_dir / OVERLAY_FIGURE, names=names,
+                 title=f"bridge: {config.data.kind}, SGD lr = {config.optim.lr:g} (solid) beside the ODE (dashed)",
+                 loss_label="loss\n(SGD run: validation, ODE: population)", time_label="t (learning rate × steps for the run)")
     return rows, agreement, description
 
 

@@ -282,7 +282,8 @@ def _train_locked(config: BridgeConfig, run_dir: Path, data: DataSource, device,
     if step == 0 and not log:
         record(evaluate())
         save("running")
-    bar = tqdm(total=config.optim.steps, initial=step, disable=not progress, desc="train", unit="step")
+    bar = tqdm(total=config.optim.steps, initial=step, disable=not progress, unit="step",
+               desc=f"{config.optim.name} on {config.data.kind}, lr = {config.optim.lr:g}")
     end = config.optim.steps if stop_at_step is None else min(stop_at_step, config.optim.steps)
     while step < end and not stop():
         tokens = data.batch(step).to(device)
@@ -300,7 +301,7 @@ def _train_locked(config: BridgeConfig, run_dir: Path, data: DataSource, device,
         bar.update(1)
         if step in checkpoints:
             record(loss.item())
-            bar.set_postfix(val_loss=f"{log[-1]['val_loss']:.4f}")
+            bar.set_postfix_str(f"t = lr × step = {log[-1]['t']:.4g}, validation loss {log[-1]['val_loss']:.4f}")
             save("running")
             last_save = time.perf_counter()
         elif time.perf_counter() - last_save > CHECKPOINT_EVERY_S:
