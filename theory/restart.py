@@ -202,132 +202,176 @@ def settle_time(path: ReducedPath, rate_of: Callable[[np.ndarray], float]) -> fl
     return float(brentq(lambda t: abs(rate_of(path.y(t)) - rate) - SETTLED * rate, lo, hi, xtol=1e-9 * hi))
 
 
+TRANSVERSE_RTOL = 1e-8  # the transverse equation's relative tolerance
+TRANSVERSE_ATOL = 1e-9  # ... and absolute, times the transverse part's initial scale
+
+
+def transverse_field(C: TransverseCoupling, Z: np.ndarray) -> np.ndarray:
+    """dZ/dt = -H_T Z: (dU, dY) = -(C Y, C^T U), O(d² (m - r)); Z has d + (d + 2k) rows."""
+    d = C.d
+    return -np.vstack([C.times(Z[d:]), C.transpose_times(Z[:d])])
+
+
+class TransverseAlongPath:
+    """The transverse equation integrated segment by segment beside the rank-r flow, from Z0, until σ_r(W0)
+    of the assembled parameters passes ``threshold`` (DOP853 with a terminal event). Called with each new
+    segment of the reduced flow, it says whether the flow has been followed far enough: one span past the
+    crossing, which tells whether the flow had settled before it (the rule for what comes first)."""
+
+    def __init__(self, chain: MeanFieldChain, A: np.ndarray, E: np.ndarray, Z0: np.ndarray, threshold: float):
+        self.chain, self.A, self.E, self.Z0, self.threshold = chain, A, E, Z0, threshold
+        self.rank, self.shape = A.shape[1], Z0.shape
+        self.scale = float(np.abs(Z0).max(initial=0.0)) or 1.0  # Z starts at the initial scale and does not shrink much
+        self.pieces, self.crossings, self.span_ends = [], [], []
+
+    def __call__(self, segment, rates: np.ndarray) -> bool:
+        if not self.crossings:
+            self._integrate_over(segment)
+        self.span_ends.append(segment.sol.t_max)
+        return bool(self.crossings) and sum(t > self.crossings[0] for t in self.span_ends) >= 2
+
+    def _integrate_over(self, segment) -> None:
+        d, k = self.chain.d, self.shape[0] // 2 - self.chain.d
+
+        def state(t: float) -> ReducedState:
+            return ReducedState.unpack(segment.sol(t), d, k)
+
+        def field(t, z):
+            return transverse_field(TransverseCoupling(self.chain, state(t)), z.reshape(self.shape)).ravel()
+
+        def passes(t, z):
+            return _sigma(assemble(state(t), self.A, z.reshape(self.shape), self.E)["W0"], self.rank) - self.threshold
+
+        passes.terminal = True
+        z0 = self.Z0.ravel() if not self.pieces else self.pieces[-1].sol(self.pieces[-1].t[-1])
+        piece = solve_ivp(field, (segment.sol.t_min, segment.sol.t_max), z0, method=TRANSVERSE_METHOD, events=passes,
+                          dense_output=True, rtol=TRANSVERSE_RTOL, atol=TRANSVERSE_ATOL * self.scale)
+        if piece.status == -1:
+            raise RuntimeError(f"the transverse equation failed: {piece.message}")
+        self.pieces.append(piece)
+        self.crossings.extend(float(t) for t in piece.t_events[0][:1])
+
+    @property
+    def crossing(self) -> float | None:
+        """When σ_r(W0) passed the threshold (None: not within the integrated span)."""
+        return self.crossings[0] if self.crossings else None
+
+    def at(self, t: float) -> np.ndarray:
+        """Z(t) within the integrated span (held at its end beyond it)."""
+        ends = np.array([piece.t[-1] for piece in self.pieces])
+        piece = self.pieces[min(int(np.searchsorted(ends, t)), len(self.pieces) - 1)]
+        return piece.sol(min(t, piece.t[-1])).reshape(self.shape)
+
+
+@dataclass(frozen=True)
+class RuleVerdict:
+    """What the rule for direction r decided (``restart_rule``)."""
+
+    rule: RuleName
+    t_onset: float | None
+    amplitude: float | None = None
+    t_leading: float | None = None
+
+
+def restart_rule(chain: MeanFieldChain, reduced_flow: ReducedFlow, path: ReducedPath, transverse: TransverseAlongPath,
+                 t_settle: float | None, t_integrated: float | None, A: np.ndarray, E: np.ndarray,
+                 threshold: float) -> RuleVerdict:
+    """Which rule predicts direction r's restart, and its time (the module docstring's three cases, and the
+    optimum). Cost: at most one fastest-mode SVD and one frozen-point crossing, O((2d + 2k)³)."""
+    rank, d, k = A.shape[1], chain.d, transverse.shape[0] // 2 - chain.d
+    rate, peak = float(path.rates[-1]), float(path.rates.max())
+    if peak == 0 or rate <= DEGENERATE_RATE * peak:
+        # C -> 0 either at a degenerate critical point or because the rank-r flow reaches the Bayes loss
+        excess_loss = reduced_flow.loss(ReducedState.unpack(path.y(path.t_reach), d, k)) - chain.bayes_loss()
+        return RuleVerdict(RuleName.OPTIMUM if excess_loss <= OPTIMUM_GAP * chain.bayes_loss() else RuleName.DEGENERATE, None)
+    if t_integrated is not None and (t_settle is None or t_integrated <= t_settle):
+        return RuleVerdict(RuleName.BEFORE_SETTLING, t_integrated)
+    if t_settle is None:
+        return RuleVerdict(RuleName.NOT_SETTLED, None)
+    settled_state = ReducedState.unpack(path.y(t_settle), d, k)
+    C = TransverseCoupling(chain, settled_state)
+    mode = fastest_transverse_mode(C)
+    Z_settle = transverse.at(t_settle)
+    basis = np.linalg.svd(settled_state.Gamma, full_matrices=True)[0]
+    off_open = basis[:, rank:] @ basis[:, rank:].T
+    amplitude = float(np.linalg.norm(mode.direction @ Z_settle) * np.linalg.norm(off_open @ mode.u))
+    t_leading = t_settle + float(np.log(threshold / amplitude)) / rate
+    tau = settled_crossing(settled_state, A, E, FrozenTransverse.at(C, Z_settle, t_settle), rank, threshold, rate)
+    return RuleVerdict(RuleName.FORMULA, None if tau is None else t_settle + tau, amplitude, t_leading)
+
+
 def propagate_rank(chain: MeanFieldChain, params, A: np.ndarray, t_start: float, look: float,
                    threshold: float, grid: np.ndarray) -> RankStage:
     """Follow the rank-r flow and the transverse equation from ``params`` at ``t_start``; predict the restart
     of direction r = A.shape[1] (σ_r(W0) passing ``threshold``). Where the flow settles and when the
     transverse part crosses are found without reference to ``look``, which only bounds the saved trajectory
-    (``grid`` times up to the crossing or ``look``). Cost: the reduced flow (``follow_reduced_flow``) and the
+    (``grid`` times up to the crossing or ``look``). At full rank (no direction left to open: threshold ∞)
+    the rank-r flow alone is followed to ``look``. Cost: the reduced flow (``follow_reduced_flow``) and the
     linear transverse equation, (2d + 2k)(m - r) equations at O(d² (m - r + r)) per evaluation."""
     A = np.asarray(A, dtype=float)
     rank, E = A.shape[1], complement(A)
     d, k = chain.d, np.shape(params["W_Q"])[1]
     reduced_flow = ReducedFlow(chain, k, rank)
-    rows, columns = 2 * d + 2 * k, E.shape[1]
-
-    def coupling(y: np.ndarray) -> TransverseCoupling:
-        return TransverseCoupling(chain, ReducedState.unpack(y, d, k))
+    full_rank = E.shape[1] == 0 or not np.isfinite(threshold)
+    transverse = TransverseAlongPath(chain, A, E, transverse_part(params, E), threshold)
 
     def rate_of(y: np.ndarray) -> float:
-        return coupling(y).rate()
+        return TransverseCoupling(chain, ReducedState.unpack(y, d, k)).rate()
 
-    def state_at(t: float) -> ReducedState:
-        return ReducedState.unpack(path.y(t), d, k)
+    def followed_far_enough(segment, rates: np.ndarray) -> bool:
+        return segment.t[-1] >= look if full_rank else transverse(segment, rates)
 
-    def transverse_field(C: TransverseCoupling, Z: np.ndarray) -> np.ndarray:
-        """dZ/dt = -H_T Z: (dU, dY) = -(C Y, C^T U), O(d² (m - r))."""
-        return -np.vstack([C.times(Z[d:]), C.transpose_times(Z[:d])])
-
-    Z0 = transverse_part(params, E)
-    full_rank = columns == 0 or not np.isfinite(threshold)
-    scale = float(np.abs(Z0).max(initial=0.0)) or 1.0  # the transverse part starts at the initial scale and does not shrink much
-    pieces, crossings = [], []  # the transverse equation, integrated segment by segment alongside the reduced flow
-    spans_since: list[float] = []  # the ends of the reduced flow's spans
-
-    def transverse_over(segment, samples: np.ndarray) -> bool:
-        """Integrate the transverse equation over the reduced flow's new segment; enough one span after it
-        crosses (the flow has not converged by then: the restart comes before settling), or, at full rank,
-        at ``look``."""
-        if full_rank:
-            return segment.t[-1] >= look
-        if not crossings:
-            def field(t, z):
-                C = TransverseCoupling(chain, ReducedState.unpack(segment.sol(t), d, k))
-                return transverse_field(C, z.reshape(rows, columns)).ravel()
-
-            def passes(t, z):
-                return _sigma(assemble(ReducedState.unpack(segment.sol(t), d, k), A, z.reshape(rows, columns), E)["W0"],
-                              rank) - threshold
-
-            passes.terminal = True
-            z0 = Z0.ravel() if not pieces else pieces[-1].sol(pieces[-1].t[-1])
-            piece = solve_ivp(field, (segment.sol.t_min, segment.sol.t_max), z0, method=TRANSVERSE_METHOD, events=passes,
-                              dense_output=True, rtol=1e-8, atol=1e-9 * scale)
-            if piece.status == -1:
-                raise RuntimeError(f"the transverse equation failed: {piece.message}")
-            pieces.append(piece)
-            crossings.extend(float(t) for t in piece.t_events[0][:1])
-        spans_since.append(segment.sol.t_max)
-        # one more span after the crossing tells whether the flow had settled before it (the rule for what comes first)
-        return bool(crossings) and sum(t > crossings[0] for t in spans_since) >= 2
-
-    path = follow_reduced_flow(reduced_flow, project(params, A), t_start, rate_of, transverse_over)
+    path = follow_reduced_flow(reduced_flow, project(params, A), t_start, rate_of, followed_far_enough)
     t_settle = settle_time(path, rate_of)
     rate, peak = float(path.rates[-1]), float(path.rates.max())
-    t_integrated = crossings[0] if crossings else None
-    piece_ends = np.array([piece.t[-1] for piece in pieces])
-
-    def integrated_at(t: float) -> np.ndarray:
-        piece = pieces[min(int(np.searchsorted(piece_ends, t)), len(pieces) - 1)]
-        return piece.sol(min(t, piece.t[-1])).reshape(rows, columns)
+    t_integrated = transverse.crossing
 
     # past the reduced flow's reach it has settled: H_T is frozen there and Z follows exp(-τ H_T) in closed form
     frozen = None
     if not full_rank and t_integrated is None and path.converged and rate > DEGENERATE_RATE * peak:
-        frozen = FrozenTransverse.at(coupling(path.y(path.t_reach)), integrated_at(path.t_reach), path.t_reach)
-        tau = settled_crossing(state_at(path.t_reach), A, E, frozen, rank, threshold, rate)
+        end_state = ReducedState.unpack(path.y(path.t_reach), d, k)
+        frozen = FrozenTransverse.at(TransverseCoupling(chain, end_state), transverse.at(path.t_reach), path.t_reach)
+        tau = settled_crossing(end_state, A, E, frozen, rank, threshold, rate)
         t_integrated = None if tau is None else path.t_reach + tau
 
-    amplitude = t_leading = None
-    if full_rank:
-        rule, t_onset = RuleName.FULL_RANK, None
-    elif peak == 0 or rate <= DEGENERATE_RATE * peak:
-        # C -> 0 either at a degenerate critical point or because the rank-r flow reaches the Bayes loss
-        excess_loss = reduced_flow.loss(state_at(path.t_reach)) - chain.bayes_loss()
-        rule = RuleName.OPTIMUM if excess_loss <= OPTIMUM_GAP * chain.bayes_loss() else RuleName.DEGENERATE
-        t_onset = None
-    elif t_integrated is not None and (t_settle is None or t_integrated <= t_settle):
-        rule, t_onset = RuleName.BEFORE_SETTLING, t_integrated
-    elif t_settle is None:
-        rule, t_onset = RuleName.NOT_SETTLED, None
-    else:
-        settled_state = state_at(t_settle)
-        C = coupling(path.y(t_settle))
-        mode = fastest_transverse_mode(C)
-        Z_settle = integrated_at(t_settle)
-        basis = np.linalg.svd(settled_state.Gamma, full_matrices=True)[0]
-        off_open = basis[:, rank:] @ basis[:, rank:].T
-        amplitude = float(np.linalg.norm(mode.direction @ Z_settle) * np.linalg.norm(off_open @ mode.u))
-        t_leading = t_settle + float(np.log(threshold / amplitude)) / rate
-        tau = settled_crossing(settled_state, A, E, FrozenTransverse.at(C, Z_settle, t_settle), rank, threshold, rate)
-        rule, t_onset = RuleName.FORMULA, None if tau is None else t_settle + tau
+    verdict = RuleVerdict(RuleName.FULL_RANK, None) if full_rank else restart_rule(
+        chain, reduced_flow, path, transverse, t_settle, t_integrated, A, E, threshold)
 
-    # the saved trajectory: the grid up to the crossing (or ``look``), and the crossing itself
+    def transverse_at(t: float) -> np.ndarray:
+        if full_rank:
+            return np.zeros(transverse.shape)
+        if frozen is not None and t > path.t_reach:
+            return frozen.at_time(t)
+        return transverse.at(t)
+
+    kept, stacked, velocity = saved_trajectory(reduced_flow, path, transverse_at, A, E, t_start, look, t_integrated, grid)
+    restart = RestartPrediction(rank, verdict.t_onset, verdict.rule, t_integrated, t_settle, rate, path.t_reach, peak,
+                                verdict.amplitude, verdict.t_leading, threshold)
+    return RankStage(rank, A, kept, stacked, velocity, restart)
+
+
+def saved_trajectory(reduced_flow: ReducedFlow, path: ReducedPath, transverse_at: Callable[[float], np.ndarray],
+                     A: np.ndarray, E: np.ndarray, t_start: float, look: float, t_integrated: float | None,
+                     grid: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The stage's saved times (``grid`` up to the crossing or ``look``, and the crossing itself), the full
+    parameters there and their velocity. Cost: O(d² m) per saved time."""
+    chain, d, k = reduced_flow.chain, reduced_flow.d, reduced_flow.k
     stop = min(look, t_integrated) if t_integrated is not None else look
     kept = np.concatenate([[t_start], grid[(grid > t_start) & (grid <= stop)]])
     if t_integrated is not None and t_integrated <= look:
         kept = np.append(kept, t_integrated)
-
-    def transverse_at(t: float) -> np.ndarray:
-        if full_rank:
-            return np.zeros((rows, columns))
-        if frozen is not None and t > path.t_reach:
-            return frozen.at_time(t)
-        return integrated_at(t)
-
     full, speeds = [], []
     for t in kept:
         y, Z = path.y(t), transverse_at(t)
-        full.append(assemble(ReducedState.unpack(y, d, k), A, Z, E))
+        state = ReducedState.unpack(y, d, k)
+        full.append(assemble(state, A, Z, E))
         # assemble is linear in (coordinates, Z), so the predicted velocity is assemble of their fields
         moving = reduced_flow.vector_field(t, y) if t <= path.t_reach else np.zeros_like(y)
         speeds.append(assemble(ReducedState.unpack(moving, d, k), A,
-                               transverse_field(coupling(y), Z) if columns else Z, E))
+                               transverse_field(TransverseCoupling(chain, state), Z) if E.shape[1] else Z, E))
     stacked = {name: np.stack([p[name] for p in full]) for name in full[0]}
     velocity = {name: np.stack([v[name] for v in speeds]) for name in speeds[0]}
-    restart = RestartPrediction(rank, t_onset, rule, t_integrated, t_settle, rate, path.t_reach, peak, amplitude, t_leading,
-                                threshold)
-    return RankStage(rank, A, kept, stacked, velocity, restart)
+    return kept, stacked, velocity
 
 
 @dataclass(frozen=True)

@@ -93,9 +93,15 @@ def transverse_block_expression(d: int, k: int, rank: int) -> tuple[list[sp.Symb
     return symbols, sp.Matrix(z), hessian, flat
 
 
+def attention_columns(G_Phi, Gamma, Q, R):
+    """The query and key columns of C = [G_M | G_Φ Γ R^T | G_Φ^T Γ Q^T]: (G_Φ Γ R^T, G_Φ^T Γ Q^T), d × k
+    each, O(d² r) (numpy or JAX arrays alike). The one place C's attention part is written."""
+    return G_Phi @ Gamma @ R.T, G_Phi.T @ Gamma @ Q.T
+
+
 def transverse_coupling(G_Phi: np.ndarray, G_M: np.ndarray, state: ReducedState) -> np.ndarray:
     """C = [G_M | G_Φ Γ R^T | G_Φ^T Γ Q^T] (d × (d + 2k)): H_T = [[0, C], [C^T, 0]] on z = (u, w, x, y)."""
-    return np.hstack([G_M, G_Phi @ state.Gamma @ state.R.T, G_Phi.T @ state.Gamma @ state.Q.T])
+    return np.hstack([G_M, *attention_columns(G_Phi, state.Gamma, state.Q, state.R)])
 
 
 def transverse_hessian(C: np.ndarray) -> np.ndarray:
@@ -112,9 +118,7 @@ class TransverseCoupling:
 
     def __init__(self, chain: MeanFieldChain, state: ReducedState):
         self.gradients = chain.factored(state.Gamma, state.Q.T @ state.R, state.B)
-        G_Phi = self.gradients.G_Phi
-        self.query_part = G_Phi @ state.Gamma @ state.R.T  # d x k
-        self.key_part = G_Phi.T @ state.Gamma @ state.Q.T  # d x k
+        self.query_part, self.key_part = attention_columns(self.gradients.G_Phi, state.Gamma, state.Q, state.R)  # d x k each
         self.d, self.k = chain.d, state.Q.shape[0]
 
     @property
@@ -236,7 +240,8 @@ def _coupling_balanced(y, delta, family: ChainFamily, sign: float):
     gamma, beta, q = _unpack_balanced(y, d)
     pi, P = family(delta)
     G_Phi, G_M = _map_gradients(sign * q**2 * jnp.outer(gamma, gamma), jnp.outer(gamma, beta), pi, P)
-    return jnp.hstack([G_M, (G_Phi @ gamma * sign * q)[:, None], (G_Phi.T @ gamma * q)[:, None]])
+    # rank one, k = 1: Γ = γ, Q = q, R = sign · q
+    return jnp.hstack([G_M, *attention_columns(G_Phi, gamma[:, None], jnp.reshape(q, (1, 1)), jnp.reshape(sign * q, (1, 1)))])
 
 
 class _Compiled(NamedTuple):
