@@ -354,6 +354,7 @@ def sweep(
 ) -> None:
     """Run a grid of configurations x seeds, label every run's stages, and write a table and a phase diagram."""
     from flowsim.config import ConfigError
+    from flowsim.status import Status
     from flowsim.sweep import parse_grid, run_sweep, summary_table
 
     try:
@@ -367,7 +368,7 @@ def sweep(
         typer.echo(f"interrupted: {written} rows are written in {out / 'rows'}; the same command continues with the "
                    "rest", err=True)
         raise typer.Exit(code=EXIT_INTERRUPTED) from None
-    failed = [row["name"] for row in rows if row["status"] != "finished"]
+    failed = [row["name"] for row in rows if row["status"] != Status.FINISHED.label]
     typer.echo(summary_table(rows))
     typer.echo(f"{len(rows)} rows: {out / 'sweep.csv'}, {out / 'phase_diagram.png'}")
     if failed:

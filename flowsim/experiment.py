@@ -340,7 +340,7 @@ def _write_run(config: RunConfig, run_dir: Path, progress: bool, prepared: Prepa
     chain, model = prepared.chain, prepared.model
     write_config(run_dir, config.to_toml())
     meta = {
-        "status_name": "running",
+        "status_name": Status.RUNNING.label,
         "started": _dt.datetime.now().isoformat(timespec="seconds"),
         "command": " ".join(sys.argv),
         "seed": config.init.seed,
@@ -359,7 +359,7 @@ def _write_run(config: RunConfig, run_dir: Path, progress: bool, prepared: Prepa
         summary = result.summary()
         if not final or result.status == Status.INTERRUPTED:
             write_meta(run_dir, {**meta, **summary, "n_saved": len(result.trajectory),
-                                 **({} if result.status == Status.INTERRUPTED else {"status_name": "running"})})
+                                 **({} if result.status == Status.INTERRUPTED else {"status_name": Status.RUNNING.label})})
         checkpoints.append(result.t_reached)
 
     started = time.perf_counter()
@@ -403,7 +403,7 @@ def resume_run(run_dir: Path, *, progress: bool = True) -> tuple[FlowResult, boo
     run = load_run(run_dir)
     status = run.status_name
     if status not in RESUMABLE:
-        live = " (its process is still running)" if status == "running" else ""
+        live = " (its process is still running)" if status == Status.RUNNING.label else ""
         raise ConfigError(f"--resume {str(run_dir)!r}: the run has status {status!r}{live}; "
                           f"only runs with status {' or '.join(RESUMABLE)} can be resumed")
     config = load_config(run_dir / CONFIG_FILE)

@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 
 from flowsim.observables import Observables  # noqa: E402
 from flowsim.stages import StageReport  # noqa: E402
+from flowsim.status import Status  # noqa: E402
 
 STAGE_COLOURS = {"condensation": "tab:grey", "plateau": "tab:olive"}
 
@@ -132,7 +133,7 @@ def phase_diagram_figure(rows: list[dict], grid_keys: list[str], columns: tuple[
         for j, y in enumerate(ys):
             for i, x in enumerate(xs):
                 cell = [row for row in rows if row[x_key] == x and (y_key is None or row[y_key] == y)]
-                finished[j, i] = any(row.get("status", "finished") == "finished" for row in cell)
+                finished[j, i] = any(row.get("status", Status.FINISHED.label) == Status.FINISHED.label for row in cell)
                 times = [row[column] for row in cell if row.get(column) is not None and np.isfinite(row[column])]
                 grid[j, i] = np.log10(np.mean(times)) if times else np.nan
         grids[column] = grid

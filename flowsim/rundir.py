@@ -34,6 +34,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from flowsim.config import ConfigError
 from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
+from flowsim.status import Status
 from flowsim.trajectory import Trajectory
 
 CONFIG_FILE, TRAJECTORY_FILE, META_FILE, SUMMARY_FIGURE = "config.toml", "trajectory.npz", "meta.json", "summary.png"
@@ -81,9 +82,9 @@ def _process_is_alive(pid: int, started: int | None = None) -> bool:
 def status_of(meta: dict) -> str:
     """The run's status name; a "running" run whose process (on this host) is gone is "interrupted"."""
     status = meta.get("status_name", "unknown")
-    if status == "running" and meta.get("host") == socket.gethostname() and isinstance(meta.get("pid"), int) \
+    if status == Status.RUNNING.label and meta.get("host") == socket.gethostname() and isinstance(meta.get("pid"), int) \
             and not _process_is_alive(meta["pid"], meta.get("process_start")):
-        return "interrupted"
+        return Status.INTERRUPTED.label
     return status
 
 

@@ -54,6 +54,7 @@ from flowsim.experiment import law_of, prepare, stages_apply, stages_of
 from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
 from flowsim.observables import compute_observables
 from flowsim.rundir import check_output_dir, folder_lock, library_versions
+from flowsim.status import Status
 from flowsim.solvers import solve_flow, solve_flow_batch
 from flowsim.specialisation import summarise
 
@@ -334,7 +335,7 @@ def summary_table(rows: list[dict]) -> str:
     def cell(row: dict, column: str) -> str:
         value = row.get(column)
         if value is None:
-            return "not reached" if column.startswith(("onset_", "t_")) and row.get("status") == "finished" else "-"
+            return "not reached" if column.startswith(("onset_", "t_")) and row.get("status") == Status.FINISHED.label else "-"
         return f"{value:.6g}" if isinstance(value, float) else str(value)
 
     table = [[column.removeprefix("onset_") for column in columns]] + [[cell(row, c) for c in columns] for row in rows]

@@ -142,7 +142,7 @@ def test_a_stopped_run_resumes_to_the_same_parameters(tmp_path, kind):
     whole = train(config, tmp_path / "whole", progress=False)
     stopped = train(config, tmp_path / "resumed", progress=False, stop_at_step=13)
     assert not stopped.finished and stopped.steps_done == 13
-    assert json.loads((tmp_path / "resumed" / "meta.json").read_text())["status_name"] == "stopped"
+    assert json.loads((tmp_path / "resumed" / "meta.json").read_text())["status_name"] == "step_limit"
     resumed = train(config, tmp_path / "resumed", progress=False)
     assert resumed.finished and resumed.log == whole.log  # no logged point lost or changed
     states = [torch.load(tmp_path / name / CHECKPOINT_FILE, weights_only=False)["model"] for name in ("whole", "resumed")]
@@ -363,7 +363,8 @@ def test_sigint_stops_a_bridge_run_which_the_same_command_continues(tmp_path):
                "--set", "optim.steps=200000", "--set", "data.batch_size=16", "--set", "data.s=8", "--set", "log.probe_per_type=4"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     progress = b""
-    while b"train:" not in progress or b"step/s" not in progress and b"s/step" not in progress:  # training has begun
+    # training has begun: the bar, labelled with the optimiser, the data and lr, counts steps
+    while b"sgd on markov, lr = 0.1:" not in progress or b"step/s" not in progress and b"s/step" not in progress:
         chunk = os.read(process.stderr.fileno(), 4096)
         assert chunk, f"the run ended before training: {progress.decode(errors='replace')}"
         progress += chunk

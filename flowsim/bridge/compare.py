@@ -39,6 +39,7 @@ from flowsim.plots import plot_overlay
 from flowsim.rundir import CONFIG_FILE, TRAJECTORY_FILE, read_meta, status_of
 from flowsim.solvers import solve_flow
 from flowsim.stages import StageReport, detect_stages, subject_label
+from flowsim.status import Status
 from flowsim.trajectory import Trajectory
 
 BRIDGE_COMPARE_JSON = "compare.json"
@@ -179,7 +180,7 @@ def check_bridge_run(run_dir: Path) -> None:
         raise ValueError(f"{run_dir} is not a `flowsim bridge train` run directory (no {CHECKPOINT_FILE}){hint}")
     meta = read_meta(run_dir)
     status = status_of(meta)
-    if status not in ("finished", "stopped") or not (run_dir / OBSERVABLES_NPZ).is_file():
+    if status not in (Status.FINISHED.label, Status.STEP_LIMIT.label) or not (run_dir / OBSERVABLES_NPZ).is_file():
         raise ValueError(f"the bridge run in {run_dir} has not finished (status {status!r}, step "
                          f"{meta.get('steps_done', '?')} of {meta.get('steps', '?')}): resume it with "
                          f"`flowsim bridge train {run_dir / CONFIG_FILE} --out {run_dir}`")

@@ -57,6 +57,7 @@ from flowsim.rundir import (
     write_config,
     write_meta,
 )
+from flowsim.status import Status
 from flowsim.trajectory import Trajectory
 
 CHECKPOINT_FILE, LOG_FILE = "checkpoint.pt", "log.csv"
@@ -247,22 +248,22 @@ def _train_locked(config: BridgeConfig, run_dir: Path, data: DataSource, device,
     validation = [data.batch(i, "valid").to(device) for i in range(config.log.val_batches)]
     paper_model = not isinstance(model, GPT)
     autocast = device.type == "cuda" and isinstance(model, GPT)
-    meta = {"status_name": "running", "started": _dt.datetime.now().isoformat(timespec="seconds"), "seed": config.data.seed,
+    meta = {"status_name": Status.RUNNING.label, "started": _dt.datetime.now().isoformat(timespec="seconds"), "seed": config.data.seed,
             "device": str(device), "versions": {**library_versions(), "torch": torch.__version__}, **this_process()}
 
     def evaluate() -> float:
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             return float(np.mean([batch_loss(model, tokens).item() for tokens in validation]))
 
-    def save(status: str) -> None:
+    def save(status: Status) -> None:
         _save_torch_atomic(run_dir / CHECKPOINT_FILE, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                                         "scheduler": scheduler.state_dict(), "step": step, "rows": rows,
                                                         "log": log, "params": params})
-        write_meta(run_dir, {**meta, "status_name": status, "steps_done": step, "steps": config.optim.steps})
+        write_meta(run_dir, {**meta, "status_name": status.label, "steps_done": step, "steps": config.optim.steps})
 
     def diverged(message: str) -> None:
         """Stop; checkpoint.pt keeps the last saved (finite) state."""
-        write_meta(run_dir, {**meta, "status_name": "non_finite", "steps_done": step, "message": message})
+        write_meta(run_dir, {**meta, "status_name": Status.NON_FINITE.label, "steps_done": step, "message": message})
         raise FloatingPointError(f"{message}; lower optim.lr")
 
     def record(train_loss: float) -> None:
@@ -281,7 +282,7 @@ def _train_locked(config: BridgeConfig, run_dir: Path, data: DataSource, device,
     started, last_save = time.perf_counter(), time.perf_counter()
     if step == 0 and not log:
         record(evaluate())
-        save("running")
+        save(Status.RUNNING)
     bar = tqdm(total=config.optim.steps, initial=step, disable=not progress, unit="step",
                desc=f"{config.optim.name} on {config.data.kind}, lr = {config.optim.lr:g}")
     end = config.optim.steps if stop_at_step is None else min(stop_at_step, config.optim.steps)
@@ -302,18 +303,18 @@ def _train_locked(config: BridgeConfig, run_dir: Path, data: DataSource, device,
         if step in checkpoints:
             record(loss.item())
             bar.set_postfix_str(f"t = lr × step = {log[-1]['t']:.4g}, validation loss {log[-1]['val_loss']:.4f}")
-            save("running")
+            save(Status.RUNNING)
             last_save = time.perf_counter()
         elif time.perf_counter() - last_save > CHECKPOINT_EVERY_S:
-            save("running")
+            save(Status.RUNNING)
             last_save = time.perf_counter()
     bar.close()
     finished = step >= config.optim.steps
     meta["wall_time_s"] = time.perf_counter() - started
     if stop():
-        save("interrupted")
+        save(Status.INTERRUPTED)
         return TrainResult(run_dir, step, False, log, interrupted=True)
-    save("finished" if finished else "stopped")
+    save(Status.FINISHED if finished else Status.STEP_LIMIT)  # stopped before its steps: resumable
     write_outputs(run_dir, config, data, probe.pi, log, rows, params)
     return TrainResult(run_dir, step, finished, log)
 
