@@ -11,6 +11,19 @@ relative loss error over the saved times against a tight reference (JaxRadau at 
 1e-9, atol 1e-15) where the reference fits in the time budget. LSODA runs only where its
 dense n x n Hessian is affordable. Every method runs under a step budget (``--max-steps``)
 and every process under a time limit (``--timeout``).
+
+Peers beside flowsim's own methods (``--methods``), both matrix-free, as a large flow needs:
+
+* ``CVODE``: SUNDIALS CVODE (BDF, Newton with GMRES) through scikit-sundae, given the exact
+  Jacobian-vector product J v = -∇²L v from JAX (one forward-over-reverse product);
+* ``Kvaerno5-GMRES``: diffrax's Kvaerno5 with optimistix's Newton iteration, its linear systems solved
+  by lineax's GMRES on the linearised field (no Jacobian formed), compiled end to end like JaxRadau.
+
+``--rtols`` runs every method at each tolerance, so that methods compare at equal loss error:
+the summary gives, per case, the fastest run of each method within JaxRadau's loss error and the
+ratio of its solve time to JaxRadau's. ``field share`` is the solve time one vector-field
+evaluation (timed alone) accounts for, nfev × t_field / solve s: how close a method runs to the
+cost of the fields it needs.
 """
 
 from __future__ import annotations
@@ -53,6 +66,91 @@ def case_config(label: str):
     return resolve_config({"chain": {"pi": pi, "lam": 0.5}, "model": {"m": width, "k": width}, "time": {"t_end": t_end}})
 
 
+PEER_RTOL = 1e-6  # the peers' tolerance when none is given
+
+
+def solve_cvode(flow, theta0: np.ndarray, times: np.ndarray, rtol: float, atol: float, max_steps: int) -> dict:
+    """CVODE (BDF, GMRES on J v from JAX) from θ0, saved at ``times``. Returns the saved states and counts."""
+    import jax
+    from sksundae.cvode import CVODE, CVODEJacTimes
+
+    field = jax.jit(lambda t, y: flow.vector_field(t, y))
+    product = jax.jit(lambda t, y, v: jax.jvp(lambda x: flow.vector_field(t, x), (y,), (v,))[1])
+    field(0.0, theta0).block_until_ready(), product(0.0, theta0, theta0).block_until_ready()  # compiled before timing
+    counts = {"nfev": 0, "njv": 0}
+
+    def rhs(t, y, yp):
+        counts["nfev"] += 1
+        yp[:] = np.asarray(field(t, y))
+
+    def jv(t, y, yp, v, Jv):
+        counts["njv"] += 1
+        Jv[:] = np.asarray(product(t, y, v))
+
+    solver = CVODE(rhs, method="BDF", linsolver="gmres", krylov_dim=20, jactimes=CVODEJacTimes(None, jv),
+                   rtol=rtol, atol=atol, max_num_steps=max_steps)
+    started = time.perf_counter()
+    result = solver.solve(times, theta0)
+    solve_s = time.perf_counter() - started
+    finished = bool(result.success) and len(result.t) == len(times)
+    return {"states": np.asarray(result.y), "status": "finished" if finished else f"failed: {result.message}",
+            "t_reached": float(result.t[-1]), "solve_s": solve_s, "compile_s": 0.0, "steps": int(getattr(result, "nsteps", 0) or 0) or None,
+            "nfev": counts["nfev"], "njev": counts["njv"]}
+
+
+def solve_kvaerno_krylov(flow, theta0: np.ndarray, times: np.ndarray, rtol: float, atol: float, max_steps: int) -> dict:
+    """diffrax Kvaerno5, its Newton systems solved by lineax GMRES (matrix-free), from θ0 saved at ``times``."""
+    import diffrax
+    import jax
+    import jax.numpy as jnp
+    import lineax
+    import optimistix
+
+    from flowsim.flow import vector_field
+
+    linear = lineax.GMRES(rtol=1e-3 * rtol, atol=1e-3 * atol, restart=20, stagnation_iters=40)
+    # Newton, not diffrax's default VeryChord: VeryChord keeps a factorised Jacobian between steps, which a Krylov solver has not
+    solver = diffrax.Kvaerno5(root_finder=optimistix.Newton(rtol=rtol, atol=atol, linear_solver=linear))
+    # the field traced inline (lineax closure-converts the linearised field, which a nested jit would defeat)
+    term = diffrax.ODETerm(lambda t, y, args: vector_field(flow.structure, t, y, flow.loss))
+
+    @jax.jit
+    def integrate(y0):
+        return diffrax.diffeqsolve(term, solver, t0=float(times[0]), t1=float(times[-1]), dt0=None, y0=y0,
+                                   saveat=diffrax.SaveAt(ts=jnp.asarray(times)), max_steps=max_steps, throw=False,
+                                   stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol))
+
+    started = time.perf_counter()
+    compiled = integrate.lower(jnp.asarray(theta0)).compile()
+    compile_s = time.perf_counter() - started
+    started = time.perf_counter()
+    solution = compiled(jnp.asarray(theta0))
+    states = np.asarray(solution.ys)
+    solve_s = time.perf_counter() - started
+    reached = np.all(np.isfinite(states), axis=1)
+    status = "finished" if bool(solution.result == diffrax.RESULTS.successful) else f"failed: {solution.result}"
+    return {"states": states[reached], "status": status, "t_reached": float(times[reached][-1]) if reached.any() else 0.0,
+            "solve_s": solve_s, "compile_s": compile_s, "steps": int(solution.stats["num_accepted_steps"]),
+            "nfev": None, "njev": None}
+
+
+PEERS = {"CVODE": solve_cvode, "Kvaerno5-GMRES": solve_kvaerno_krylov}
+
+
+def field_seconds(flow, theta0: np.ndarray, repeats: int = 50) -> float:
+    """Wall time of one compiled vector-field evaluation (the best of ``repeats``)."""
+    import jax
+
+    field = jax.jit(lambda y: flow.vector_field(0.0, y))
+    field(theta0).block_until_ready()
+    best = np.inf
+    for _ in range(repeats):
+        started = time.perf_counter()
+        field(theta0).block_until_ready()
+        best = min(best, time.perf_counter() - started)
+    return float(best)
+
+
 def run_one(label: str, method: str, rtol: float | None, atol: float | None, max_steps: int, loss_out: Path | None) -> dict:
     """One solve in this process; its loss trajectory to ``loss_out``."""
     from flowsim.experiment import prepare
@@ -60,18 +158,27 @@ def run_one(label: str, method: str, rtol: float | None, atol: float | None, max
 
     config = case_config(label)
     prepared = prepare(config)
+    atol = config.solver.atol if atol is None else atol
+    flow = prepared.flow
     started = time.perf_counter()
-    result = solve_flow(prepared.flow, prepared.params0, prepared.times, method=method, rtol=rtol,
-                        atol=config.solver.atol if atol is None else atol, max_steps=max_steps)
+    if method in PEERS:
+        rtol = PEER_RTOL if rtol is None else rtol
+        peer = PEERS[method](flow, flow.flatten(prepared.params0), np.asarray(prepared.times), rtol, atol, max_steps)
+        loss = flow.loss_along(peer.pop("states"))
+        row = peer
+    else:
+        result = solve_flow(flow, prepared.params0, prepared.times, method=method, rtol=rtol, atol=atol, max_steps=max_steps)
+        loss, stats = result.trajectory.loss, result.stats
+        row = {"status": result.status_name, "t_reached": result.t_reached, "compile_s": stats.compile_seconds,
+               "solve_s": stats.solve_seconds, "steps": stats.n_steps, "nfev": stats.nfev, "njev": stats.njev}
     wall = time.perf_counter() - started
     if loss_out is not None:
-        np.save(loss_out, result.trajectory.loss)
+        np.save(loss_out, loss)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    stats = result.stats
-    return {"case": label, "method": method, "n": prepared.flow.size, "status": result.status_name,
-            "t_reached": result.t_reached, "compile_s": stats.compile_seconds, "solve_s": stats.solve_seconds,
-            "wall_s": wall, "steps": stats.n_steps, "nfev": stats.nfev, "njev": stats.njev, "peak_mb": peak_mb,
-            "rtol": rtol}
+    t_field = field_seconds(flow, flow.flatten(prepared.params0))
+    share = None if not row.get("nfev") or not row.get("solve_s") else row["nfev"] * t_field / row["solve_s"]
+    return {"case": label, "method": method, "n": flow.size, **row, "wall_s": wall, "peak_mb": peak_mb, "rtol": rtol,
+            "field_s": t_field, "field_share": share}
 
 
 def in_subprocess(label: str, method: str, rtol=None, atol=None, max_steps=200_000, loss_out=None, timeout=1800) -> dict:
@@ -88,7 +195,8 @@ def in_subprocess(label: str, method: str, rtol=None, atol=None, max_steps=200_0
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def benchmark(cases: list[str], methods: list[str], max_steps: int, timeout: float) -> list[dict]:
+def benchmark(cases: list[str], methods: list[str], max_steps: int, timeout: float,
+              rtols: list[float | None] = (None,)) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for label in cases:
@@ -105,15 +213,17 @@ def benchmark(cases: list[str], methods: list[str], max_steps: int, timeout: flo
                 if method == "LSODA" and n > LSODA_MAX_SIZE:
                     rows.append({"case": label, "method": method, "n": n, "status": f"skipped (n > {LSODA_MAX_SIZE})"})
                     continue
-                print(f"[{label}] {method} ...", file=sys.stderr, flush=True)
-                path = Path(folder) / f"{label}-{method}.npy"
-                row = in_subprocess(label, method, max_steps=max_steps, loss_out=path, timeout=timeout)
-                row.setdefault("n", n)
-                if reference_loss is not None and path.is_file():
-                    loss = np.load(path)
-                    row["loss_error"] = float(np.max(np.abs(loss / reference_loss[: len(loss)] - 1)))
-                rows.append(row)
-                print(f"  {row}", file=sys.stderr, flush=True)
+                for rtol in rtols:
+                    print(f"[{label}] {method} rtol {rtol} ...", file=sys.stderr, flush=True)
+                    path = Path(folder) / f"{label}-{method}-{rtol}.npy"
+                    row = in_subprocess(label, method, rtol=rtol, max_steps=max_steps, loss_out=path, timeout=timeout)
+                    row.setdefault("n", n)
+                    row.setdefault("rtol", rtol)
+                    if reference_loss is not None and path.is_file():
+                        loss = np.load(path)
+                        row["loss_error"] = float(np.max(np.abs(loss / reference_loss[: len(loss)] - 1)))
+                    rows.append(row)
+                    print(f"  {row}", file=sys.stderr, flush=True)
     return rows
 
 
@@ -122,20 +232,44 @@ def table(rows: list[dict]) -> str:
         value = row.get(key)
         return "–" if value is None else format(value, form)
 
-    lines = ["| case | n | method | status | compile s | solve s | steps | nfev | peak MB | max rel. loss error |",
-             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| case | n | method | rtol | status | compile s | solve s | steps | nfev | njev (CVODE: J v) | field share | peak MB | max rel. loss error |",
+             "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         status = row["status"] if row["status"] != "step_limit" else f"step_limit at t = {row['t_reached']:.4g}"
-        lines.append(f"| {row['case']} | {row['n']} | {row['method']} | {status} | {show(row, 'compile_s', '.1f')} | "
-                     f"{show(row, 'solve_s', '.2f')} | {show(row, 'steps', 'd')} | {show(row, 'nfev', 'd')} | "
+        lines.append(f"| {row['case']} | {row['n']} | {row['method']} | {show(row, 'rtol', 'g')} | {status} | "
+                     f"{show(row, 'compile_s', '.1f')} | {show(row, 'solve_s', '.2f')} | {show(row, 'steps', 'd')} | "
+                     f"{show(row, 'nfev', 'd')} | {show(row, 'njev', 'd')} | {show(row, 'field_share', '.0%')} | "
                      f"{show(row, 'peak_mb', '.0f')} | {show(row, 'loss_error', '.1e')} |")
+    return "\n".join(lines)
+
+
+def equal_error_summary(rows: list[dict], baseline: str = "JaxRadau") -> str:
+    """Per case and method: its fastest finished run within the baseline's (best) loss error, and that solve
+    time over the baseline's."""
+    lines = [f"| case | method | rtol | solve s | loss error | solve s / {baseline}'s |", "|---|---|---:|---:|---:|---:|"]
+    for case in dict.fromkeys(row["case"] for row in rows):
+        finished = [row for row in rows if row["case"] == case and row.get("status") == "finished" and "loss_error" in row]
+        base = [row for row in finished if row["method"] == baseline]
+        if not base:
+            continue
+        reference = min(base, key=lambda row: row["solve_s"])
+        for method in dict.fromkeys(row["method"] for row in finished):
+            within = [row for row in finished if row["method"] == method and row["loss_error"] <= max(reference["loss_error"], 1e-12)]
+            if not within:
+                lines.append(f"| {case} | {method} | – | – | none within {reference['loss_error']:.1e} | – |")
+                continue
+            best = min(within, key=lambda row: row["solve_s"])
+            lines.append(f"| {case} | {method} | {best['rtol']:g} | {best['solve_s']:.2f} | {best['loss_error']:.1e} | "
+                         f"{best['solve_s'] / reference['solve_s']:.1f} |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--methods", default="JaxRadau,Tsit5,LSODA")
+    parser.add_argument("--methods", default="JaxRadau,Tsit5,LSODA",
+                        help=f"flowsim methods and peers ({', '.join(PEERS)})")
+    parser.add_argument("--rtols", default="", help="comma-separated tolerances every method runs at (default: each method's own)")
     parser.add_argument("--max-steps", type=int, default=20_000, help="step budget of every method")
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds each (case, method) process may take")
     parser.add_argument("--out", type=Path, default=None, help="Write the table into this markdown file (its own section).")
@@ -151,8 +285,9 @@ def main() -> None:
     unknown = set(cases) - set(CASES)
     if unknown:
         parser.error(f"unknown cases {sorted(unknown)}; expected some of {list(CASES)}")
-    rows = benchmark(cases, args.methods.split(","), args.max_steps, args.timeout)
-    text = table(rows)
+    rtols = [float(value) for value in args.rtols.split(",") if value] or [None]
+    rows = benchmark(cases, args.methods.split(","), args.max_steps, args.timeout, rtols)
+    text = table(rows) + "\n\nAt equal loss error:\n\n" + equal_error_summary(rows)
     print(text)
     if args.out is not None:
         command = "python benchmarks/scaling.py " + " ".join(sys.argv[1:])

@@ -1,6 +1,8 @@
 """Shared fixtures: the paper chain and model, and one compiled default flow per session."""
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -14,6 +16,7 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 
 # predictions are cached per user; the tests keep theirs apart, in a folder of this session
 os.environ["FLOWSIM_PREDICTION_CACHE"] = tempfile.mkdtemp(prefix="flowsim-predictions-")
+atexit.register(shutil.rmtree, os.environ["FLOWSIM_PREDICTION_CACHE"], ignore_errors=True)
 
 import flowsim
 from flowsim.flow import GradientFlow
