@@ -359,6 +359,19 @@ def make_loss_function(
     return Partial(core, contexts=jnp.asarray(sequences[:, :-1]), targets=jnp.asarray(sequences[:, -1]))
 
 
+def make_window_loss(model: Model, windows) -> Partial:
+    """The empirical next-token loss on fixed token windows (N × (s + 1) integers: each window's first s
+    tokens are the context, its last the target): the mean cross-entropy the bridge's SGD takes one batch
+    of at a time, here over all N at once, so its gradient flow is the full-batch flow. O(N s (m + k) + N d m)
+    per evaluation."""
+    windows = np.asarray(windows)
+    if windows.ndim != 2 or windows.shape[1] < 2:
+        raise ValueError(f"windows must be N x (s + 1) token ids with s >= 1, got shape {windows.shape}")
+    if windows.min() < 0 or windows.max() >= model.d:
+        raise ValueError(f"window tokens must lie in 0 .. {model.d - 1}, got {windows.min()} .. {windows.max()}")
+    return Partial(ModelLoss(_sampled_loss_core, model), contexts=jnp.asarray(windows[:, :-1]), targets=jnp.asarray(windows[:, -1]))
+
+
 def population_loss_task(params: Params, task: InductionTask, model: Model) -> jax.Array:
     """The exact population loss of ``model`` on a sequence task (every context of positive
     probability, weighted by it, against the exact law of the next token)."""

@@ -392,3 +392,24 @@ def test_the_d64_text_example_labels_condensation_beside_the_ode(tmp_path):
     assert condensation and condensation[0].predicted is not None and condensation[0].measured is not None, rows
     assert condensation[0].rel_error < 0.15, condensation[0]
     assert (tmp_path / "run" / "overlay.png").stat().st_size > 10_000  # the run beside the ODE
+
+
+def test_the_window_loss_is_the_torch_batch_loss_over_all_windows():
+    """flowsim's full-batch window loss against the torch twin's training loss on the same windows, and its
+    gradient against the twin's autograd gradient."""
+    from flowsim.bridge.train import batch_loss
+    from flowsim.losses import make_window_loss
+
+    model = OneLayerTransformer(d=5, m=4, k=3)
+    params = random_params(model, 0.5, 1)
+    windows = np.random.default_rng(2).integers(0, 5, size=(64, 9))
+    loss = make_window_loss(model, windows)
+    twin = torch_model_for(model).load_flowsim_params(params)
+    expected = batch_loss(twin, torch.as_tensor(windows))
+    assert float(loss(params)) == pytest.approx(float(expected), rel=1e-12)
+    expected.backward()
+    gradient = jax.grad(loss)(params)
+    for name, parameter in twin.named_parameters():
+        np.testing.assert_allclose(np.asarray(gradient[name]), parameter.grad.numpy(), rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="window tokens must lie in 0 .. 4, got 0 .. 5"):
+        make_window_loss(model, np.full((3, 4), 5) - np.eye(3, 4, dtype=int) * 5)

@@ -116,17 +116,23 @@ def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress
     except ValueError as error:
         raise ConfigError(str(error)) from None
     result = solve_flow(flow, params0, t, method=method, rtol=config.compare.rtol, atol=config.compare.atol, progress=progress)
-    twin = torch_model_for(model)
-    probe = data.probe_set()
-    rows = []
-    for i in range(len(result.trajectory)):
-        row = checkpoint_observables(twin.load_flowsim_params(result.trajectory.at(i)), probe, data.frequencies)
-        row["loss"] = row["val_loss"] = np.asarray(result.trajectory.loss[i])
-        rows.append(row)
-    observables = stack_observables(result.trajectory.t, rows, probe.pi)
+    observables = measured_like_the_run(model, result.trajectory, data)
     description = {"ode": ode, "method": method, "status": result.status_name,
                    "solve_seconds": result.stats.solve_seconds, **extra}
     return observables, description
+
+
+def measured_like_the_run(model, trajectory: Trajectory, data: DataSource) -> Observables:
+    """A flowsim trajectory's observables measured as the run's are: its parameters loaded into the torch twin
+    and read on the run's probe set (the loss column is the trajectory's own loss)."""
+    twin = torch_model_for(model)
+    probe = data.probe_set()
+    rows = []
+    for i in range(len(trajectory)):
+        row = checkpoint_observables(twin.load_flowsim_params(trajectory.at(i)), probe, data.frequencies)
+        row["loss"] = row["val_loss"] = np.asarray(trajectory.loss[i])
+        rows.append(row)
+    return stack_observables(trajectory.t, rows, probe.pi)
 
 
 def ode_beside(run_dir: Path, progress: bool = False) -> tuple[Observables, dict]:

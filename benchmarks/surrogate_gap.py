@@ -1,0 +1,117 @@
+"""Which part of the ODE-vs-SGD gap on text is the bigram surrogate's, and which is SGD's.
+
+    python benchmarks/surrogate_gap.py [--corpus wikitext2] [--windows 4096] [--set key=value ...] [--out benchmarks/RESULTS.md]
+
+Three flows from one initial point (the SGD run's own), on the t = lr × steps clock, measured with the
+run's probe set and labelled by the same detectors:
+
+1. the surrogate: the mean-field flow of the training split's bigram chain (`flowsim bridge compare`'s ODE);
+2. the text: the exact full-batch gradient flow of the training loss on N fixed windows of the training
+   split (``flowsim.losses.make_window_loss``), the flow SGD follows as lr -> 0 on that sample;
+3. the SGD run of ``configs/bridge/CORPUS-d64.toml`` (its steps set by ``--set optim.steps=...``).
+
+Surrogate against text is the surrogate's error (the text is not a bigram chain, and the mean-field loss
+is not the loss at context length s); text against SGD is SGD's (a finite lr, and fresh batches instead
+of N fixed windows). The run directory is kept in ``--work`` and reused (training resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from report import write_section
+
+MARKER = "surrogate-gap"
+
+
+def three_flows(corpus: str, overrides: list[str], n_windows: int, work: Path) -> tuple[list[dict], dict]:
+    from flowsim.bridge.compare import compare_bridge_run, measured_like_the_run, ode_beside, stage_events
+    from flowsim.bridge.config import load_bridge_config
+    from flowsim.bridge.train import build_data, train, type_names
+    from flowsim.flow import GradientFlow
+    from flowsim.losses import make_window_loss
+    from flowsim.models import model_from_config
+    from flowsim.observables import Observables
+    from flowsim.rundir import TRAJECTORY_FILE
+    from flowsim.solvers import solve_flow
+    from flowsim.stages import detect_stages
+    from flowsim.trajectory import Trajectory
+
+    config = load_bridge_config(f"configs/bridge/{corpus}-d64.toml", overrides)
+    run_dir = work / corpus
+    started = time.perf_counter()
+    train(config, run_dir, progress=True)
+    train_s = time.perf_counter() - started
+    compare_bridge_run(run_dir)  # the surrogate's ODE, cached in RUN/ode
+    surrogate, _ = ode_beside(run_dir)
+    run = Observables.load(run_dir)
+
+    data = build_data(config)
+    model = model_from_config(config.model, data.vocab_size)
+    windows = data.corpus.batch(n_windows, config.data.s + 1, config.data.seed + 7919, 0, "train").numpy()
+    params0 = Trajectory.load(run_dir / TRAJECTORY_FILE).at(0)
+    flow = GradientFlow(make_window_loss(model, windows), params0)
+    started = time.perf_counter()
+    result = solve_flow(flow, params0, run.t, method="JaxRadau", rtol=config.compare.rtol, atol=config.compare.atol,
+                        progress=True)
+    text_s = time.perf_counter() - started
+    if not result.success:
+        raise RuntimeError(f"the window flow stopped: {result.message}")
+    text = measured_like_the_run(model, result.trajectory, data)
+
+    events = {side: stage_events(detect_stages(observables)) for side, observables in
+              (("surrogate", surrogate), ("text", text), ("sgd", run))}
+    names = type_names(data)
+    keys = sorted(set().union(*events.values()), key=lambda key: (min(e.get(key, np.inf) for e in events.values()), str(key)))
+    rows = []
+    for key in keys:
+        stage, query, direction, occurrence = key
+        subject = names[query] if query is not None else f"σ{direction}" if direction is not None else "-"
+        rows.append({"event": f"{stage} {subject}" + (f" #{occurrence}" if occurrence > 1 else ""),
+                     **{side: events[side].get(key) for side in events}})
+    final = {"surrogate loss": float(surrogate["loss"][-1]), "window loss": float(text["loss"][-1]),
+             "SGD validation loss": float(run["loss"][-1]), "t_end": float(run.t[-1]), "windows": n_windows,
+             "train_s": train_s, "text_flow_s": text_s}
+    return rows, final
+
+
+def gap(a: float | None, b: float | None) -> str:
+    return "–" if a is None or b is None else f"{abs(a - b) / b:.1%}"
+
+
+def table(corpus: str, rows: list[dict], final: dict) -> str:
+    show = lambda value: "–" if value is None else f"{value:.4g}"  # noqa: E731
+    lines = [f"### {corpus} (t = {final['t_end']:g}; {final['windows']} windows; train {final['train_s']:.0f} s, "
+             f"window flow {final['text_flow_s']:.0f} s)", "",
+             "| event | surrogate | text (window flow) | SGD | surrogate vs text | text vs SGD | surrogate vs SGD |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        lines.append(f"| {row['event']} | {show(row['surrogate'])} | {show(row['text'])} | {show(row['sgd'])} | "
+                     f"{gap(row['surrogate'], row['text'])} | {gap(row['text'], row['sgd'])} | {gap(row['surrogate'], row['sgd'])} |")
+    lines += ["", f"Loss at t = {final['t_end']:g}: surrogate (mean-field) {final['surrogate loss']:.4f}, window flow "
+                  f"{final['window loss']:.4f}, SGD (validation) {final['SGD validation loss']:.4f}."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", default="wikitext2", choices=("wikitext2", "tinystories"))
+    parser.add_argument("--windows", type=int, default=4096, help="training windows of the full-batch text flow")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="bridge config override (repeatable)")
+    parser.add_argument("--work", type=Path, default=Path("runs/surrogate-gap"), help="where the SGD run is kept")
+    parser.add_argument("--out", type=Path, default=None, help="write the table into this markdown file (its own section)")
+    args = parser.parse_args()
+    rows, final = three_flows(args.corpus, args.overrides, args.windows, args.work)
+    text = table(args.corpus, rows, final)
+    print(text)
+    if args.out is not None:
+        command = "python benchmarks/surrogate_gap.py " + " ".join(sys.argv[1:])
+        write_section(args.out, f"{MARKER}-{args.corpus}", f"## Surrogate against text against SGD\n\nProduced by `{command}`.\n\n{text}")
+
+
+if __name__ == "__main__":
+    main()
