@@ -406,7 +406,7 @@ def test_the_window_loss_is_the_torch_batch_loss_over_all_windows():
     loss = make_window_loss(model, windows)
     twin = torch_model_for(model).load_flowsim_params(params)
     expected = batch_loss(twin, torch.as_tensor(windows))
-    assert float(loss(params)) == pytest.approx(float(expected), rel=1e-12)
+    assert float(loss(params)) == pytest.approx(expected.item(), rel=1e-12)
     expected.backward()
     gradient = jax.grad(loss)(params)
     for name, parameter in twin.named_parameters():
