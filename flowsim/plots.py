@@ -161,6 +161,7 @@ def phase_diagram_figure(rows: list[dict], grid_keys: list[str], columns: tuple[
 
 
 RUN_STYLES = ("-", "--", ":", "-.")  # one line style per overlaid run, in order
+STYLE_NAMES = dict(zip(RUN_STYLES, ("solid", "dashed", "dotted", "dash-dotted")))
 
 
 def plot_overlay(runs: list[tuple[str, Observables]], path: Path, title: str = "", names: list[str] | None = None,
@@ -194,7 +195,8 @@ def overlay_figure(runs: list[tuple[str, Observables]], title: str = "", names: 
     axes[0].legend(fontsize="small")
     axes[1].set_yscale("log")
     axes[1].set_ylabel("singular values of W0")
-    axes[2].set_ylabel("attention entropy (nats)\n" + ", ".join(f"{label} {style}" for (label, _), style in zip(runs, RUN_STYLES)))
+    axes[2].set_ylabel("attention entropy (nats)\n" + ", ".join(f"{label} {STYLE_NAMES[style]}"
+                                                                 for (label, _), style in zip(runs, RUN_STYLES)))
     axes[2].set_xlabel(time_label)
     axes[2].set_xscale("log")
     axes[2].legend(fontsize="x-small", ncol=2)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from flowsim.experiment import label_run, observables_of_run
 from flowsim.observables import Observables
-from flowsim.plots import RUN_STYLES, plot_overlay
+from flowsim.plots import RUN_STYLES, STYLE_NAMES, plot_overlay
 from flowsim.rundir import read_meta, status_of
 from flowsim.specialisation import first_time_below
 from flowsim.status import Status
@@ -71,6 +71,6 @@ def compare_one_layer_runs(run_dirs: list[Path], figure: Path, loss_target: floa
     observables = [observables_of_run(run_dir) for run_dir in run_dirs]
     rows = [run_row(run_dir, seen, loss_target) for run_dir, seen in zip(run_dirs, observables)]
     labelled = [(row.name, seen) for row, seen in zip(rows, observables)]
-    title = "  ".join(f"{row.name} {style}" for row, style in zip(rows, RUN_STYLES))
+    title = ", ".join(f"{row.name} ({STYLE_NAMES[style]})" for row, style in zip(rows, RUN_STYLES))
     plot_overlay(labelled, figure, title=title, loss_label="population loss")
     return runs_table(rows, loss_target), Path(figure)
