@@ -91,6 +91,12 @@ def closed_class(P: np.ndarray) -> np.ndarray:
     return members
 
 
+def entropy_rate(pi: np.ndarray, P: np.ndarray) -> float:
+    """Σ_i π_i H(P_i), in nats (0 log 0 = 0), O(d²)."""
+    safe = np.where(P > 0, P, 1.0)
+    return float(-np.asarray(pi) @ np.sum(P * np.log(safe), axis=1))
+
+
 def stationary_distribution(P: np.ndarray, members: np.ndarray | None = None) -> np.ndarray:
     """π with π^T P = π^T, Σ π = 1, for P with one closed class (``members``; zero off it).
     One linear solve on the closed block, O(c³) for a class of c states."""
@@ -238,10 +244,9 @@ class MarkovChain:
 
     @property
     def entropy_rate(self) -> float:
-        """Σ_i π_i H(P_i), in nats, O(d²): the least next-token loss any predictor reaches on the stationary
-        chain (the Bayes loss of the mean-field loss, and of the finite-s losses from the stationary start)."""
-        safe = np.where(self.P > 0, self.P, 1.0)
-        return float(-self.pi @ np.sum(self.P * np.log(safe), axis=1))
+        """The least next-token loss any predictor reaches on the stationary chain (``entropy_rate``): the
+        Bayes loss of the mean-field loss, and of the finite-s losses from the stationary start."""
+        return entropy_rate(self.pi, self.P)
 
     def sample(self, n_sequences: int, length: int, seed: int) -> np.ndarray:
         """Sample ``n_sequences`` paths x_1..x_length (int array, shape (n, length))."""

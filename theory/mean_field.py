@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from flowsim.chains import entropy_rate
+
 
 def _softmax_rows(logits: np.ndarray) -> np.ndarray:
     weights = np.exp(logits - logits.max(axis=1, keepdims=True))
@@ -67,8 +69,7 @@ class MeanFieldChain:
 
     def bayes_loss(self) -> float:
         """Σ_i π_i H(P_i): the infimum of L (the logits log P_i), O(d²)."""
-        safe = np.where(self.P > 0, self.P, 1.0)
-        return float(-self.pi @ np.sum(self.P * np.log(safe), axis=1))
+        return entropy_rate(self.pi, self.P)
 
     def loss_of_maps(self, Phi: np.ndarray, M: np.ndarray) -> float:
         """L(Φ, M), O(d³) (dense M)."""

@@ -221,6 +221,7 @@ class TransverseAlongPath:
     def __init__(self, chain: MeanFieldChain, A: np.ndarray, E: np.ndarray, Z0: np.ndarray, threshold: float):
         self.chain, self.A, self.E, self.Z0, self.threshold = chain, A, E, Z0, threshold
         self.rank, self.shape = A.shape[1], Z0.shape
+        self.k = Z0.shape[0] // 2 - chain.d  # Z0 has 2d + 2k rows
         self.scale = float(np.abs(Z0).max(initial=0.0)) or 1.0  # Z starts at the initial scale and does not shrink much
         self.pieces, self.crossings, self.span_ends = [], [], []
 
@@ -231,7 +232,7 @@ class TransverseAlongPath:
         return bool(self.crossings) and sum(t > self.crossings[0] for t in self.span_ends) >= 2
 
     def _integrate_over(self, segment) -> None:
-        d, k = self.chain.d, self.shape[0] // 2 - self.chain.d
+        d, k = self.chain.d, self.k
 
         def state(t: float) -> ReducedState:
             return ReducedState.unpack(segment.sol(t), d, k)
@@ -278,7 +279,7 @@ def restart_rule(chain: MeanFieldChain, reduced_flow: ReducedFlow, path: Reduced
                  threshold: float) -> RuleVerdict:
     """Which rule predicts direction r's restart, and its time (the module docstring's three cases, and the
     optimum). Cost: at most one fastest-mode SVD and one frozen-point crossing, O((2d + 2k)³)."""
-    rank, d, k = A.shape[1], chain.d, transverse.shape[0] // 2 - chain.d
+    rank, d, k = A.shape[1], reduced_flow.d, reduced_flow.k
     rate, peak = float(path.rates[-1]), float(path.rates.max())
     if peak == 0 or rate <= DEGENERATE_RATE * peak:
         # C -> 0 either at a degenerate critical point or because the rank-r flow reaches the Bayes loss
