@@ -179,6 +179,8 @@ def compare_runs(
 
     if loss_target is not None and not math.isfinite(loss_target):
         _fail(f"--loss-target {loss_target} is not a finite number; expected a loss value such as 0.5")
+    if figure.is_dir() or not figure.parent.is_dir():
+        _fail(f"--figure {figure} is not a file in an existing folder; expected a path such as compare-runs.png")
     try:
         kinds = {run_dir: load_config(run_dir / CONFIG_FILE).model.kind for run_dir in run_dirs}
     except (FileNotFoundError, ConfigError) as error:

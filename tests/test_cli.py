@@ -344,3 +344,5 @@ def test_compare_runs_tabulates_one_layer_runs_and_overlays_them(tmp_path):
     assert figure.stat().st_size > 10_000
     too_many = _invoke("compare-runs", *[str(tmp_path / "small")] * 5, "--figure", str(tmp_path / "five.png"))
     assert "1 to 4 one-layer runs, got 5" in _one_error_line(too_many)
+    nowhere = _invoke("compare-runs", str(tmp_path / "small"), "--figure", str(tmp_path / "missing" / "a.png"))
+    assert "--figure" in _one_error_line(nowhere) and "missing" in _one_error_line(nowhere)
