@@ -179,8 +179,6 @@ def compare_runs(
 
     if loss_target is not None and not math.isfinite(loss_target):
         _fail(f"--loss-target {loss_target} is not a finite number; expected a loss value such as 0.5")
-    if figure.is_dir() or not figure.parent.is_dir():
-        _fail(f"--figure {figure} is not a file in an existing folder; expected a path such as compare-runs.png")
     try:
         kinds = {run_dir: load_config(run_dir / CONFIG_FILE).model.kind for run_dir in run_dirs}
     except (FileNotFoundError, ConfigError) as error:
@@ -190,6 +188,8 @@ def compare_runs(
     if one_layer:
         from flowsim.runs_compared import compare_one_layer_runs
 
+        if figure.is_dir() or not figure.parent.is_dir():  # the figure is drawn for one-layer runs only
+            _fail(f"--figure {figure} is not a file in an existing folder; expected a path such as compare-runs.png")
         try:
             table, written = compare_one_layer_runs(one_layer, figure, loss_target)
         except (FileNotFoundError, ConfigError, ValueError) as error:
