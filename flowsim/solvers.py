@@ -1,19 +1,22 @@
 """One entry point, ``solve_flow``, for every way of integrating a gradient flow.
 
-Methods:
+Methods (each a small object with ``start`` and ``advance``, as diffrax's solvers have ``init`` and ``step``):
 
-* ``LSODA``, ``BDF``, ``Radau``: scipy's stiff integrators, driven step by step with the
-  exact Jacobian -diag(r) Hessian(L) from JAX, dense output on the save times.
-* ``Kvaerno5`` (implicit), ``Tsit5``, ``Dopri8`` (explicit): diffrax, with a PID step
-  controller that steps exactly onto the kinks of the rate schedule.
-* ``JaxRadau``: Radau IIA of order 5 compiled end to end in JAX (``flowsim.stiff``),
-  with the Jacobian diagonalised so step-size changes cost nothing; it alone can
-  integrate a batch of flows at once (``solve_flow_batch``).
-* ``gradient_descent``: θ_{n+1} = θ_n - η r(nη) ∇L(θ_n), step n at time t = nη, saved at
+* ``Scipy("LSODA" | "BDF" | "Radau")``: scipy's stiff integrators, driven step by step with
+  the exact Jacobian -diag(r) Hessian(L) from JAX, dense output on the save times.
+* ``Diffrax("Kvaerno5" | "Tsit5" | "Dopri8")``: diffrax (implicit, explicit, explicit), with a
+  PID step controller that steps exactly onto the kinks of the rate schedule.
+* ``JaxRadau()``: Radau IIA of order 5 compiled end to end in JAX (``flowsim.stiff``), with
+  the Jacobian diagonalised so step-size changes cost nothing; it alone can integrate a batch
+  of flows at once (``solve_flow_batch``). Its eigensystem rank, Newton control and fused
+  products are fields.
+* ``GradientDescent(lr)``: θ_{n+1} = θ_n - η r(nη) ∇L(θ_n), step n at time t = nη, saved at
   the steps nearest the save times.
 
-Every method reports its compile time (JAX tracing and XLA compilation, zero when the
-compiled code is reused) apart from its solve time after compilation.
+``drive`` is the one loop around them: it shows progress (a "compiling" phase first), hands
+partial results to a checkpoint callback, polls stop requests between chunks of work and
+leaves the status to the method. Every method reports its compile time (JAX tracing and XLA
+compilation, zero when the compiled code is reused) apart from its solve time after compilation.
 
 Every method returns a ``FlowResult`` with a status: a run that hits its step limit,
 meets a non-finite state, or fails inside the solver keeps every point computed
@@ -26,8 +29,8 @@ import dataclasses
 import functools
 import threading
 import time
-from dataclasses import asdict, dataclass
-from typing import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
 
 import diffrax
 import jax
@@ -38,7 +41,7 @@ from tqdm.auto import tqdm
 
 from flowsim import flow as flow_functions
 from flowsim import stiff
-from flowsim.config import resolve_config
+from flowsim.config import SolverConfig, resolve_config
 from flowsim.flow import GradientFlow
 from flowsim.losses import with_fused_products
 from flowsim.methods import DEFAULT_METHOD, default_rtol
@@ -50,6 +53,9 @@ SCIPY_METHODS = {"LSODA": scipy.integrate.LSODA, "BDF": scipy.integrate.BDF, "Ra
 DIFFRAX_METHODS = {"Kvaerno5": diffrax.Kvaerno5, "Tsit5": diffrax.Tsit5, "Dopri8": diffrax.Dopri8}
 
 CHECKPOINT_EVERY_S = 20.0
+# the defaults of the configuration's [solver] section, written once there
+DEFAULT_ATOL = SolverConfig.model_fields["atol"].default
+DEFAULT_MAX_STEPS = SolverConfig.model_fields["max_steps"].default
 
 
 @dataclass(frozen=True)
@@ -154,254 +160,96 @@ def _initial_vector(flow: GradientFlow, params0: Params) -> np.ndarray:
     return theta0
 
 
-def solve_flow(
-    flow: GradientFlow,
-    params0: Params,
-    t_eval,
-    *,
-    method: str = DEFAULT_METHOD,
-    rtol: float | None = None,
-    atol: float = 1e-12,
-    max_steps: int = 200_000,
-    lr: float | None = None,
-    progress: bool = False,
-    on_checkpoint: Callable[[FlowResult], None] | None = None,
-    checkpoint_every_s: float = CHECKPOINT_EVERY_S,
-    should_stop: Callable[[], bool] | None = None,
-    resume: ResumePoint | None = None,
-) -> FlowResult:
-    """Integrate ``flow`` from ``params0`` and save at ``t_eval`` (ascending, t_eval[0] = 0).
-
-    ``rtol``/``atol`` are the error tolerances of the adaptive methods (``rtol`` defaults
-    to the method's own, ``default_rtol(method)``; with a small
-    initialisation of scale ε, atol must sit well below ε²); ``lr`` is the step η of
-    ``gradient_descent``. ``max_steps`` bounds the steps taken. ``on_checkpoint``, if
-    given, receives the partial result every ``checkpoint_every_s`` seconds, so a long
-    run can be saved as it goes. ``should_stop`` is polled between chunks of work (each
-    under a second or so): once it returns True the solve returns what it has, with
-    status ``interrupted``. ``resume`` continues a stopped solve (``ResumePoint``); the
-    result then holds every point, the earlier ones included.
-    """
-    rtol = default_rtol(method) if rtol is None else rtol
-    _check_options(method, rtol, atol, max_steps, lr)
-    times = check_save_times(t_eval)
-    theta0 = _initial_vector(flow, params0)
-    prefix_t, prefix_theta = np.zeros(0), np.zeros((0, flow.size))
-    if resume is not None and not (method == "JaxRadau" and resume.radau_state is not None):
-        # Start afresh at the last saved point; the points before it are kept as they are.
-        if not resume.t[-1] < times[-1]:
-            raise ValueError(f"nothing to resume: the saved points reach t = {resume.t[-1]:g}, the last save time")
-        prefix_t, prefix_theta = np.asarray(resume.t[:-1]), np.asarray(resume.theta[:-1])
-        times = np.concatenate([[resume.t[-1]], times[times > resume.t[-1]]])
-        theta0 = np.asarray(resume.theta[-1])
-    if method == "JaxRadau":
-        state = None if resume is None else resume.radau_state
-        result = solve_flow_batch(
-            [flow], [flow.unravel(theta0)], times, rtol=rtol, atol=atol, max_steps=max_steps, progress=progress,
-            on_checkpoint=None if on_checkpoint is None else lambda results: on_checkpoint(_prepend(flow, prefix_t, prefix_theta, results[0])),
-            checkpoint_every_s=checkpoint_every_s, should_stop=should_stop, radau_state=state, start=times[0])[0]
-        return _prepend(flow, prefix_t, prefix_theta, result)
-    integrate = {**dict.fromkeys(SCIPY_METHODS, _solve_scipy), **dict.fromkeys(DIFFRAX_METHODS, _solve_diffrax),
-                 "gradient_descent": _solve_gradient_descent}[method]
-    started = time.perf_counter()
-    checkpoint = None if on_checkpoint is None else lambda partial: on_checkpoint(_prepend(flow, prefix_t, prefix_theta, partial))
-    status, message, t_reached, saved_t, saved_theta, counts = integrate(
-        flow, theta0, times, method=method, rtol=rtol, atol=atol, max_steps=int(max_steps), lr=lr,
-        progress=progress, on_checkpoint=checkpoint, checkpoint_every_s=checkpoint_every_s, started=started,
-        should_stop=should_stop,
-    )
-    result = _result(flow, method, status, message, t_reached, saved_t, saved_theta, _stats(counts, started))
-    return _prepend(flow, prefix_t, prefix_theta, result)
+# ---------------------------------------------------------------------------------------------
+# The problem, a run's state, and the one loop around every method
 
 
-def _prepend(flow: GradientFlow, prefix_t: np.ndarray, prefix_theta: np.ndarray, result: FlowResult) -> FlowResult:
-    """``result`` with the earlier points of a resumed solve in front of its own."""
-    if len(prefix_t) == 0:
-        return result
-    trajectory = result.trajectory
-    thetas = np.concatenate([prefix_theta, flow.flatten_batch(trajectory.params)])
-    joined = Trajectory(t=np.concatenate([prefix_t, trajectory.t]), loss=np.concatenate([flow.loss_along(prefix_theta), trajectory.loss]),
-                        params=flow.unflatten_batch(thetas))
-    return dataclasses.replace(result, trajectory=joined)
+@dataclass(frozen=True)
+class Problem:
+    """What every method integrates: flows of one structure (one flow but for JaxRadau's batches), their
+    starts (one flat row each), the save times and the tolerances."""
+
+    flows: list[GradientFlow]
+    thetas0: np.ndarray
+    times: np.ndarray
+    rtol: float
+    atol: float
+    max_steps: int
+    progress: bool = False
+    listening: bool = False  # someone checkpoints or may ask to stop: the method returns in short chunks
+    should_stop: Callable[[], bool] | None = None
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def flow(self) -> GradientFlow:
+        return self.flows[0]
+
+
+@dataclass
+class Run:
+    """A method's state between chunks of work; each method keeps its own fields beside these."""
+
+    problem: Problem
+    t: float  # the earliest time a member has reached
+    status: Status = Status.RUNNING
+    message: str = Status.RUNNING.message()
+    compile_seconds: float = 0.0
+
+
+class Method:
+    """An integration method: ``start`` compiles what it needs and makes its ``Run``, ``advance`` does one
+    chunk of work (a step, or about half a second of compiled steps), ``results`` reads the run, whatever
+    its status. ``drive`` owns the loop."""
+
+    name: str = ""
+    shows_own_progress = False  # the method draws its own progress bar while it advances
+
+    def start(self, problem: Problem) -> Run:
+        raise NotImplementedError
+
+    def advance(self, run: Run) -> None:
+        raise NotImplementedError
+
+    def results(self, run: Run) -> list[FlowResult]:
+        raise NotImplementedError
+
+    def interrupt(self, run: Run) -> None:
+        """A stop request between chunks: keep what was saved."""
+        run.status, run.message = Status.INTERRUPTED, Status.INTERRUPTED.message(at(run.t))
+
+
+def drive(method: Method, problem: Problem, on_checkpoint: Callable[[list[FlowResult]], None] | None = None,
+          checkpoint_every_s: float = CHECKPOINT_EVERY_S, saved: Any = None) -> list[FlowResult]:
+    """The loop every method runs in: progress (a "compiling" phase, then model time), a stop request
+    polled after each chunk, ``on_checkpoint`` with the partial results every ``checkpoint_every_s``
+    seconds, and the results with the method's status. ``saved``: a method's saved state to continue."""
+    times = problem.times
+    bar = _Progress(problem.progress and not method.shows_own_progress, times[0], times[-1], method.name)
+    try:
+        bar.compiling()
+        run = method.start(problem) if saved is None else method.start(problem, saved)
+        bar.update(run.t)
+        last_checkpoint = time.perf_counter()
+        while run.status == Status.RUNNING:
+            method.advance(run)  # at least one chunk before a stop request is heard: a resume always moves on
+            bar.update(run.t)
+            if run.status != Status.RUNNING:
+                break
+            if problem.should_stop is not None and problem.should_stop():
+                method.interrupt(run)
+                break
+            if on_checkpoint is not None and time.perf_counter() - last_checkpoint >= checkpoint_every_s:
+                on_checkpoint(method.results(run))
+                last_checkpoint = time.perf_counter()
+    finally:
+        bar.close()
+    return method.results(run)
 
 
 def _stats(counts: dict, started: float) -> SolverStats:
     """Statistics from a method's counts (compile_seconds among them) and its start time."""
     wall = time.perf_counter() - started
     return SolverStats(**counts, wall_time_s=wall, solve_seconds=wall - counts["compile_seconds"])
-
-
-# Compiled JaxRadau integrators, shared by flows of one structure, batch size and save grid.
-_RADAU_COMPILED: dict[tuple, stiff.RadauFunctions] = {}
-RADAU_FIRST_CHUNK = 8  # step attempts in the first call of the compiled loop, when chunked
-RADAU_CHUNK_SECONDS = 0.5  # later chunks are sized to about this wall-clock time
-SEQUENTIAL_STAGES_FROM_SIZE = 16_384  # larger flows evaluate the three Radau stages one by one (MEASUREMENTS.md)
-# Eigenpairs of the Jacobian JaxRadau keeps (its stiff directions), by flow size: 8 at the
-# paper's sizes, 32 from n = 1024, where 8 leaves stiff directions outside the subspace and
-# the Newton iteration fails (benchmarks/MEASUREMENTS.md).
-STIFF_RANKS = ((0, 8), (1024, 32))
-# From this size the flow has more stiff directions than the eigensystem keeps: Newton control
-# for slow solves (stiff.LARGE_FLOW_CONTROL) and lagged subspace refreshes (MEASUREMENTS.md).
-LARGE_FLOW_FROM_SIZE = 1024
-
-
-def stiff_rank(size: int) -> int:
-    """The number of eigenpairs JaxRadau keeps for a flow of ``size`` parameters (STIFF_RANKS)."""
-    return max(rank for threshold, rank in STIFF_RANKS if size >= threshold)
-
-
-def _save_slots(n_times: int) -> int:
-    """Save buffers come in powers of two (at least 64), so save grids of similar length share one compilation."""
-    return max(64, 1 << (n_times - 1).bit_length())
-
-
-def _radau_functions(flow: GradientFlow, batch: int, n_save: int, loss_batch) -> tuple[stiff.RadauFunctions, float]:
-    """The compiled integrator for this structure (built on first use) and the seconds spent compiling now."""
-    rank, large = stiff_rank(flow.size), flow.size >= LARGE_FLOW_FROM_SIZE
-    key = (flow.structure_key, batch, n_save, rank, large)
-    if key in _RADAU_COMPILED:
-        return _RADAU_COMPILED[key], 0.0
-    # Pure functions of one member with the (static) structure bound: no flow object is captured.
-    structure = flow.structure
-    bind = lambda function: functools.partial(function, structure)  # noqa: E731
-    if not flow.eigensystem_is_real:
-        eigensystem = stiff.general_eigensystem(bind(flow_functions.jacobian))
-    elif flow.size <= rank:
-        eigensystem = stiff.symmetric_eigensystem(bind(flow_functions.rate_vector), bind(flow_functions.loss_hessian))
-    else:
-        eigensystem = stiff.low_rank_eigensystem(bind(flow_functions.rate_vector), bind(flow_functions.loss_gradient),
-                                                 flow.size, rank, lagged=large)
-    newton = stiff.LARGE_FLOW_CONTROL if large else stiff.NewtonControl()
-    problem = stiff.RadauProblem(bind(flow_functions.vector_field), eigensystem, flow.rates.kinks,
-                                 sequential_stages=flow.size >= SEQUENTIAL_STAGES_FROM_SIZE, newton=newton)
-    functions = stiff.build_radau(problem, batch, n_save, flow.size, loss_batch)
-    _RADAU_COMPILED[key] = functions
-    return functions, functions.compile_seconds
-
-
-def solve_flow_batch(
-    flows: list[GradientFlow],
-    params0: list[Params],
-    t_eval,
-    *,
-    rtol: float | None = None,
-    atol: float = 1e-12,
-    max_steps: int = 200_000,
-    progress: bool = False,
-    on_checkpoint: Callable[[list[FlowResult]], None] | None = None,
-    checkpoint_every_s: float = CHECKPOINT_EVERY_S,
-    should_stop: Callable[[], bool] | None = None,
-    radau_state: dict[str, np.ndarray] | None = None,
-    start: float = 0.0,
-) -> list[FlowResult]:
-    """Integrate several flows of one structure together with ``JaxRadau`` (one compiled
-    loop over the batch), each from its own start, all saved at ``t_eval``.
-
-    The flows must share ``GradientFlow.structure_key`` (same model, rates and loss
-    kind; the chains may differ). Each member takes the steps it takes alone, so the
-    results equal those of ``solve_flow(..., method="JaxRadau")`` run one by one.
-    ``should_stop`` as in ``solve_flow``; ``radau_state`` continues an interrupted solve
-    exactly (``FlowResult.radau_state``); ``start`` is the first save time (the start).
-    """
-    rtol = default_rtol("JaxRadau") if rtol is None else rtol
-    _check_options("JaxRadau", rtol, atol, max_steps, None)
-    if not flows or len(flows) != len(params0):
-        raise ValueError(f"need one start per flow, got {len(flows)} flows and {len(params0)} starts")
-    keys = {flow.structure_key for flow in flows}
-    if len(keys) > 1:
-        raise ValueError("flows batched together must share one structure (model, rates, loss kind); "
-                         f"got {len(keys)} different structures")
-    times = check_save_times(t_eval, start)
-    thetas0 = np.stack([_initial_vector(flow, params) for flow, params in zip(flows, params0)])
-    # Inside the compiled loop the model's small products fuse (losses.with_fused_products).
-    loss = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *[with_fused_products(flow.loss) for flow in flows])
-    started = time.perf_counter()
-    slots = _save_slots(len(times))
-    # a saved state is checked before anything is shown or compiled
-    resumed = None if radau_state is None else _radau_state_from_arrays(radau_state, len(flows), thetas0.shape[1], slots)
-    bar = _Progress(progress, times[0], times[-1], "JaxRadau")
-    bar.compiling()
-    functions, compile_seconds = _radau_functions(flows[0], len(flows), slots, loss)
-    solve_started = time.perf_counter()
-    times_device = jnp.asarray(np.concatenate([times, np.full(slots - len(times), np.inf)]))
-    t_end = times[-1]
-    state = functions.init(jnp.asarray(thetas0), loss, times_device, t_end, rtol, atol) if resumed is None else resumed
-    bar.update(times[0])
-    last_checkpoint = time.perf_counter()
-    max_attempts = np.int32(min(max_steps, 2**31 - 1))
-    # Each call of the compiled loop returns to the host to report, checkpoint or stop: only
-    # when someone is listening, in chunks of attempts sized to about RADAU_CHUNK_SECONDS.
-    listening = progress or on_checkpoint is not None or should_stop is not None
-    chunk = RADAU_FIRST_CHUNK if listening else 2**31 - 1
-    interrupted = False
-    try:
-        while True:
-            chunk_started = time.perf_counter()
-            state = functions.advance(state, loss, times_device, t_end, t_end, rtol, atol, max_attempts, np.int32(chunk))
-            active = np.asarray(state.status) == Status.RUNNING
-            elapsed = time.perf_counter() - chunk_started
-            chunk = int(np.clip(chunk * RADAU_CHUNK_SECONDS / max(elapsed, 1e-3), 1, 2 * chunk + 1))
-            bar.update(float(np.min(np.where(active, state.t, times[-1]))))
-            if not active.any():
-                break
-            if should_stop is not None and should_stop():
-                interrupted = True
-                break
-            if on_checkpoint is not None and time.perf_counter() - last_checkpoint >= checkpoint_every_s:
-                on_checkpoint(_radau_results(flows, state, times, max_steps, started, compile_seconds, solve_started))
-                last_checkpoint = time.perf_counter()
-    finally:
-        bar.close()
-    results = _radau_results(flows, state, times, max_steps, started, compile_seconds, solve_started)
-    if interrupted:
-        arrays = _radau_state_to_arrays(state)
-        results = [dataclasses.replace(result, status=Status.INTERRUPTED, radau_state=arrays,
-                                       message=Status.INTERRUPTED.message(at(result.t_reached)))
-                   if result.status == Status.RUNNING else result for result in results]
-    return results
-
-
-def _radau_state_to_arrays(state: stiff.RadauState) -> dict[str, np.ndarray]:
-    """The loop state as named numpy arrays (``jacobian.V`` for the nested eigensystem)."""
-    state = jax.device_get(state)
-    arrays = {name: np.asarray(value) for name, value in state._asdict().items() if name != "jacobian"}
-    arrays.update({f"jacobian.{name}": np.asarray(value) for name, value in state.jacobian._asdict().items()})
-    return arrays
-
-
-def _radau_state_from_arrays(arrays: dict[str, np.ndarray], batch: int, size: int, slots: int) -> stiff.RadauState:
-    """The loop state back from ``_radau_state_to_arrays`` (its interrupted members are still running in it)."""
-    if "jacobian.ahead" not in arrays and "jacobian.V_inv" in arrays:  # saved before eigensystems carried it
-        basis = np.swapaxes(arrays["jacobian.V_inv"], 1, 2)  # its own subspace stands in for the next one
-        lagged = size >= LARGE_FLOW_FROM_SIZE and basis.shape[2] < size
-        arrays = {**arrays, "jacobian.ahead": basis if lagged else basis[:, :, :0]}
-    try:
-        jacobian = stiff.Eigensystem(*(jnp.asarray(arrays[f"jacobian.{name}"]) for name in stiff.Eigensystem._fields))
-        fields = {name: jnp.asarray(arrays[name]) for name in stiff.RadauState._fields if name != "jacobian"}
-    except KeyError as error:
-        raise ValueError(f"the saved JaxRadau state lacks the array {error.args[0]!r}") from None
-    if fields["y"].shape != (batch, size) or fields["saved"].shape != (batch, slots, size):
-        raise ValueError(f"the saved JaxRadau state is for {fields['y'].shape} parameters and "
-                         f"{fields['saved'].shape[1]} save slots, not ({batch}, {size}) and {slots}")
-    return stiff.RadauState(jacobian=jacobian, **fields)
-
-
-def _radau_results(flows, state, times, max_steps, started, compile_seconds, solve_started) -> list[FlowResult]:
-    state = jax.device_get(state)
-    wall, solve_seconds = time.perf_counter() - started, time.perf_counter() - solve_started
-    results = []
-    for i, flow in enumerate(flows):
-        status = Status(int(state.status[i]))
-        message = status.message(at(float(state.t[i])), max_steps=max_steps, method="JaxRadau",
-                                 reason="the step size fell below its floor")
-        n_saved = int(state.n_saved[i])
-        stats = SolverStats(
-            n_steps=int(state.n_steps[i]), n_rejected=int(state.n_rejected[i]), nfev=int(state.nfev[i]),
-            njev=int(state.njev[i]), nlu=int(state.njev[i]), wall_time_s=wall, compile_seconds=compile_seconds,
-            solve_seconds=solve_seconds,
-        )
-        results.append(_result(flow, "JaxRadau", status, message, state.t[i], times[:n_saved], state.saved[i, :n_saved], stats))
-    return results
 
 
 def _result(flow, method, status, message, t_reached, saved_t, saved_theta, stats) -> FlowResult:
@@ -437,57 +285,374 @@ class _Progress:
         self.bar.close()
 
 
-def _solve_scipy(flow, theta0, times, *, method, rtol, atol, max_steps, progress, on_checkpoint, checkpoint_every_s, started,
-                 should_stop, **_):
-    field = lambda t, theta: np.asarray(flow.vector_field(t, theta))  # noqa: E731
-    jacobian = lambda t, theta: np.asarray(flow.jacobian(t, theta))  # noqa: E731
-    bar = _Progress(progress, times[0], times[-1], method)
-    bar.compiling()
-    field(times[0], theta0), jacobian(times[0], theta0)  # compiles both on first use
-    compile_seconds = time.perf_counter() - started
-    bar.update(times[0])
-    solver = SCIPY_METHODS[method](field, times[0], theta0, times[-1], rtol=rtol, atol=atol, jac=jacobian)
-    saved_t, saved_theta = [times[0]], [theta0]
-    status, steps = Status.FINISHED, 0
-    message = status.message()
-    last_checkpoint = time.perf_counter()
+# ---------------------------------------------------------------------------------------------
+# The entry points
+
+
+def method_named(name: str, lr: float | None = None) -> Method:
+    """The method object for a configured name (``flowsim.methods.METHODS``)."""
+    if name in SCIPY_METHODS:
+        return Scipy(name)
+    if name in DIFFRAX_METHODS:
+        return Diffrax(name)
+    if name == "JaxRadau":
+        return JaxRadau()
+    if name == "gradient_descent":
+        return GradientDescent(lr)
+    raise ValueError(f"unknown method {name!r}; expected one of {sorted([*SCIPY_METHODS, *DIFFRAX_METHODS, 'JaxRadau', 'gradient_descent'])}")
+
+
+def solve_flow(
+    flow: GradientFlow,
+    params0: Params,
+    t_eval,
+    *,
+    method: str | Method = DEFAULT_METHOD,
+    rtol: float | None = None,
+    atol: float = DEFAULT_ATOL,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    lr: float | None = None,
+    progress: bool = False,
+    on_checkpoint: Callable[[FlowResult], None] | None = None,
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S,
+    should_stop: Callable[[], bool] | None = None,
+    resume: ResumePoint | None = None,
+) -> FlowResult:
+    """Integrate ``flow`` from ``params0`` and save at ``t_eval`` (ascending, t_eval[0] = 0).
+
+    ``method`` is a name (``flowsim.methods.METHODS``) or a method object (``JaxRadau(rank=16)``).
+    ``rtol``/``atol`` are the error tolerances of the adaptive methods (``rtol`` defaults
+    to the method's own, ``default_rtol(method)``; with a small
+    initialisation of scale ε, atol must sit well below ε²); ``lr`` is the step η of
+    ``gradient_descent``. ``max_steps`` bounds the steps taken. ``on_checkpoint``, if
+    given, receives the partial result every ``checkpoint_every_s`` seconds, so a long
+    run can be saved as it goes. ``should_stop`` is polled between chunks of work (each
+    under a second or so): once it returns True the solve returns what it has, with
+    status ``interrupted``. ``resume`` continues a stopped solve (``ResumePoint``); the
+    result then holds every point, the earlier ones included.
+    """
+    name = method if isinstance(method, str) else method.name
+    rtol = default_rtol(name) if rtol is None else rtol
+    _check_options(name, rtol, atol, max_steps, lr if isinstance(method, str) else getattr(method, "lr", None))
+    solver = method_named(method, lr) if isinstance(method, str) else method
+    times = check_save_times(t_eval)
+    theta0 = _initial_vector(flow, params0)
+    if isinstance(solver, JaxRadau):
+        state = None if resume is None else resume.radau_state
+        if resume is None or state is not None:
+            return solve_flow_batch([flow], [params0], times, method=solver, rtol=rtol, atol=atol, max_steps=max_steps,
+                                    progress=progress, checkpoint_every_s=checkpoint_every_s, should_stop=should_stop,
+                                    on_checkpoint=None if on_checkpoint is None else lambda results: on_checkpoint(results[0]),
+                                    radau_state=state)[0]
+    prefix_t, prefix_theta = np.zeros(0), np.zeros((0, flow.size))
+    if resume is not None:
+        # Start afresh at the last saved point; the points before it are kept as they are.
+        if not resume.t[-1] < times[-1]:
+            raise ValueError(f"nothing to resume: the saved points reach t = {resume.t[-1]:g}, the last save time")
+        prefix_t, prefix_theta = np.asarray(resume.t[:-1]), np.asarray(resume.theta[:-1])
+        times = np.concatenate([[resume.t[-1]], times[times > resume.t[-1]]])
+        theta0 = np.asarray(resume.theta[-1])
+    if isinstance(solver, JaxRadau):  # a fresh start at the last saved point, with no loop state to continue
+        result = solve_flow_batch([flow], [flow.unravel(theta0)], times, method=solver, rtol=rtol, atol=atol,
+                                  max_steps=max_steps, progress=progress, checkpoint_every_s=checkpoint_every_s,
+                                  should_stop=should_stop, start=times[0],
+                                  on_checkpoint=None if on_checkpoint is None else
+                                  lambda results: on_checkpoint(_prepend(flow, prefix_t, prefix_theta, results[0])))[0]
+        return _prepend(flow, prefix_t, prefix_theta, result)
+    problem = Problem([flow], theta0[None], times, rtol, atol, int(max_steps), progress,
+                      listening=on_checkpoint is not None or should_stop is not None, should_stop=should_stop)
+    checkpoint = None if on_checkpoint is None else lambda results: on_checkpoint(_prepend(flow, prefix_t, prefix_theta, results[0]))
+    result = drive(solver, problem, checkpoint, checkpoint_every_s)[0]
+    return _prepend(flow, prefix_t, prefix_theta, result)
+
+
+def solve_flow_batch(
+    flows: list[GradientFlow],
+    params0: list[Params],
+    t_eval,
+    *,
+    method: JaxRadau | None = None,
+    rtol: float | None = None,
+    atol: float = DEFAULT_ATOL,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    progress: bool = False,
+    on_checkpoint: Callable[[list[FlowResult]], None] | None = None,
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S,
+    should_stop: Callable[[], bool] | None = None,
+    radau_state: dict[str, np.ndarray] | None = None,
+    start: float = 0.0,
+) -> list[FlowResult]:
+    """Integrate several flows of one structure together with ``JaxRadau`` (one compiled
+    loop over the batch), each from its own start, all saved at ``t_eval``.
+
+    The flows must share ``GradientFlow.structure_key`` (same model, rates and loss
+    kind; the chains may differ). Each member takes the steps it takes alone, so the
+    results equal those of ``solve_flow(..., method="JaxRadau")`` run one by one.
+    ``should_stop`` as in ``solve_flow``; ``radau_state`` continues an interrupted solve
+    exactly (``FlowResult.radau_state``); ``start`` is the first save time (the start).
+    """
+    solver = JaxRadau() if method is None else method
+    rtol = default_rtol(solver.name) if rtol is None else rtol
+    _check_options(solver.name, rtol, atol, max_steps, None)
+    if not flows or len(flows) != len(params0):
+        raise ValueError(f"need one start per flow, got {len(flows)} flows and {len(params0)} starts")
+    keys = {flow.structure_key for flow in flows}
+    if len(keys) > 1:
+        raise ValueError("flows batched together must share one structure (model, rates, loss kind); "
+                         f"got {len(keys)} different structures")
+    times = check_save_times(t_eval, start)
+    thetas0 = np.stack([_initial_vector(flow, params) for flow, params in zip(flows, params0)])
+    problem = Problem(list(flows), thetas0, times, rtol, atol, int(max_steps), progress,
+                      listening=progress or on_checkpoint is not None or should_stop is not None, should_stop=should_stop)
+    # a saved state is checked before anything is shown or compiled
+    resumed = None if radau_state is None else solver.check_saved_state(radau_state, problem)
+    return drive(solver, problem, on_checkpoint, checkpoint_every_s, saved=resumed)
+
+
+def _prepend(flow: GradientFlow, prefix_t: np.ndarray, prefix_theta: np.ndarray, result: FlowResult) -> FlowResult:
+    """``result`` with the earlier points of a resumed solve in front of its own."""
+    if len(prefix_t) == 0:
+        return result
+    trajectory = result.trajectory
+    thetas = np.concatenate([prefix_theta, flow.flatten_batch(trajectory.params)])
+    joined = Trajectory(t=np.concatenate([prefix_t, trajectory.t]), loss=np.concatenate([flow.loss_along(prefix_theta), trajectory.loss]),
+                        params=flow.unflatten_batch(thetas))
+    return dataclasses.replace(result, trajectory=joined)
+
+
+# ---------------------------------------------------------------------------------------------
+# JaxRadau: the compiled Radau IIA loop, over a batch of flows
+
+
+# Compiled JaxRadau integrators, shared by flows of one structure, batch size, save grid and method fields.
+_RADAU_COMPILED: dict[tuple, stiff.RadauFunctions] = {}
+RADAU_FIRST_CHUNK = 8  # step attempts in the first call of the compiled loop, when chunked
+RADAU_CHUNK_SECONDS = 0.5  # later chunks are sized to about this wall-clock time
+SEQUENTIAL_STAGES_FROM_SIZE = 16_384  # larger flows evaluate the three Radau stages one by one (MEASUREMENTS.md)
+# Eigenpairs of the Jacobian JaxRadau keeps (its stiff directions), by flow size: 8 at the
+# paper's sizes, 32 from n = 1024, where 8 leaves stiff directions outside the subspace and
+# the Newton iteration fails (benchmarks/MEASUREMENTS.md).
+STIFF_RANKS = ((0, 8), (1024, 32))
+# From this size the flow has more stiff directions than the eigensystem keeps: Newton control
+# for slow solves (stiff.LARGE_FLOW_CONTROL) and lagged subspace refreshes (MEASUREMENTS.md).
+LARGE_FLOW_FROM_SIZE = 1024
+
+
+def stiff_rank(size: int) -> int:
+    """The number of eigenpairs JaxRadau keeps for a flow of ``size`` parameters (STIFF_RANKS)."""
+    return max(rank for threshold, rank in STIFF_RANKS if size >= threshold)
+
+
+def _save_slots(n_times: int) -> int:
+    """Save buffers come in powers of two (at least 64), so save grids of similar length share one compilation."""
+    return max(64, 1 << (n_times - 1).bit_length())
+
+
+@dataclass
+class RadauRun(Run):
+    functions: Any = None
+    loss: Any = None  # the batch's losses, stacked
+    state: Any = None  # stiff.RadauState
+    times_device: Any = None
+    slots: int = 0
+    chunk: int = RADAU_FIRST_CHUNK
+    solve_started: float = 0.0
+
+
+@dataclass(frozen=True)
+class JaxRadau(Method):
+    """Radau IIA (order 5) compiled end to end in JAX (``flowsim.stiff``) over a batch of flows.
+
+    ``rank``: eigenpairs of the Jacobian kept (None: ``stiff_rank(n)``, the full eigensystem when n is
+    smaller); ``large_flow``: the Newton control and lagged subspace refreshes of flows with more stiff
+    directions than the eigensystem keeps (None: from n = LARGE_FLOW_FROM_SIZE); ``fused_products``:
+    the model's small products fused inside the loop (``losses.with_fused_products``)."""
+
+    rank: int | None = None
+    large_flow: bool | None = None
+    fused_products: bool = True
+    name = "JaxRadau"
+
+    def rank_for(self, size: int) -> int:
+        return stiff_rank(size) if self.rank is None else self.rank
+
+    def is_large(self, size: int) -> bool:
+        return size >= LARGE_FLOW_FROM_SIZE if self.large_flow is None else self.large_flow
+
+    def compiled(self, flow: GradientFlow, batch: int, n_save: int, loss_batch) -> tuple[stiff.RadauFunctions, float]:
+        """The compiled integrator for this structure (built on first use) and the seconds spent compiling now."""
+        rank, large = self.rank_for(flow.size), self.is_large(flow.size)
+        key = (flow.structure_key, batch, n_save, rank, large, self.fused_products)
+        if key in _RADAU_COMPILED:
+            return _RADAU_COMPILED[key], 0.0
+        # Pure functions of one member with the (static) structure bound: no flow object is captured.
+        structure = flow.structure
+        bind = lambda function: functools.partial(function, structure)  # noqa: E731
+        if not flow.eigensystem_is_real:
+            eigensystem = stiff.general_eigensystem(bind(flow_functions.jacobian))
+        elif flow.size <= rank:
+            eigensystem = stiff.symmetric_eigensystem(bind(flow_functions.rate_vector), bind(flow_functions.loss_hessian))
+        else:
+            eigensystem = stiff.low_rank_eigensystem(bind(flow_functions.rate_vector), bind(flow_functions.loss_gradient),
+                                                     flow.size, rank, lagged=large)
+        newton = stiff.LARGE_FLOW_CONTROL if large else stiff.NewtonControl()
+        problem = stiff.RadauProblem(bind(flow_functions.vector_field), eigensystem, flow.rates.kinks,
+                                     sequential_stages=flow.size >= SEQUENTIAL_STAGES_FROM_SIZE, newton=newton)
+        functions = stiff.build_radau(problem, batch, n_save, flow.size, loss_batch)
+        _RADAU_COMPILED[key] = functions
+        return functions, functions.compile_seconds
+
+    def check_saved_state(self, arrays: dict[str, np.ndarray], problem: Problem) -> stiff.RadauState:
+        """A saved loop state (``FlowResult.radau_state``) for this problem, or a ValueError naming what is wrong."""
+        batch, size = problem.thetas0.shape
+        return _radau_state_from_arrays(arrays, batch, size, _save_slots(len(problem.times)), self.is_large(size))
+
+    def start(self, problem: Problem, state: stiff.RadauState | None = None) -> RadauRun:
+        """Compile (once per structure) and start, or continue the loop ``state``."""
+        flows, times = problem.flows, problem.times
+        losses = [with_fused_products(flow.loss) if self.fused_products else flow.loss for flow in flows]
+        loss = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *losses)
+        slots = _save_slots(len(times))
+        functions, compile_seconds = self.compiled(problem.flow, len(flows), slots, loss)
+        times_device = jnp.asarray(np.concatenate([times, np.full(slots - len(times), np.inf)]))
+        solve_started = time.perf_counter()
+        if state is None:
+            state = functions.init(jnp.asarray(problem.thetas0), loss, times_device, times[-1], problem.rtol, problem.atol)
+        # Each call of the compiled loop returns to the host to report, checkpoint or stop: only
+        # when someone is listening, in chunks of attempts sized to about RADAU_CHUNK_SECONDS.
+        chunk = RADAU_FIRST_CHUNK if problem.listening else 2**31 - 1
+        run = RadauRun(problem, float(times[0]), compile_seconds=compile_seconds, functions=functions, loss=loss,
+                       state=state, times_device=times_device, slots=slots, chunk=chunk, solve_started=solve_started)
+        run.t = float(np.min(np.asarray(state.t)))
+        return run
+
+    def advance(self, run: RadauRun) -> None:
+        problem, t_end = run.problem, run.problem.times[-1]
+        max_attempts = np.int32(min(problem.max_steps, 2**31 - 1))
+        chunk_started = time.perf_counter()
+        run.state = run.functions.advance(run.state, run.loss, run.times_device, t_end, t_end, problem.rtol, problem.atol,
+                                          max_attempts, np.int32(run.chunk))
+        active = np.asarray(run.state.status) == Status.RUNNING
+        elapsed = time.perf_counter() - chunk_started
+        run.chunk = int(np.clip(run.chunk * RADAU_CHUNK_SECONDS / max(elapsed, 1e-3), 1, 2 * run.chunk + 1))
+        run.t = float(np.min(np.where(active, run.state.t, t_end)))
+        if not active.any():
+            run.status = Status.FINISHED  # each member's own status is in its result
+
+    def interrupt(self, run: RadauRun) -> None:
+        run.status = Status.INTERRUPTED
+
+    def results(self, run: RadauRun) -> list[FlowResult]:
+        problem, state = run.problem, jax.device_get(run.state)
+        wall, solve_seconds = time.perf_counter() - problem.started, time.perf_counter() - run.solve_started
+        arrays = _radau_state_to_arrays(run.state) if run.status == Status.INTERRUPTED else None
+        results = []
+        for i, flow in enumerate(problem.flows):
+            status = Status(int(state.status[i]))
+            message = status.message(at(float(state.t[i])), max_steps=problem.max_steps, method=self.name,
+                                     reason="the step size fell below its floor")
+            n_saved = int(state.n_saved[i])
+            stats = SolverStats(
+                n_steps=int(state.n_steps[i]), n_rejected=int(state.n_rejected[i]), nfev=int(state.nfev[i]),
+                njev=int(state.njev[i]), nlu=int(state.njev[i]), wall_time_s=wall, compile_seconds=run.compile_seconds,
+                solve_seconds=solve_seconds,
+            )
+            result = _result(flow, self.name, status, message, state.t[i], problem.times[:n_saved], state.saved[i, :n_saved], stats)
+            if arrays is not None and status == Status.RUNNING:
+                result = dataclasses.replace(result, status=Status.INTERRUPTED, radau_state=arrays,
+                                             message=Status.INTERRUPTED.message(at(result.t_reached)))
+            results.append(result)
+        return results
+
+
+def _radau_state_to_arrays(state: stiff.RadauState) -> dict[str, np.ndarray]:
+    """The loop state as named numpy arrays (``jacobian.V`` for the nested eigensystem)."""
+    state = jax.device_get(state)
+    arrays = {name: np.asarray(value) for name, value in state._asdict().items() if name != "jacobian"}
+    arrays.update({f"jacobian.{name}": np.asarray(value) for name, value in state.jacobian._asdict().items()})
+    return arrays
+
+
+def _radau_state_from_arrays(arrays: dict[str, np.ndarray], batch: int, size: int, slots: int, large: bool) -> stiff.RadauState:
+    """The loop state back from ``_radau_state_to_arrays`` (its interrupted members are still running in it)."""
+    if "jacobian.ahead" not in arrays and "jacobian.V_inv" in arrays:  # saved before eigensystems carried it
+        basis = np.swapaxes(arrays["jacobian.V_inv"], 1, 2)  # its own subspace stands in for the next one
+        lagged = large and basis.shape[2] < size
+        arrays = {**arrays, "jacobian.ahead": basis if lagged else basis[:, :, :0]}
     try:
-        while len(saved_t) < len(times):
-            if steps >= max_steps:
-                status = Status.STEP_LIMIT
-                message = status.message(at(solver.t), max_steps=max_steps)
-                break
-            if should_stop is not None and should_stop():
-                status = Status.INTERRUPTED
-                message = status.message(at(solver.t))
-                break
-            error = solver.step()
-            steps += 1
-            if solver.status == "failed":
-                status = Status.SOLVER_FAILED
-                message = status.message(at(solver.t), method=method, reason=str(error))
-                break
-            if not np.all(np.isfinite(solver.y)):
-                status = Status.NON_FINITE
-                message = status.message(at(solver.t))
-                break
-            interpolant = solver.dense_output()
-            while len(saved_t) < len(times) and times[len(saved_t)] <= solver.t:
-                saved_t.append(times[len(saved_t)])
-                saved_theta.append(interpolant(saved_t[-1]))
-            bar.update(solver.t)
-            if on_checkpoint is not None and time.perf_counter() - last_checkpoint >= checkpoint_every_s:
-                stats = _stats(_scipy_counts(solver, steps, compile_seconds), started)
-                on_checkpoint(_result(flow, method, Status.RUNNING, Status.RUNNING.message(), solver.t, saved_t, saved_theta, stats))
-                last_checkpoint = time.perf_counter()
-    finally:
-        bar.close()
-    return status, message, solver.t, saved_t, saved_theta, _scipy_counts(solver, steps, compile_seconds)
+        jacobian = stiff.Eigensystem(*(jnp.asarray(arrays[f"jacobian.{name}"]) for name in stiff.Eigensystem._fields))
+        fields = {name: jnp.asarray(arrays[name]) for name in stiff.RadauState._fields if name != "jacobian"}
+    except KeyError as error:
+        raise ValueError(f"the saved JaxRadau state lacks the array {error.args[0]!r}") from None
+    if fields["y"].shape != (batch, size) or fields["saved"].shape != (batch, slots, size):
+        raise ValueError(f"the saved JaxRadau state is for {fields['y'].shape} parameters and "
+                         f"{fields['saved'].shape[1]} save slots, not ({batch}, {size}) and {slots}")
+    return stiff.RadauState(jacobian=jacobian, **fields)
 
 
-def _scipy_counts(solver, steps: int, compile_seconds: float) -> dict:
-    return {"n_steps": steps, "n_rejected": None, "nfev": int(solver.nfev), "njev": int(solver.njev),
-            "nlu": int(getattr(solver, "nlu", 0)), "compile_seconds": compile_seconds}
+# ---------------------------------------------------------------------------------------------
+# scipy's stiff integrators, one step per chunk
+
+
+@dataclass
+class ScipyRun(Run):
+    solver: Any = None
+    steps: int = 0
+    saved_t: list = field(default_factory=list)
+    saved_theta: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Scipy(Method):
+    """scipy's LSODA, BDF or Radau with the exact Jacobian from JAX, one step per chunk."""
+
+    name: str = "LSODA"
+
+    def start(self, problem: Problem) -> ScipyRun:
+        flow, times = problem.flow, problem.times
+        theta0 = problem.thetas0[0]
+        field_ = lambda t, theta: np.asarray(flow.vector_field(t, theta))  # noqa: E731
+        jacobian = lambda t, theta: np.asarray(flow.jacobian(t, theta))  # noqa: E731
+        field_(times[0], theta0), jacobian(times[0], theta0)  # compiles both on first use
+        compile_seconds = time.perf_counter() - problem.started
+        solver = SCIPY_METHODS[self.name](field_, times[0], theta0, times[-1], rtol=problem.rtol, atol=problem.atol, jac=jacobian)
+        return ScipyRun(problem, float(times[0]), compile_seconds=compile_seconds, solver=solver,
+                        saved_t=[times[0]], saved_theta=[theta0])
+
+    def advance(self, run: ScipyRun) -> None:
+        problem, solver, times = run.problem, run.solver, run.problem.times
+        if run.steps >= problem.max_steps:
+            run.status = Status.STEP_LIMIT
+            run.message = run.status.message(at(solver.t), max_steps=problem.max_steps)
+            return
+        error = solver.step()
+        run.steps += 1
+        run.t = float(solver.t)
+        if solver.status == "failed":
+            run.status = Status.SOLVER_FAILED
+            run.message = run.status.message(at(solver.t), method=self.name, reason=str(error))
+            return
+        if not np.all(np.isfinite(solver.y)):
+            run.status = Status.NON_FINITE
+            run.message = run.status.message(at(solver.t))
+            return
+        interpolant = solver.dense_output()
+        while len(run.saved_t) < len(times) and times[len(run.saved_t)] <= solver.t:
+            run.saved_t.append(times[len(run.saved_t)])
+            run.saved_theta.append(interpolant(run.saved_t[-1]))
+        if len(run.saved_t) == len(times):
+            run.status, run.message = Status.FINISHED, Status.FINISHED.message()
+
+    def results(self, run: ScipyRun) -> list[FlowResult]:
+        solver = run.solver
+        counts = {"n_steps": run.steps, "n_rejected": None, "nfev": int(solver.nfev), "njev": int(solver.njev),
+                  "nlu": int(getattr(solver, "nlu", 0)), "compile_seconds": run.compile_seconds}
+        return [_result(run.problem.flow, self.name, run.status, run.message, solver.t, run.saved_t, run.saved_theta,
+                        _stats(counts, run.problem.started))]
+
+
+# ---------------------------------------------------------------------------------------------
+# diffrax: one compiled call
 
 
 def _call_while_listening(function: Callable, *arguments):
@@ -512,110 +677,155 @@ def _call_while_listening(function: Callable, *arguments):
     return outcome["value"]
 
 
-def _solve_diffrax(flow, theta0, times, *, method, rtol, atol, max_steps, progress, started, should_stop, **_):
-    term = diffrax.ODETerm(lambda t, y, args: flow.vector_field(t, y))
-    # PI coefficients of diffrax's advice for stiff problems: far fewer rejected implicit steps.
-    gains = {"pcoeff": 0.3, "icoeff": 0.4} if method == "Kvaerno5" else {}
-    controller = diffrax.PIDController(rtol=rtol, atol=atol, **gains)
-    kinks = [t for t in flow.rates.kinks if times[0] < t < times[-1]]
-    if kinks:
-        controller = diffrax.ClipStepSizeController(controller, step_ts=jnp.asarray(kinks, dtype=float))
-    meter = diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter()
-    # The solve is one compiled call: a stop request reaches it through an event polled after every step.
-    stop = None if should_stop is None else diffrax.Event(lambda t, y, args, **kwargs: jax.pure_callback(
-        lambda t: np.bool_(should_stop()), jax.ShapeDtypeStruct((), jnp.bool_), t))
+@dataclass
+class DiffraxRun(Run):
+    compiled: Any = None
+    arguments: tuple = ()
+    t_reached: float = 0.0
+    saved_t: np.ndarray | None = None
+    saved_theta: np.ndarray | None = None
+    counts: dict = field(default_factory=dict)
 
-    def integrate(y0, save_times):
-        return diffrax.diffeqsolve(
-            term, DIFFRAX_METHODS[method](), t0=save_times[0], t1=save_times[-1], dt0=None, y0=y0,
-            saveat=diffrax.SaveAt(ts=save_times), stepsize_controller=controller, max_steps=max_steps,
-            throw=False, progress_meter=meter, event=stop,
-        )
 
-    arguments = (jnp.asarray(theta0), jnp.asarray(times))
-    compiled = jax.jit(integrate).lower(*arguments).compile()
-    compile_seconds = time.perf_counter() - started
-    solution = compiled(*arguments) if should_stop is None else _call_while_listening(compiled, *arguments)
-    ys = np.asarray(solution.ys)
-    reached = np.all(np.isfinite(ys), axis=1)
-    n_saved = len(times) if reached.all() else int(np.argmin(reached))
-    counts = {"n_steps": int(solution.stats["num_accepted_steps"]), "n_rejected": int(solution.stats["num_rejected_steps"]),
-              "nfev": None, "njev": None, "nlu": None, "compile_seconds": compile_seconds}
-    result = solution.result
-    if result == diffrax.RESULTS.successful:
-        status, message = Status.FINISHED, Status.FINISHED.message()
-    elif result == diffrax.RESULTS.max_steps_reached:
-        status, message = Status.STEP_LIMIT, Status.STEP_LIMIT.message(max_steps=max_steps)
-    elif result == diffrax.RESULTS.event_occurred:
-        where = f"after t = {times[n_saved - 1]:.6g}" if n_saved else "before the first save time"
-        status, message = Status.INTERRUPTED, Status.INTERRUPTED.message(where)
-    else:
-        status = Status.SOLVER_FAILED
-        message = status.message(method=method, reason=str(diffrax.RESULTS[result]))
-    if status == Status.FINISHED and n_saved < len(times):
-        status = Status.NON_FINITE
-        message = status.message(f"after t = {times[n_saved - 1]:.6g}")
-    t_reached = float(times[max(n_saved - 1, 0)]) if status != Status.FINISHED else float(times[-1])
-    return status, message, t_reached, times[:n_saved], ys[:n_saved], counts
+@dataclass(frozen=True)
+class Diffrax(Method):
+    """diffrax's Kvaerno5, Tsit5 or Dopri8, the whole solve one compiled call (its own progress meter; a
+    stop request reaches it through an event polled after every step)."""
+
+    name: str = "Kvaerno5"
+    shows_own_progress = True
+
+    def start(self, problem: Problem) -> DiffraxRun:
+        flow, times = problem.flow, problem.times
+        term = diffrax.ODETerm(lambda t, y, args: flow.vector_field(t, y))
+        # PI coefficients of diffrax's advice for stiff problems: far fewer rejected implicit steps.
+        gains = {"pcoeff": 0.3, "icoeff": 0.4} if self.name == "Kvaerno5" else {}
+        controller = diffrax.PIDController(rtol=problem.rtol, atol=problem.atol, **gains)
+        kinks = [t for t in flow.rates.kinks if times[0] < t < times[-1]]
+        if kinks:
+            controller = diffrax.ClipStepSizeController(controller, step_ts=jnp.asarray(kinks, dtype=float))
+        meter = diffrax.TqdmProgressMeter() if problem.progress else diffrax.NoProgressMeter()
+        should_stop = problem.should_stop
+        stop = None if should_stop is None else diffrax.Event(lambda t, y, args, **kwargs: jax.pure_callback(
+            lambda t: np.bool_(should_stop()), jax.ShapeDtypeStruct((), jnp.bool_), t))
+
+        def integrate(y0, save_times):
+            return diffrax.diffeqsolve(
+                term, DIFFRAX_METHODS[self.name](), t0=save_times[0], t1=save_times[-1], dt0=None, y0=y0,
+                saveat=diffrax.SaveAt(ts=save_times), stepsize_controller=controller, max_steps=problem.max_steps,
+                throw=False, progress_meter=meter, event=stop,
+            )
+
+        arguments = (jnp.asarray(problem.thetas0[0]), jnp.asarray(times))
+        compiled = jax.jit(integrate).lower(*arguments).compile()
+        return DiffraxRun(problem, float(times[0]), compile_seconds=time.perf_counter() - problem.started,
+                          compiled=compiled, arguments=arguments, t_reached=float(times[0]),
+                          saved_t=times[:1], saved_theta=problem.thetas0[:1],
+                          counts={"n_steps": 0, "n_rejected": None, "nfev": None, "njev": None, "nlu": None})
+
+    def advance(self, run: DiffraxRun) -> None:
+        problem, times = run.problem, run.problem.times
+        solution = (run.compiled(*run.arguments) if problem.should_stop is None
+                    else _call_while_listening(run.compiled, *run.arguments))
+        ys = np.asarray(solution.ys)
+        reached = np.all(np.isfinite(ys), axis=1)
+        n_saved = len(times) if reached.all() else int(np.argmin(reached))
+        run.counts = {"n_steps": int(solution.stats["num_accepted_steps"]), "n_rejected": int(solution.stats["num_rejected_steps"]),
+                      "nfev": None, "njev": None, "nlu": None}
+        result = solution.result
+        if result == diffrax.RESULTS.successful:
+            status, message = Status.FINISHED, Status.FINISHED.message()
+        elif result == diffrax.RESULTS.max_steps_reached:
+            status, message = Status.STEP_LIMIT, Status.STEP_LIMIT.message(max_steps=problem.max_steps)
+        elif result == diffrax.RESULTS.event_occurred:
+            where = f"after t = {times[n_saved - 1]:.6g}" if n_saved else "before the first save time"
+            status, message = Status.INTERRUPTED, Status.INTERRUPTED.message(where)
+        else:
+            status = Status.SOLVER_FAILED
+            message = status.message(method=self.name, reason=str(diffrax.RESULTS[result]))
+        if status == Status.FINISHED and n_saved < len(times):
+            status = Status.NON_FINITE
+            message = status.message(f"after t = {times[n_saved - 1]:.6g}")
+        run.status, run.message = status, message
+        run.t_reached = float(times[max(n_saved - 1, 0)]) if status != Status.FINISHED else float(times[-1])
+        run.t = run.t_reached
+        run.saved_t, run.saved_theta = times[:n_saved], ys[:n_saved]
+
+    def results(self, run: DiffraxRun) -> list[FlowResult]:
+        stats = _stats({**run.counts, "compile_seconds": run.compile_seconds}, run.problem.started)
+        return [_result(run.problem.flow, self.name, run.status, run.message, run.t_reached, run.saved_t, run.saved_theta, stats)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradient descent: compiled chunks of steps
 
 
 GD_CHUNK_STEPS = 1 << 14  # gradient-descent steps per compiled call: a stop request waits for at most this many
 DIVERGENCE_FACTOR = 1e3  # gradient descent has diverged once its loss exceeds this multiple of max(|initial loss|, 1)
 
 
-def _solve_gradient_descent(
-    flow, theta0, times, *, method, lr, max_steps, progress, on_checkpoint, checkpoint_every_s, started, should_stop, **_
-):
-    # Save at the step nearest each save time; steps are distinct, so times stay ascending.
-    save_steps = np.unique(np.rint(times / lr).astype(np.int64))
-    theta = jnp.asarray(theta0)
-    flow.gradient_descent(theta, 0, 0, lr).block_until_ready()  # compiles on first use
-    loss0 = float(flow.loss_along(theta0[None])[0])
-    compile_seconds = time.perf_counter() - started
-    first = int(save_steps[0])
-    saved_steps, saved_theta = [first], [np.asarray(theta)]
-    status = Status.FINISHED
-    message = status.message()
-    bar = _Progress(progress, first * lr, save_steps[-1] * lr, method)
-    last_checkpoint = time.perf_counter()
-    step = first
-    try:
-        for target in save_steps[1:]:
-            if target > max_steps:
-                status = Status.STEP_LIMIT
-                message = status.message(at(saved_steps[-1] * lr), max_steps=max_steps)
-                break
-            while step < target and not (should_stop is not None and should_stop()):
-                end = min(int(target), step + GD_CHUNK_STEPS)
-                theta, step = flow.gradient_descent(theta, step, end, lr), end
-            if step < target:
-                status = Status.INTERRUPTED
-                message = status.message(at(saved_steps[-1] * lr))
-                break
-            between = f"between t = {saved_steps[-1] * lr:.6g} and t = {target * lr:.6g}"
-            loss = float(flow.loss_along(np.asarray(theta)[None])[0])
-            if not (np.isfinite(loss) and bool(jnp.all(jnp.isfinite(theta)))):
-                status = Status.NON_FINITE
-                message = status.message(between)
-                break
-            if loss > DIVERGENCE_FACTOR * max(abs(loss0), 1.0):
-                status = Status.DIVERGED
-                message = status.message(between, reason=f"the loss rose from {loss0:.6g} to {loss:.3g} "
-                                         f"(beyond {DIVERGENCE_FACTOR:g} x max(|start|, 1)); lower solver.lr = {lr:g}")
-                break
-            saved_steps.append(int(target))
-            saved_theta.append(np.asarray(theta))
-            bar.update(target * lr)
-            if on_checkpoint is not None and time.perf_counter() - last_checkpoint >= checkpoint_every_s:
-                stats = _stats(_descent_counts(saved_steps[-1] - first, compile_seconds), started)
-                t_now = saved_steps[-1] * lr
-                on_checkpoint(_result(flow, method, Status.RUNNING, Status.RUNNING.message(), t_now, np.array(saved_steps) * lr, saved_theta, stats))
-                last_checkpoint = time.perf_counter()
-    finally:
-        bar.close()
-    n = saved_steps[-1]
-    return status, message, n * lr, np.array(saved_steps) * lr, saved_theta, _descent_counts(n - first, compile_seconds)
+@dataclass
+class DescentRun(Run):
+    theta: Any = None
+    step: int = 0
+    loss0: float = 0.0
+    save_steps: np.ndarray | None = None
+    saved_steps: list = field(default_factory=list)
+    saved_theta: list = field(default_factory=list)
 
 
-def _descent_counts(steps: int, compile_seconds: float) -> dict:
-    return {"n_steps": steps, "n_rejected": None, "nfev": steps, "njev": 0, "nlu": 0, "compile_seconds": compile_seconds}
+@dataclass(frozen=True)
+class GradientDescent(Method):
+    """θ_{n+1} = θ_n - η r(nη) ∇L(θ_n) at time t = nη, in compiled chunks of up to GD_CHUNK_STEPS steps;
+    saved at the steps nearest the save times (they are distinct, so times stay ascending)."""
+
+    lr: float | None = None
+    name = "gradient_descent"
+
+    def start(self, problem: Problem) -> DescentRun:
+        flow, lr = problem.flow, self.lr
+        save_steps = np.unique(np.rint(problem.times / lr).astype(np.int64))
+        theta0 = problem.thetas0[0]
+        theta = jnp.asarray(theta0)
+        flow.gradient_descent(theta, 0, 0, lr).block_until_ready()  # compiles on first use
+        loss0 = float(flow.loss_along(theta0[None])[0])
+        first = int(save_steps[0])
+        return DescentRun(problem, first * lr, compile_seconds=time.perf_counter() - problem.started, theta=theta,
+                          step=first, loss0=loss0, save_steps=save_steps, saved_steps=[first], saved_theta=[np.asarray(theta)])
+
+    def advance(self, run: DescentRun) -> None:
+        problem, flow, lr = run.problem, run.problem.flow, self.lr
+        target = int(run.save_steps[len(run.saved_steps)])
+        if target > problem.max_steps:
+            run.status = Status.STEP_LIMIT
+            run.message = run.status.message(at(run.saved_steps[-1] * lr), max_steps=problem.max_steps)
+            return
+        end = min(target, run.step + GD_CHUNK_STEPS)
+        run.theta, run.step = flow.gradient_descent(run.theta, run.step, end, lr), end
+        if run.step < target:
+            return
+        between = f"between t = {run.saved_steps[-1] * lr:.6g} and t = {target * lr:.6g}"
+        loss = float(flow.loss_along(np.asarray(run.theta)[None])[0])
+        if not (np.isfinite(loss) and bool(jnp.all(jnp.isfinite(run.theta)))):
+            run.status, run.message = Status.NON_FINITE, Status.NON_FINITE.message(between)
+            return
+        if loss > DIVERGENCE_FACTOR * max(abs(run.loss0), 1.0):
+            run.status = Status.DIVERGED
+            run.message = run.status.message(between, reason=f"the loss rose from {run.loss0:.6g} to {loss:.3g} "
+                                             f"(beyond {DIVERGENCE_FACTOR:g} x max(|start|, 1)); lower solver.lr = {lr:g}")
+            return
+        run.saved_steps.append(target)
+        run.saved_theta.append(np.asarray(run.theta))
+        run.t = target * lr
+        if len(run.saved_steps) == len(run.save_steps):
+            run.status, run.message = Status.FINISHED, Status.FINISHED.message()
+
+    def interrupt(self, run: DescentRun) -> None:
+        run.status, run.message = Status.INTERRUPTED, Status.INTERRUPTED.message(at(run.saved_steps[-1] * self.lr))
+
+    def results(self, run: DescentRun) -> list[FlowResult]:
+        n, first = run.saved_steps[-1], run.saved_steps[0]
+        counts = {"n_steps": n - first, "n_rejected": None, "nfev": n - first, "njev": 0, "nlu": 0,
+                  "compile_seconds": run.compile_seconds}
+        return [_result(run.problem.flow, self.name, run.status, run.message, n * self.lr,
+                        np.array(run.saved_steps) * self.lr, run.saved_theta, _stats(counts, run.problem.started))]

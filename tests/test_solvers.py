@@ -182,16 +182,15 @@ def test_an_interrupted_solve_resumes_to_the_uninterrupted_result(default_flow, 
             np.testing.assert_allclose(resumed.trajectory.params[name], whole.trajectory.params[name], atol=1e-6)
 
 
-def test_the_large_flow_newton_control_reaches_the_same_flow(default_flow, monkeypatch):
+def test_the_large_flow_newton_control_reaches_the_same_flow(default_flow):
     """The default flow run as a large one (lagged refreshes, the slow-solve Newton control) agrees
     with its usual run to the solver's tolerance, with its own steps."""
-    import flowsim.solvers as solvers
+    from flowsim.solvers import JaxRadau
 
     flow, params0 = default_flow
     times = np.linspace(0.0, 1000.0, 41)
     usual = solve_flow(flow, params0, times)
-    monkeypatch.setattr(solvers, "LARGE_FLOW_FROM_SIZE", 0)
-    large = solve_flow(flow, params0, times)
+    large = solve_flow(flow, params0, times, method=JaxRadau(large_flow=True))
     assert usual.success and large.success and large.stats.n_steps != usual.stats.n_steps
     np.testing.assert_allclose(large.trajectory.loss, usual.trajectory.loss, rtol=1e-5)
     for name in usual.trajectory.params:
