@@ -10,7 +10,7 @@ import numpy as np
 
 from figures.runs import onset_run
 from figures.style import FigureResult, figure_style, save_figure
-from theory.predict import COMPARE_JSON, compare_run
+from flowsim.predictions import COMPARE_JSON, compare_run
 
 NAME = "fig09_predicted_vs_measured"
 EPSILONS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6)

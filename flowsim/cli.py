@@ -132,7 +132,8 @@ def predict(
 ) -> None:
     """Print the theory's predicted stage onsets for a configuration (mean-field one-layer model)."""
     from flowsim.config import ConfigError, load_config
-    from theory.predict import cached_prediction, table
+    from flowsim.predictions import cached_prediction
+    from theory.predict import table
 
     try:
         prediction = cached_prediction(load_config(config, set_), progress=_progress)
@@ -148,7 +149,8 @@ def compare(run_dir: Path = typer.Argument(..., help="A run directory written by
     from flowsim.config import ConfigError
     from flowsim.experiment import check_labelable, partial_note
     from flowsim.rundir import load_run
-    from theory.predict import COMPARE_JSON, compare_run, table
+    from flowsim.predictions import COMPARE_JSON, compare_run
+    from theory.predict import table
 
     try:
         check_labelable(run_dir)
@@ -208,7 +210,8 @@ def _two_layer_tables(run_dirs: List[Path], loss_target: float | None) -> str:
     from flowsim.experiment import observables_of_run
     from flowsim.rundir import CONFIG_FILE
     from flowsim.specialisation import summarise
-    from theory.pathwise import pathwise_applies, pathwise_of_run
+    from flowsim.predictions import pathwise_of_run
+    from theory.pathwise import pathwise_applies
 
     def show(value) -> str:
         return "-" if value is None else f"{value:.4g}"

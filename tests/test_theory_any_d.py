@@ -115,6 +115,27 @@ def test_stage_observables_equal_the_full_observables():
         np.testing.assert_allclose(column, full[name], rtol=1e-10, atol=1e-12, err_msg=name)
 
 
+def test_the_chained_prediction_stops_once_its_events_are_confirmed(monkeypatch):
+    """At t_end = 500 the default chain's prediction stops at the σ2 crossing (t = 980 >= 10^0.25 × 500), where
+    the detectors place every event up to 980 / 10^0.25 the same on the trajectory and on its cut 0.1 decade
+    earlier; followed on through rank 3 to MAX_REACH × t_end, it gives the same rows."""
+    import theory.cycles as cycles
+
+    stopped = predict_run(load_config(None, ["time.t_end=500"]))
+    assert len(stopped.cycles.stages) == 2 and stopped.cycles.trajectory.t[-1] < cycles.MAX_REACH * 500
+    assert stopped.cycles.confirmation.confirmed and stopped.cycles.confirmed_through > 500
+    # a lookahead that makes the first check come at MAX_REACH × t_end
+    monkeypatch.setattr(cycles, "lookahead_decades", lambda th: np.log10(cycles.MAX_REACH) - cycles.CONFIRM_DECADES)
+    followed = predict_run(load_config(None, ["time.t_end=500"]))
+    assert len(followed.cycles.stages) == 3 and followed.cycles.trajectory.t[-1] >= cycles.MAX_REACH * 500 * 0.99
+
+    def rows(prediction) -> list[tuple]:
+        return [(row.stage, row.query, row.direction, row.predicted, row.note) for row in prediction.rows
+                if row.predicted is not None or (row.stage == "restart" and row.direction <= 2)]
+
+    assert len([row for row in rows(stopped) if row[3] is not None]) >= 3 and rows(followed) == rows(stopped)
+
+
 def test_a_prediction_does_not_move_with_the_horizon():
     """Every event predicted before t = 1500 is predicted at the same time for horizons 1500 and 4000, the
     events after 1500 are named with their time, not dropped, and D = d log A_if/dt < 0 at every predicted
@@ -139,3 +160,17 @@ def test_a_prediction_does_not_move_with_the_horizon():
         assert (restart_short.rule, restart_short.t_settle, restart_short.t_integrated) == (
             restart_long.rule, restart_long.t_settle, restart_long.t_integrated)
 
+
+
+def test_an_onset_two_cuts_place_apart_is_unsettled():
+    """Two placements agree within CONFIRM_RTOL; an onset moved further, or an event only one of them has, is
+    named with how it moved."""
+    from theory.cycles import CONFIRM_RTOL, differences
+
+    cut = {("focus", 0): [100.0], ("dilution", 3): [1282.73], ("dilution", 1): [500.0]}
+    longer = {("focus", 0): [100.0 * (1 + CONFIRM_RTOL / 2)], ("dilution", 3): [1315.06], ("dilution", 1): [500.0, 900.0]}
+    moved = differences(longer, cut, 8743.0, 11007.0)
+    assert set(moved) == {("dilution", 3), ("dilution", 1)}
+    assert "1282.7" in moved[("dilution", 3)] and "1315.1" in moved[("dilution", 3)]
+    assert moved[("dilution", 1)].startswith("1 onset(s) on the trajectory to t = 8743, 2 to t = 11007")
+    assert differences(cut, cut, 1.0, 2.0) == {}

@@ -43,9 +43,15 @@ class CyclePrediction:
     trajectory: Trajectory
     velocity: dict[str, np.ndarray]  # dθ/dt of the prediction on trajectory.t
     pi: np.ndarray
+    confirmation: Confirmation  # the rows read focus and dilution onsets up to confirmation.through
+
+    @property
+    def confirmed_through(self) -> float:
+        return self.confirmation.through
 
     def dilutions(self) -> list[Interval]:
-        return self.report.of("dilution")
+        """The confirmed dilutions (onset up to ``confirmed_through``)."""
+        return [i for i in self.report.of("dilution") if i.t_start <= self.confirmed_through]
 
     def restarts(self) -> list[RestartPrediction]:
         """The restart of each direction that can open (not the last stage's, once W0 has full rank)."""
@@ -63,6 +69,15 @@ def next_direction(params, A: np.ndarray) -> np.ndarray:
 
 POINTS_PER_DECADE = 120  # the prediction's own save times: log-spaced from GRID_START, whatever the run's horizon
 GRID_START = 0.1
+# The chained prediction is followed past the horizon until the detectors can confirm every event before it: to
+# T >= 10^(lookahead + CONFIRM_DECADES) × the horizon, where each event up to T / 10^(lookahead + CONFIRM_DECADES)
+# is placed on the trajectory and on its cut CONFIRM_DECADES (of log t) earlier, which still reaches the detectors'
+# lookahead (their smoothing and hold, ``lookahead_decades``) past it. An event the two place differently is
+# unsettled: its onset depends on the far future (a dilution's onset lies halfway to the maximum that follows).
+CONFIRM_DECADES = 0.1
+CONFIRM_RTOL = 1e-3  # onsets that move less than this between the two cuts are settled (the rows print 4 digits)
+MAX_REACH = 4.0  # a rank-r flow that does not restart is saved this far (× the horizon), holding its settled state
+CONFIRMED_STAGES = ("focus", "dilution")  # the events the chained prediction's rows read from its detectors
 
 
 def prediction_grid(look: float) -> np.ndarray:
@@ -71,45 +86,134 @@ def prediction_grid(look: float) -> np.ndarray:
     return GRID_START * 10.0 ** (np.arange(count) / POINTS_PER_DECADE)
 
 
+def joined(pieces: list[tuple[np.ndarray, dict[str, np.ndarray]]], grid: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Consecutive stages' (times, arrays) joined on ``grid`` and t = 0 (a crossing is not a save time)."""
+    saved = [np.isin(t, grid) | (t == 0.0) for t, _ in pieces]
+    t = np.concatenate([t[keep] for (t, _), keep in zip(pieces, saved)])
+    arrays = {name: np.concatenate([values[name][keep] for (_, values), keep in zip(pieces, saved)]) for name in pieces[0][1]}
+    return t, arrays
+
+
+def placed_events(report: StageReport, until: float) -> dict[tuple, list[float]]:
+    """The focus and dilution onsets up to ``until``, by (stage, query)."""
+    placed: dict[tuple, list[float]] = {}
+    for i in report.intervals:
+        if i.stage in CONFIRMED_STAGES and i.t_start <= until:
+            placed.setdefault((i.stage, i.query), []).append(i.t_start)
+    return placed
+
+
+def lookahead_decades(thresholds: StageThresholds) -> float:
+    """How far past a time (decades of log t) the detectors read to place an event there: the running median's
+    half-width and the hold a focus or dilution needs; a confirmation cut reaches CONFIRM_DECADES further."""
+    return thresholds.smoothing_decades + thresholds.min_duration_decades
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """The detectors' focus and dilution onsets up to ``through``, placed on a trajectory (to ``t_end``) and on
+    its cut CONFIRM_DECADES earlier: ``unsettled`` says, per (stage, query), how those they place differently
+    (count, or onset beyond CONFIRM_RTOL) moved."""
+
+    through: float
+    t_end: float
+    unsettled: dict[tuple, str]
+
+    @property
+    def confirmed(self) -> bool:
+        return not self.unsettled
+
+
+def differences(longer: dict[tuple, list[float]], cut: dict[tuple, list[float]], t_cut: float, t_end: float) -> dict[tuple, str]:
+    """Per (stage, query), how two placements of its onsets differ, in words (none where they agree)."""
+    moved = {}
+    for key in sorted(set(longer) | set(cut), key=str):
+        a, b = longer.get(key, []), cut.get(key, [])
+        if len(a) != len(b):
+            moved[key] = f"{len(b)} onset(s) on the trajectory to t = {t_cut:.5g}, {len(a)} to t = {t_end:.5g}"
+        elif any(abs(onset - earlier) > CONFIRM_RTOL * onset for onset, earlier in zip(a, b)):
+            moved[key] = (f"onset {', '.join(f'{x:.5g}' for x in b)} on the trajectory to t = {t_cut:.5g}, "
+                          f"{', '.join(f'{x:.5g}' for x in a)} to t = {t_end:.5g}")
+    return moved
+
+
+def check_confirmation(t: np.ndarray, params: dict[str, np.ndarray], loss_of: Callable, pi: np.ndarray,
+                       thresholds: StageThresholds) -> Confirmation:
+    """Every focus and dilution up to t[-1] / 10^(lookahead + CONFIRM_DECADES), placed on the trajectory to t[-1]
+    and on the one cut CONFIRM_DECADES earlier (which still reads the detectors' lookahead past them).
+    Cost: the detectors twice, O(T d² m)."""
+    def report_until(end: float) -> StageReport:
+        keep = t <= end
+        cut = Trajectory(t=t[keep], loss=loss_of({name: value[keep] for name, value in params.items()}),
+                         params={name: value[keep] for name, value in params.items()})
+        return detect_stages(stage_observables(cut, pi), thresholds)
+
+    t_end, t_cut = float(t[-1]), float(t[-1]) / 10.0 ** CONFIRM_DECADES
+    through = t_end / 10.0 ** (lookahead_decades(thresholds) + CONFIRM_DECADES)
+    whole, earlier = report_until(t_end), report_until(t_cut)
+    return Confirmation(through, t_end, differences(placed_events(whole, through), placed_events(earlier, through), t_cut, t_end))
+
+
 def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTransformer, params0, alpha: np.ndarray,
-                   look: float, thresholds: StageThresholds | None = None,
+                   horizon: float, thresholds: StageThresholds | None = None,
                    progress: Callable[[str], None] = lambda line: None) -> CyclePrediction:
-    """The chained rank-r predictions from θ(0) to ``look``, saved on ``prediction_grid(look)``; ``progress``
-    receives a line as each rank's flow starts and ends (at large d each takes minutes).
+    """The chained rank-r predictions from θ(0), saved on ``prediction_grid``, followed past ``horizon`` until the
+    detectors can confirm every focus and dilution before it (``check_confirmation`` at the first rank crossing
+    or span end of the full-rank flow past 10^(lookahead + CONFIRM_DECADES) × horizon); ``progress`` receives a
+    line as each rank's flow starts and ends (at large d each takes minutes) and at the confirmation.
 
     Each rank's flow settles and crosses its threshold where it does (``propagate_rank``), so an event's
-    predicted time does not depend on ``look`` once the detectors can confirm it before ``look``.
+    predicted time does not depend on the horizon once the detectors confirm it; one they cannot confirm is
+    named in ``CyclePrediction.confirmation``.
     Cost: one ``propagate_rank`` per opened direction, and the detectors' observables on the grid,
     O(d² m) per saved time."""
     th = StageThresholds() if thresholds is None else thresholds
+    look = MAX_REACH * horizon
     grid = prediction_grid(look)
+    reach = 10.0 ** (lookahead_decades(th) + CONFIRM_DECADES)  # a check at T places events up to T / reach
     floors = np.linalg.svd(np.asarray(params0["W0"]), compute_uv=False)
     A = np.asarray(alpha, dtype=float).reshape(-1, 1)
     params, t_start, stages = {name: np.asarray(value) for name, value in params0.items()}, 0.0, []
+    checked: list[Confirmation] = []
+
+    def loss_of(thetas: dict) -> np.ndarray:
+        return flow.loss_along(flow.flatten_batch(thetas))
+
+    def confirmed(pieces: list[tuple[np.ndarray, dict]]) -> bool:
+        """Checked once the trajectory reaches reach × horizon: the prediction stops there."""
+        t, thetas = joined(pieces, grid)
+        if t[-1] < reach * horizon:
+            return False
+        checked.append(check_confirmation(t, thetas, loss_of, chain.pi, th))
+        unsettled = "".join(f"; {stage} of q{query} unsettled: {how}" for (stage, query), how in checked[-1].unsettled.items())
+        progress(f"at t = {t[-1]:.5g}: the events to t = {checked[-1].through:.5g} placed{unsettled}")
+        return True
+
     while True:
         rank = A.shape[1]
-        full = rank >= len(floors)  # W0 has no direction left to open: the last stage runs to ``look``
+        full = rank >= len(floors)  # W0 has no direction left to open: the last stage runs until confirmed
         threshold = np.inf if full else th.restart_factor * float(floors[rank])
-        progress(f"rank-{rank} flow from t = {t_start:.5g}" + (f" to t = {look:g} (full rank)" if full else
+        progress(f"rank-{rank} flow from t = {t_start:.5g}" + (" (full rank)" if full else
                                                                f", until σ{rank} passes {threshold:.3g}"))
-        stage = propagate_rank(chain, params, A, t_start, look, threshold, grid)
+        earlier = [(stage.t, stage.params) for stage in stages]
+        stage = propagate_rank(chain, params, A, t_start, look, threshold, grid,
+                               confirmed=(lambda t, thetas: confirmed(earlier + [(t, thetas)])) if full else None)
         stages.append(stage)
         crossed = stage.restart.t_integrated
         if not full:
             progress(f"rank-{rank} flow: " + ("no restart within reach" if crossed is None else f"σ{rank} passes at t = {crossed:.5g}"))
-        if crossed is None or crossed > look or full:
+        if crossed is None or crossed > look or full or confirmed(earlier + [(stage.t, stage.params)]):
             break
         params = {name: value[-1] for name, value in stage.params.items()}
         A = np.column_stack([A, next_direction(params, A)])
         t_start = crossed
-    saved = [np.isin(stage.t, grid) | (stage.t == 0.0) for stage in stages]  # the crossings are not save times
-    t = np.concatenate([stage.t[keep] for stage, keep in zip(stages, saved)])
-    thetas = {name: np.concatenate([stage.params[name][keep] for stage, keep in zip(stages, saved)]) for name in stages[0].params}
-    velocity = {name: np.concatenate([stage.velocity[name][keep] for stage, keep in zip(stages, saved)])
-                for name in stages[0].velocity}
-    trajectory = Trajectory(t=t, loss=flow.loss_along(flow.flatten_batch(thetas)), params=thetas)
+    t, thetas = joined([(stage.t, stage.params) for stage in stages], grid)
+    velocity = joined([(stage.t, stage.velocity) for stage in stages], grid)[1]
+    trajectory = Trajectory(t=t, loss=loss_of(thetas), params=thetas)
     report = detect_stages(stage_observables(trajectory, chain.pi), th)
-    return CyclePrediction(stages, report, trajectory, velocity, chain.pi)
+    # unchecked where a rank-r flow did not restart (saved to ``look``, holding its settled state)
+    confirmation = checked[-1] if checked else Confirmation(float(t[-1]) / reach, float(t[-1]), {})
+    return CyclePrediction(stages, report, trajectory, velocity, chain.pi, confirmation)
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,8 @@ with the pairs (i, j) of the mean-field arrays read as (context n, key position 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -65,18 +63,13 @@ import numpy as np
 import sympy as sp
 
 from flowsim.chains import MarkovChain
-from flowsim.config import ConfigError, load_config
-from flowsim.experiment import law_of, prepare
 from flowsim.flow import GradientFlow
 from flowsim.losses import expected_cross_entropy
 from flowsim.models import Params, PositionalTwoLayerTransformer, TwoLayerTransformer
-from flowsim.rundir import CONFIG_FILE, load_run
-from flowsim.io import REMEDY, DamagedFileError, read_npz, write_atomic_npz
 from flowsim.tasks import SequenceLaw
 from flowsim.trajectory import Trajectory
 
 UPPER_QUERY, UPPER_KEY = "W_Q2", "W_K2"
-PATHWISE_NPZ = "pathwise.npz"
 
 
 # ---------------------------------------------------------------------------------
@@ -407,28 +400,3 @@ def _own_weights(flow: GradientFlow, theta: np.ndarray) -> tuple[float, float]:
     """The smoothing weight on each upper Q/K block's own gradient (1 without smoothing)."""
     coupling = flow.depth_coupling(theta)
     return tuple(coupling.get(group, {}).get(group, 1.0) for group in (UPPER_QUERY, UPPER_KEY))
-
-
-def pathwise_of_run(run_dir: Path) -> PathwiseFactors:
-    """The factors of a two-layer run directory: read pathwise.npz, or compute and save it."""
-    run_dir = Path(run_dir)
-    if (run_dir / PATHWISE_NPZ).is_file():
-        arrays = read_npz(run_dir / PATHWISE_NPZ)
-        fields = {field.name for field in dataclasses.fields(PathwiseFactors)}
-        if set(arrays) == fields:
-            return PathwiseFactors(**arrays)
-        if not set(arrays) < fields:  # an older version's cache has fewer arrays: computed again below
-            raise DamagedFileError(run_dir / PATHWISE_NPZ, f"unexpected arrays {sorted(set(arrays) - fields)}", REMEDY)
-    config = load_config(run_dir / CONFIG_FILE)
-    prepared = prepare(config)
-    try:
-        check_pathwise_supported(prepared.model, config.loss.kind)
-    except ValueError as error:
-        raise ConfigError(f"{run_dir}: {error}") from None
-    trajectory = load_run(run_dir).trajectory
-    if isinstance(prepared.model, PositionalTwoLayerTransformer):
-        factors = positional_pathwise_along(trajectory, prepared.model, law_of(prepared.chain), prepared.flow)
-    else:
-        factors = pathwise_along(trajectory, prepared.model, prepared.chain, prepared.flow)
-    write_atomic_npz(run_dir / PATHWISE_NPZ, dataclasses.asdict(factors))
-    return factors

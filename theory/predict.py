@@ -9,47 +9,40 @@ Rows (stage names as in stages.json):
   settled-point formula, or the crossing itself when the restart comes before the flow settles);
 * dilution (per query) and focus of the other queries: onsets detected on the predicted
   trajectory chained through the rank-r manifolds (``theory.cycles``), Stage III, saved on the
-  prediction's own grid to PREDICTION_REACH × t_end, so that the detectors confirm every event
-  before t_end whatever the horizon: a prediction does not move with t_end, and an event after
-  t_end is a row with its time in ``note``.
+  prediction's own grid and followed past t_end until the detectors can confirm every event before
+  t_end (they place it the same on a shorter cut of the trajectory): a prediction does not move
+  with t_end, and an event after t_end is a row with its time in ``note``. An event whose onset
+  the two cuts place differently (a dilution whose onset lies halfway to a maximum far ahead) is
+  marked ``unsettled`` in ``note``, with how it moved.
 
 ``compare`` lists every row of both sides: predicted and measured (with the relative
 error), predicted but not measured within the run, and measured with no prediction
 (each marked in ``note``), each measured time with the run's save-grid resolution there. A
 restart the theory rules out is a row with no predicted time and the verdict in ``note`` (the
 degenerate point of symmetric rare tokens: μ_δ = 0; the Bayes loss reached on the rank-r manifold;
-a restart the formula puts beyond the horizon). ``cached_prediction`` keeps the rows and constants
-per configuration and code, so ``compare`` does not predict twice.
+a restart the formula puts beyond the horizon). Nothing here reads or writes files: ``flowsim.predictions``
+caches the rows and compares them with run directories.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import numpy as np
 
-import flowsim
-from flowsim.config import ConfigError, RunConfig, load_config
-from flowsim.experiment import label_run, prepare
-from flowsim.rundir import CONFIG_FILE, load_run
+from flowsim.config import ConfigError, RunConfig
+from flowsim.experiment import prepare
 from flowsim.stages import StageReport, StageThresholds, subject_label
-from flowsim.io import DamagedFileError, file_digest, read_json, write_atomic_json
 from theory.cycles import POINTS_PER_DECADE, CyclePrediction, dilution_mechanism, predict_cycles
 from theory.focus import FocusPrediction, predict_focus
 from theory.origin import CondensationPrediction, predict_condensation
 from theory.restart import REACH_LIMIT, RestartPrediction, RuleName
 from theory.mean_field import MeanFieldChain
 
-COMPARE_JSON = "compare.json"
-
 NOT_MEASURED, NOT_PREDICTED = "predicted, not measured", "measured, not predicted"
 AFTER_HORIZON = "after the horizon"
-PREDICTION_REACH = 4.0  # the chained prediction looks this far past t_end, so that every event before t_end is confirmed
+UNSETTLED = "unsettled"
 
 
 @dataclass(frozen=True)
@@ -137,13 +130,13 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     eps = config.init.eps if config.init.file is None else float(np.sqrt(np.mean(np.asarray(prepared.params0["W0"]) ** 2)))
     chain = MeanFieldChain(source.pi, source.P)
     t_end = float(config.time.t_end)
-    look = PREDICTION_REACH * t_end
     progress(f"Stage I: spectrum at the origin and the condensation orbit (d = {chain.d})")
     condensation = predict_condensation(chain.pi, chain.P, prepared.params0, eps)
     progress("Stage II: condensed point, attention block, focus onset")
     focus = predict_focus(chain, prepared.params0, condensation, prepared.model.k)
-    progress(f"Stages III-IV: the rank-r flows, their transverse equations and restarts (to t = {look:g})")
-    cycles = predict_cycles(chain, prepared.flow, prepared.model, prepared.params0, condensation.alpha, look, progress=progress)
+    progress("Stages III-IV: the rank-r flows, their transverse equations and restarts, until every event before "
+             f"t = {t_end:g} is confirmed")
+    cycles = predict_cycles(chain, prepared.flow, prepared.model, prepared.params0, condensation.alpha, t_end, progress=progress)
     rows = [timed_row(Row("condensation", None, None, condensation.t_end), t_end)]
     rows += [timed_row(Row("focus", query, None, t), t_end) for query, t in focus.t_onset.items()]
     if not focus.t_onset:
@@ -153,9 +146,15 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     rows += [restart_row(restart, t_end) for restart in cycles.restarts()]
     for stage in ("focus", "dilution"):
         for query in focus.order:
-            found = cycles.report.of(stage, query)
-            if found and not (stage == "focus" and query in focus.t_onset):
-                rows.append(timed_row(Row(stage, query, None, found[0].t_start), t_end))
+            found = [i for i in cycles.report.of(stage, query) if i.t_start <= cycles.confirmed_through]
+            unsettled = cycles.confirmation.unsettled.get((stage, query))
+            if stage == "focus" and query in focus.t_onset:
+                continue
+            row = timed_row(Row(stage, query, None, found[0].t_start), t_end) if found else Row(stage, query, None, None)
+            if unsettled:  # its onset depends on the trajectory's far future: shown with how it moved
+                row = replace(row, note="; ".join(filter(None, [row.note, f"{UNSETTLED}: {unsettled}"])))
+            if found or unsettled:
+                rows.append(row)
     return Prediction(rows, condensation, focus, cycles, t_end)
 
 
@@ -231,66 +230,6 @@ class PredictionSummary:
     @staticmethod
     def from_json(payload: dict) -> "PredictionSummary":
         return PredictionSummary([Row(**row) for row in payload["rows"]], payload["constants"], float(payload["t_end"]))
-
-
-def _source_digest() -> str:
-    """The theory's own source and the detectors': a cached prediction is reused only by the code that made it."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")) + [Path(flowsim.__file__).parent / "stages.py"]:
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def prediction_cache_dir() -> Path | None:
-    """FLOWSIM_PREDICTION_CACHE: a directory, or "off"; by default the user's cache directory."""
-    chosen = os.environ.get("FLOWSIM_PREDICTION_CACHE")
-    if chosen is not None:
-        return None if chosen.strip().lower() in ("", "off", "0", "false") else Path(chosen)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flowsim" / "predictions"
-
-
-def prediction_key(config: RunConfig) -> str:
-    """A digest of everything the prediction depends on: chain, model, init (and its file's bytes), loss,
-    flow, the horizon, and the code (``_source_digest``)."""
-    sections = config.to_dict()
-    relevant = {name: sections.get(name) for name in ("chain", "model", "init", "loss", "flow")}
-    relevant["t_end"] = float(config.time.t_end)
-    relevant["code"] = _source_digest()
-    if config.init.file is not None:
-        relevant["init_file"] = file_digest(Path(config.init.file))
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:32]
-
-
-def cached_prediction(config: RunConfig, progress: Callable[[str], None] = _quiet) -> PredictionSummary:
-    """``predict_run``'s rows and constants, from the cache when the same prediction was made before."""
-    folder = prediction_cache_dir()
-    path = None if folder is None else folder / f"{prediction_key(config)}.json"
-    if path is not None and path.exists():
-        try:
-            summary = PredictionSummary.from_json(read_json(path))
-            progress(f"prediction read from the cache ({path})")
-            return summary
-        except (DamagedFileError, KeyError, TypeError, ValueError):
-            pass  # a damaged cache entry is recomputed
-    prediction = predict_run(config, progress)
-    summary = PredictionSummary(prediction.rows, prediction.constants(), prediction.t_end)
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic_json(path, summary.to_json())
-        except OSError as error:
-            progress(f"prediction not cached ({error})")
-    return summary
-
-
-def compare_run(run_dir: Path, progress: Callable[[str], None] = _quiet) -> tuple[list[Row], PredictionSummary]:
-    """Predicted beside measured for a run directory (the prediction cached); writes compare.json there."""
-    run_dir = Path(run_dir)
-    config = load_config(run_dir / CONFIG_FILE)
-    summary = cached_prediction(config, progress)
-    rows = compared_rows(summary.rows, label_run(run_dir), load_run(run_dir).trajectory.t)
-    write_atomic_json(run_dir / COMPARE_JSON, {"rows": [asdict(row) for row in rows]})
-    return rows, summary
 
 
 def table(rows: list[Row], measured: bool = True) -> str:

@@ -28,8 +28,9 @@ The prediction, per direction:
 
 The transverse equation integrated to the threshold is kept beside the formula as its check
 (``t_integrated``). Nothing here looks at a run's horizon: the rank-r flow is followed over doubling
-spans until it converges, or one span past the crossing (``follow_reduced_flow``), so t_s and the
-crossing are properties of the flow. Cost per direction: the reduced flow, (2d + 2k) r equations at
+spans until it converges, or past the crossing until it is known whether it had settled before it (one
+span, or less where its rate still moves: ``TransverseAlongPath``), so t_s and the crossing are properties
+of the flow. Cost per direction: the reduced flow, (2d + 2k) r equations at
 O(d² r) per evaluation (LSODA with the exact Jacobian, O(d² r) per column, until the flow turns stiff;
 then RKC, which needs no Jacobian), and the linear transverse equation, (2d + 2k)(m - r) equations at
 O(d² (m - r)) per evaluation (C kept factored, ``TransverseCoupling``).
@@ -151,17 +152,18 @@ class ReducedPath:
 
 def follow_reduced_flow(reduced_flow: ReducedFlow, state0: ReducedState, t_start: float,
                         rate_of: Callable[[np.ndarray], float],
-                        enough: Callable[[object, np.ndarray], bool] = lambda segment, rates: False) -> ReducedPath:
+                        enough: Callable[[ReducedPath], bool] = lambda path: False, until: float = REACH_LIMIT) -> ReducedPath:
     """Integrate the rank-r flow over t_start + FIRST_SPAN × 2^j until it has converged (over the last
     doubling σ_max(C) moved less than CONVERGED and stayed within SETTLED of its end value, and the state
     moved less than CONVERGED relative to its size), σ_max(C) has
-    fallen to zero (degenerate), ``enough(segment, rates so far)`` says so, or REACH_LIMIT is reached.
+    fallen to zero (degenerate), ``enough(the path so far)`` says so, or ``until`` (at most REACH_LIMIT) is reached.
     Spans are integrated by LSODA until one needs a Jacobian (n = (2d + 2k) r Hessian-vector products), then by RKC.
     Cost: (2d + 2k) r equations at O(d² r) per evaluation, and SAMPLES_PER_SPAN couplings per span."""
     segments, ends, times, rates = [], [], [float(t_start)], [rate_of(state0.pack())]
     y0, t0, span, converged, method = state0.pack(), float(t_start), FIRST_SPAN, False, NONSTIFF_METHOD
-    while not converged and t0 < REACH_LIMIT:
-        t1 = min(float(t_start) + span, REACH_LIMIT)
+    until = min(until, REACH_LIMIT)
+    while not converged and t0 < until:
+        t1 = min(float(t_start) + span, until)
         samples = np.geomspace(max(t0 - t_start, 1e-3 * span), t1 - t_start, SAMPLES_PER_SPAN + 1)[1:] + t_start
         samples[-1] = t1
         solution = reduced_flow.solve(ReducedState.unpack(y0, reduced_flow.d, reduced_flow.k), samples, t_start=t0,
@@ -183,7 +185,7 @@ def follow_reduced_flow(reduced_flow: ReducedFlow, state0: ReducedState, t_start
             travelled = np.linalg.norm(solution.y[:, -1] - y0) / np.linalg.norm(solution.y[:, -1])
             converged = moved <= SETTLED * last and abs(segment_rates[0] - last) <= CONVERGED * last and travelled <= CONVERGED
         y0, t0, span = solution.y[:, -1], t1, 2.0 * span
-        if enough(solution, np.array([times, rates])):
+        if enough(ReducedPath(segments, np.array(ends), np.array(times), np.array(rates), converged)):
             break
     return ReducedPath(segments, np.array(ends), np.array(times), np.array(rates), converged)
 
@@ -215,8 +217,9 @@ def transverse_field(C: TransverseCoupling, Z: np.ndarray) -> np.ndarray:
 class TransverseAlongPath:
     """The transverse equation integrated segment by segment beside the rank-r flow, from Z0, until σ_r(W0)
     of the assembled parameters passes ``threshold`` (DOP853 with a terminal event). Called with each new
-    segment of the reduced flow, it says whether the flow has been followed far enough: one span past the
-    crossing, which tells whether the flow had settled before it (the rule for what comes first)."""
+    segment of the reduced flow, it says whether the flow has been followed far enough to tell whether it
+    had settled before the crossing (the rule for what comes first): one span past the crossing, or less
+    where the rate still moves after the crossing (``moves_after``)."""
 
     def __init__(self, chain: MeanFieldChain, A: np.ndarray, E: np.ndarray, Z0: np.ndarray, threshold: float):
         self.chain, self.A, self.E, self.Z0, self.threshold = chain, A, E, Z0, threshold
@@ -225,11 +228,21 @@ class TransverseAlongPath:
         self.scale = float(np.abs(Z0).max(initial=0.0)) or 1.0  # Z starts at the initial scale and does not shrink much
         self.pieces, self.crossings, self.span_ends = [], [], []
 
-    def __call__(self, segment, rates: np.ndarray) -> bool:
+    def __call__(self, path: ReducedPath) -> bool:
+        segment = path.segments[-1]
         if not self.crossings:
             self._integrate_over(segment)
         self.span_ends.append(segment.sol.t_max)
-        return bool(self.crossings) and sum(t > self.crossings[0] for t in self.span_ends) >= 2
+        if not self.crossings:
+            return False
+        return self.moves_after(path) or sum(t > self.crossings[0] for t in self.span_ends) >= 2
+
+    def moves_after(self, path: ReducedPath) -> bool:
+        """Two rates sampled after the crossing differ by more than 2 SETTLED × (any limit L ≤ max / (1 - SETTLED)):
+        one of them is more than SETTLED × L from L, so the flow settles after the crossing whatever its limit,
+        and the rule's answer (before settling) is known without following the flow further."""
+        after = path.rates[path.t >= self.crossings[0]]
+        return len(after) >= 2 and after.max() - after.min() > 2 * SETTLED * after.max() / (1 - SETTLED)
 
     def _integrate_over(self, segment) -> None:
         d, k = self.chain.d, self.k
@@ -302,12 +315,14 @@ def restart_rule(chain: MeanFieldChain, reduced_flow: ReducedFlow, path: Reduced
 
 
 def propagate_rank(chain: MeanFieldChain, params, A: np.ndarray, t_start: float, look: float,
-                   threshold: float, grid: np.ndarray) -> RankStage:
+                   threshold: float, grid: np.ndarray,
+                   confirmed: Callable[[np.ndarray, dict[str, np.ndarray]], bool] | None = None) -> RankStage:
     """Follow the rank-r flow and the transverse equation from ``params`` at ``t_start``; predict the restart
     of direction r = A.shape[1] (σ_r(W0) passing ``threshold``). Where the flow settles and when the
     transverse part crosses are found without reference to ``look``, which only bounds the saved trajectory
     (``grid`` times up to the crossing or ``look``). At full rank (no direction left to open: threshold ∞)
-    the rank-r flow alone is followed to ``look``. Cost: the reduced flow (``follow_reduced_flow``) and the
+    the rank-r flow alone is followed to ``look``, or until ``confirmed(saved times, parameters)``, asked as
+    each of its spans ends, says the trajectory so far is enough. Cost: the reduced flow (``follow_reduced_flow``) and the
     linear transverse equation, (2d + 2k)(m - r) equations at O(d² (m - r + r)) per evaluation."""
     A = np.asarray(A, dtype=float)
     rank, E = A.shape[1], complement(A)
@@ -319,10 +334,17 @@ def propagate_rank(chain: MeanFieldChain, params, A: np.ndarray, t_start: float,
     def rate_of(y: np.ndarray) -> float:
         return TransverseCoupling(chain, ReducedState.unpack(y, d, k)).rate()
 
-    def followed_far_enough(segment, rates: np.ndarray) -> bool:
-        return segment.t[-1] >= look if full_rank else transverse(segment, rates)
+    def followed_far_enough(path_so_far: ReducedPath) -> bool:
+        if not full_rank:
+            return transverse(path_so_far)
+        if path_so_far.t_reach >= look or confirmed is None:
+            return path_so_far.t_reach >= look
+        kept, stacked, _ = saved_trajectory(reduced_flow, path_so_far, lambda t: np.zeros(transverse.shape), A, E,
+                                            t_start, path_so_far.t_reach, None, grid)
+        return confirmed(kept, stacked)
 
-    path = follow_reduced_flow(reduced_flow, project(params, A), t_start, rate_of, followed_far_enough)
+    path = follow_reduced_flow(reduced_flow, project(params, A), t_start, rate_of, followed_far_enough,
+                               until=look if full_rank else REACH_LIMIT)
     t_settle = settle_time(path, rate_of)
     rate, peak = float(path.rates[-1]), float(path.rates.max())
     t_integrated = transverse.crossing
@@ -345,7 +367,9 @@ def propagate_rank(chain: MeanFieldChain, params, A: np.ndarray, t_start: float,
             return frozen.at_time(t)
         return transverse.at(t)
 
-    kept, stacked, velocity = saved_trajectory(reduced_flow, path, transverse_at, A, E, t_start, look, t_integrated, grid)
+    # a full-rank flow stopped before ``look`` (confirmed) is saved to where it was followed; a settled one is held
+    saved_until = min(look, path.t_reach) if full_rank and not path.converged else look
+    kept, stacked, velocity = saved_trajectory(reduced_flow, path, transverse_at, A, E, t_start, saved_until, t_integrated, grid)
     restart = RestartPrediction(rank, verdict.t_onset, verdict.rule, t_integrated, t_settle, rate, path.t_reach, peak,
                                 verdict.amplitude, verdict.t_leading, threshold)
     return RankStage(rank, A, kept, stacked, velocity, restart)
