@@ -259,7 +259,8 @@ def equal_error_summary(rows: list[dict], baseline: str = "JaxRadau") -> str:
                 lines.append(f"| {case} | {method} | – | – | none within {reference['loss_error']:.1e} | – |")
                 continue
             best = min(within, key=lambda row: row["solve_s"])
-            lines.append(f"| {case} | {method} | {best['rtol']:g} | {best['solve_s']:.2f} | {best['loss_error']:.1e} | "
+            rtol = "default" if best["rtol"] is None else f"{best['rtol']:g}"
+            lines.append(f"| {case} | {method} | {rtol} | {best['solve_s']:.2f} | {best['loss_error']:.1e} | "
                          f"{best['solve_s'] / reference['solve_s']:.1f} |")
     return "\n".join(lines)
 
