@@ -31,10 +31,6 @@ COMPARE_JSON = "compare.json"
 PATHWISE_NPZ = "pathwise.npz"
 
 
-def _quiet(message: str) -> None:
-    pass
-
-
 def _source_digest() -> str:
     """The theory's own source and the detectors': a cached prediction is reused only by the code that made it."""
     digest = hashlib.sha256()
@@ -63,7 +59,7 @@ def prediction_key(config: RunConfig) -> str:
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def cached_prediction(config: RunConfig, progress: Callable[[str], None] = _quiet) -> PredictionSummary:
+def cached_prediction(config: RunConfig, progress: Callable[[str], None] = lambda message: None) -> PredictionSummary:
     """``predict_run``'s rows and constants, from the cache when the same prediction was made before."""
     folder = prediction_cache_dir()
     path = None if folder is None else folder / f"{prediction_key(config)}.json"
@@ -85,7 +81,7 @@ def cached_prediction(config: RunConfig, progress: Callable[[str], None] = _quie
     return summary
 
 
-def compare_run(run_dir: Path, progress: Callable[[str], None] = _quiet) -> tuple[list[Row], PredictionSummary]:
+def compare_run(run_dir: Path, progress: Callable[[str], None] = lambda message: None) -> tuple[list[Row], PredictionSummary]:
     """Predicted beside measured for a run directory (the prediction cached); writes compare.json there."""
     run_dir = Path(run_dir)
     config = load_config(run_dir / CONFIG_FILE)

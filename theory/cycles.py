@@ -109,14 +109,18 @@ def lookahead_decades(thresholds: StageThresholds) -> float:
     return thresholds.smoothing_decades + thresholds.min_duration_decades
 
 
+def confirmation_reach(thresholds: StageThresholds) -> float:
+    """A check on the trajectory to T places the events up to T / this (10^(lookahead + CONFIRM_DECADES))."""
+    return 10.0 ** (lookahead_decades(thresholds) + CONFIRM_DECADES)
+
+
 @dataclass(frozen=True)
 class Confirmation:
-    """The detectors' focus and dilution onsets up to ``through``, placed on a trajectory (to ``t_end``) and on
-    its cut CONFIRM_DECADES earlier: ``unsettled`` says, per (stage, query), how those they place differently
-    (count, or onset beyond CONFIRM_RTOL) moved."""
+    """The detectors' focus and dilution onsets up to ``through``, placed on a trajectory and on its cut
+    CONFIRM_DECADES earlier: ``unsettled`` says, per (stage, query), how those they place differently (count,
+    or onset beyond CONFIRM_RTOL) moved."""
 
     through: float
-    t_end: float
     unsettled: dict[tuple, str]
 
     @property
@@ -149,9 +153,9 @@ def check_confirmation(t: np.ndarray, params: dict[str, np.ndarray], loss_of: Ca
         return detect_stages(stage_observables(cut, pi), thresholds)
 
     t_end, t_cut = float(t[-1]), float(t[-1]) / 10.0 ** CONFIRM_DECADES
-    through = t_end / 10.0 ** (lookahead_decades(thresholds) + CONFIRM_DECADES)
+    through = t_end / confirmation_reach(thresholds)
     whole, earlier = report_until(t_end), report_until(t_cut)
-    return Confirmation(through, t_end, differences(placed_events(whole, through), placed_events(earlier, through), t_cut, t_end))
+    return Confirmation(through, differences(placed_events(whole, through), placed_events(earlier, through), t_cut, t_end))
 
 
 def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTransformer, params0, alpha: np.ndarray,
@@ -170,7 +174,7 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
     th = StageThresholds() if thresholds is None else thresholds
     look = MAX_REACH * horizon
     grid = prediction_grid(look)
-    reach = 10.0 ** (lookahead_decades(th) + CONFIRM_DECADES)  # a check at T places events up to T / reach
+    reach = confirmation_reach(th)
     floors = np.linalg.svd(np.asarray(params0["W0"]), compute_uv=False)
     A = np.asarray(alpha, dtype=float).reshape(-1, 1)
     params, t_start, stages = {name: np.asarray(value) for name, value in params0.items()}, 0.0, []
@@ -212,7 +216,7 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
     trajectory = Trajectory(t=t, loss=loss_of(thetas), params=thetas)
     report = detect_stages(stage_observables(trajectory, chain.pi), th)
     # unchecked where a rank-r flow did not restart (saved to ``look``, holding its settled state)
-    confirmation = checked[-1] if checked else Confirmation(float(t[-1]) / reach, float(t[-1]), {})
+    confirmation = checked[-1] if checked else Confirmation(float(t[-1]) / reach, {})
     return CyclePrediction(stages, report, trajectory, velocity, chain.pi, confirmation)
 
 
