@@ -19,6 +19,7 @@ from theory.manifold import ReducedFlow, ReducedState, compiled_reduced_flow
 from theory.mean_field import MeanFieldChain, condensed_point, origin_rate
 from theory.origin import mu1_expression
 from theory.predict import AFTER_HORIZON, predict_run
+from theory.restart import FIRST_SPAN, STIFF_START, follow_reduced_flow
 from theory.transverse import TransverseCoupling
 
 
@@ -84,6 +85,25 @@ def test_compiled_reduced_flow_and_its_jacobian_against_the_closed_form_and_fini
         column = (flow.vector_field(0.0, y + e) - flow.vector_field(0.0, y - e)) / (2 * step)
         np.testing.assert_allclose(jacobian[:, j], column, atol=1e-7)
     np.testing.assert_allclose(jacobian, jacobian.T, atol=1e-12)  # minus a Hessian
+
+
+def test_a_stiff_rank_flow_starts_with_rkc_and_a_soft_one_with_lsoda(monkeypatch):
+    """The spectral radius is the dense Jacobian's (from below); a state whose ρ × FIRST_SPAN exceeds STIFF_START takes
+    RKC from its first span, while one near the origin takes LSODA."""
+    d, k, rank = 10, 3, 2
+    chain = random_chain(d, seed=3)
+    flow = ReducedFlow(MeanFieldChain(chain.pi, chain.P), k, rank)
+    arrays = (jnp.asarray(flow.chain.pi), jnp.asarray(flow.chain.log_pi), jnp.asarray(flow.chain.P))
+    methods, solve = [], ReducedFlow.solve
+    monkeypatch.setattr(ReducedFlow, "solve", lambda self, *a, **kw: methods.append(kw["method"]) or solve(self, *a, **kw))
+    for scale, first_method in ((2.0, "RKC"), (1e-3, "LSODA")):
+        state = random_state(d, k, rank, seed=3, scale=scale)
+        exact = np.abs(np.linalg.eigvalsh(np.asarray(compiled_reduced_flow(d, k, rank).jacobian(state.pack(), *arrays)))).max()
+        radius = flow.spectral_radius(state)
+        assert 0.9 * exact <= radius <= exact * (1 + 1e-9), (radius, exact)
+        assert (radius * FIRST_SPAN > STIFF_START) == (first_method == "RKC"), radius
+        path = follow_reduced_flow(flow, state, 0.0, lambda y: 1.0, enough=lambda path: True)
+        assert methods[-1] == first_method and path.segments[0].success, (scale, methods)
 
 
 def test_transverse_coupling_products_and_its_iterative_top_singular_value(monkeypatch):

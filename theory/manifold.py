@@ -27,7 +27,7 @@ import numpy as np
 import sympy as sp
 from scipy.integrate import solve_ivp
 
-from flowsim.rkc import RKC
+from flowsim.rkc import RKC, power_iteration
 from theory.mean_field import FactoredGradients, MeanFieldChain
 
 BLOCKS = ("Gamma", "B", "Q", "R")  # the coordinate blocks of a rank-r manifold point, in packing order
@@ -161,6 +161,14 @@ class ReducedFlow:
 
     def vector_field(self, t: float, y: np.ndarray) -> np.ndarray:
         return -self.gradient(ReducedState.unpack(y, self.d, self.k)).pack()
+
+    def spectral_radius(self, state: ReducedState) -> float:
+        """ρ, the largest |eigenvalue| of the field's Jacobian (the Hessian's largest) at ``state``: a power
+        iteration of ``flowsim.rkc.POWER_ITERATIONS`` Hessian-vector products, O(d² r) each (from below)."""
+        y = state.pack()
+        compiled = compiled_reduced_flow(self.d, self.k, len(y) // (2 * self.d + 2 * self.k))
+        start = np.random.default_rng(0).standard_normal(len(y))
+        return float(power_iteration(compiled.field)(jnp.asarray(y), jnp.asarray(start), self._arrays)[1])
 
     def solve(self, state0: ReducedState, t_eval: np.ndarray, *, t_start: float = 0.0,
               rtol: float = 1e-10, atol: float = 1e-14, method: str = "LSODA"):

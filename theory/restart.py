@@ -64,6 +64,9 @@ REDUCED_RTOL, REDUCED_ATOL = 1e-6, 1e-12
 # LSODA (Adams) while the rank-r flow is not stiff; once LSODA needs Jacobians the flow is stiff, with a Hessian
 # that changes every few steps, and the later spans take RKC, which needs none (flowsim.rkc)
 NONSTIFF_METHOD, STIFF_METHOD = "LSODA", "RKC"
+# a flow whose Hessian's largest eigenvalue ρ gives ρ × FIRST_SPAN above this starts stiff (a later rank starts where
+# the last one turned stiff) and takes RKC at once: at d = 64 LSODA's first span of ranks 3-8 cost 11-45 Jacobians
+STIFF_START = 1000.0
 TRANSVERSE_METHOD = "DOP853"  # the transverse equation is not stiff: H_T's spectrum is ±σ_i(C), growth as fast as decay
 
 
@@ -159,10 +162,12 @@ def follow_reduced_flow(reduced_flow: ReducedFlow, state0: ReducedState, t_start
     doubling σ_max(C) moved less than CONVERGED and stayed within SETTLED of its end value, and the state
     moved less than CONVERGED relative to its size), σ_max(C) has
     fallen to zero (degenerate), ``enough(the path so far)`` says so, or ``until`` (at most REACH_LIMIT) is reached.
-    Spans are integrated by LSODA until one needs a Jacobian (n = (2d + 2k) r Hessian-vector products), then by RKC.
+    Spans are integrated by LSODA until one needs a Jacobian (n = (2d + 2k) r Hessian-vector products), then by RKC
+    (from the first span where the flow starts stiff: ρ × FIRST_SPAN > STIFF_START).
     Cost: (2d + 2k) r equations at O(d² r) per evaluation, and SAMPLES_PER_SPAN couplings per span."""
     segments, ends, times, rates = [], [], [float(t_start)], [rate_of(state0.pack())]
-    y0, t0, span, converged, method = state0.pack(), float(t_start), FIRST_SPAN, False, NONSTIFF_METHOD
+    stiff = reduced_flow.spectral_radius(state0) * FIRST_SPAN > STIFF_START
+    y0, t0, span, converged, method = state0.pack(), float(t_start), FIRST_SPAN, False, STIFF_METHOD if stiff else NONSTIFF_METHOD
     until = min(until, REACH_LIMIT)
     while not converged and t0 < until:
         t1 = min(float(t_start) + span, until)
