@@ -156,6 +156,22 @@ def test_the_chained_prediction_stops_once_its_events_are_confirmed(monkeypatch)
     assert len([row for row in rows(stopped) if row[3] is not None]) >= 3 and rows(followed) == rows(stopped)
 
 
+def test_a_crossing_rank_in_pieces_stops_sooner_with_the_same_restarts(monkeypatch):
+    """Solving each doubling in pieces stops the σ2 flow of the default chain short of the doubling's end once
+    its rule is known, with the same rules and crossings (to the flows' tolerance) as whole doublings."""
+    import theory.restart as restart
+
+    reaches = {}
+    for pieces in (1, restart.PIECES_PER_SPAN):
+        monkeypatch.setattr(restart, "PIECES_PER_SPAN", pieces)
+        reaches[pieces] = [stage.restart for stage in predict_run(load_config(None, ["time.t_end=500"])).cycles.stages]
+    whole, pieced = reaches[1], reaches[restart.PIECES_PER_SPAN]
+    assert [r.rule for r in whole] == [r.rule for r in pieced] and len(whole) == 2
+    np.testing.assert_allclose([r.t_integrated for r in pieced], [r.t_integrated for r in whole], rtol=1e-4)
+    assert all(p.t_reach <= w.t_reach for p, w in zip(pieced, whole))
+    assert pieced[1].t_reach < whole[1].t_reach - 100, (pieced[1].t_reach, whole[1].t_reach)
+
+
 def test_a_prediction_does_not_move_with_the_horizon():
     """Every event predicted before t = 1500 is predicted at the same time for horizons 1500 and 4000, the
     events after 1500 are named with their time, not dropped, and D = d log A_if/dt < 0 at every predicted

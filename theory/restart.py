@@ -29,8 +29,8 @@ The prediction, per direction:
 The transverse equation integrated to the threshold is kept beside the formula as its check
 (``t_integrated``). Nothing here looks at a run's horizon: the rank-r flow is followed over doubling
 spans until it converges, or past the crossing until it is known whether it had settled before it (one
-span, or less where its rate still moves: ``TransverseAlongPath``), so t_s and the crossing are properties
-of the flow. Cost per direction: the reduced flow, (2d + 2k) r equations at
+span, or less where its rate still moves: ``TransverseAlongPath``, asked after each quarter span), so t_s and
+the crossing are properties of the flow. Cost per direction: the reduced flow, (2d + 2k) r equations at
 O(d² r) per evaluation (LSODA with the exact Jacobian, O(d² r) per column, until the flow turns stiff;
 then RKC, which needs no Jacobian), and the linear transverse equation, (2d + 2k)(m - r) equations at
 O(d² (m - r)) per evaluation (C kept factored, ``TransverseCoupling``).
@@ -61,6 +61,12 @@ SAMPLES_PER_SPAN = 48  # rate evaluations per doubling
 # the rank-r flows' tolerances (their states are O(1) once condensed); at d = 64 rtol 1e-6 moved 3 of 104 rows in
 # their 4th digit against 1e-8 and took 173 s instead of 287 s (benchmarks/MEASUREMENTS.md)
 REDUCED_RTOL, REDUCED_ATOL = 1e-6, 1e-12
+# the full-rank flow opens no direction: it only shows the detectors the trajectory past the last crossing. At d = 64
+# rtol 1e-4 left every row's prediction as at 1e-6 (two unsettled notes moved by 0.1) and took 26 s instead of 49 s
+FULL_RANK_RTOL = 1e-4
+# a rank-r flow that can cross is solved in this many pieces per doubling, so that it stops soon after the rule for its
+# crossing is known (at d = 64 ranks 2-7 were followed 1.3-1.6x as far as their rules needed, in whole doublings)
+PIECES_PER_SPAN = 4
 # LSODA (Adams) while the rank-r flow is not stiff; once LSODA needs Jacobians the flow is stiff, with a Hessian
 # that changes every few steps, and the later spans take RKC, which needs none (flowsim.rkc)
 NONSTIFF_METHOD, STIFF_METHOD = "LSODA", "RKC"
@@ -144,6 +150,7 @@ class ReducedPath:
     t: np.ndarray  # times of the rate samples (t_start first)
     rates: np.ndarray  # σ_max(C) there
     converged: bool  # the rate reached its limit (or zero: a degenerate point) within REACH_LIMIT
+    span_ends: tuple[float, ...] = ()  # the ends of the doubling spans followed to their end
 
     @property
     def t_reach(self) -> float:
@@ -157,44 +164,56 @@ class ReducedPath:
 
 def follow_reduced_flow(reduced_flow: ReducedFlow, state0: ReducedState, t_start: float,
                         rate_of: Callable[[np.ndarray], float],
-                        enough: Callable[[ReducedPath], bool] = lambda path: False, until: float = REACH_LIMIT) -> ReducedPath:
+                        enough: Callable[[ReducedPath], bool] = lambda path: False, until: float = REACH_LIMIT,
+                        rtol: float = REDUCED_RTOL, pieces: int = 1) -> ReducedPath:
     """Integrate the rank-r flow over t_start + FIRST_SPAN × 2^j until it has converged (over the last
     doubling σ_max(C) moved less than CONVERGED and stayed within SETTLED of its end value, and the state
     moved less than CONVERGED relative to its size), σ_max(C) has
     fallen to zero (degenerate), ``enough(the path so far)`` says so, or ``until`` (at most REACH_LIMIT) is reached.
-    Spans are integrated by LSODA until one needs a Jacobian (n = (2d + 2k) r Hessian-vector products), then by RKC
-    (from the first span where the flow starts stiff: ρ × FIRST_SPAN > STIFF_START).
+    Each doubling is solved in ``pieces`` segments, ``enough`` asked after each (a crossing's rule is often known
+    a fraction of a span after it). Spans are integrated by LSODA until one needs a Jacobian (n = (2d + 2k) r
+    Hessian-vector products), then by RKC (from the first span where the flow starts stiff: ρ × FIRST_SPAN > STIFF_START).
     Cost: (2d + 2k) r equations at O(d² r) per evaluation, and SAMPLES_PER_SPAN couplings per span."""
-    segments, ends, times, rates = [], [], [float(t_start)], [rate_of(state0.pack())]
+    segments, ends, times, rates, span_ends = [], [], [float(t_start)], [rate_of(state0.pack())], []
     stiff = reduced_flow.spectral_radius(state0) * FIRST_SPAN > STIFF_START
     y0, t0, span, converged, method = state0.pack(), float(t_start), FIRST_SPAN, False, STIFF_METHOD if stiff else NONSTIFF_METHOD
     until = min(until, REACH_LIMIT)
+
+    def path_so_far() -> ReducedPath:
+        return ReducedPath(segments, np.array(ends), np.array(times), np.array(rates), converged, tuple(span_ends))
+
     while not converged and t0 < until:
         t1 = min(float(t_start) + span, until)
         samples = np.geomspace(max(t0 - t_start, 1e-3 * span), t1 - t_start, SAMPLES_PER_SPAN + 1)[1:] + t_start
         samples[-1] = t1
-        solution = reduced_flow.solve(ReducedState.unpack(y0, reduced_flow.d, reduced_flow.k), samples, t_start=t0,
-                                      rtol=REDUCED_RTOL, atol=REDUCED_ATOL, method=method)
-        if solution.njev > 0:
-            method = STIFF_METHOD
-        segments.append(solution)
-        ends.append(t1)
-        segment_rates = [rate_of(y) for y in solution.y.T]
-        times += list(solution.t)
-        rates += segment_rates
-        peak, last = max(rates), segment_rates[-1]
-        if peak > 0 and last <= DEGENERATE_RATE * peak:
-            converged = True
-        elif len(segments) >= 2:
-            # the rate steady over the last doubling, and the state too (near the origin the rate is steady
-            # while the state still grows exponentially)
-            moved = np.abs(np.asarray(segment_rates) - last).max()
-            travelled = np.linalg.norm(solution.y[:, -1] - y0) / np.linalg.norm(solution.y[:, -1])
-            converged = moved <= SETTLED * last and abs(segment_rates[0] - last) <= CONVERGED * last and travelled <= CONVERGED
-        y0, t0, span = solution.y[:, -1], t1, 2.0 * span
-        if enough(ReducedPath(segments, np.array(ends), np.array(times), np.array(rates), converged)):
-            break
-    return ReducedPath(segments, np.array(ends), np.array(times), np.array(rates), converged)
+        y, t_piece, span_rates = y0, t0, []
+        for part in np.array_split(samples, pieces):
+            solution = reduced_flow.solve(ReducedState.unpack(y, reduced_flow.d, reduced_flow.k), part, t_start=t_piece,
+                                          rtol=rtol, atol=REDUCED_ATOL, method=method)
+            if solution.njev > 0:
+                method = STIFF_METHOD
+            segments.append(solution)
+            ends.append(float(part[-1]))
+            part_rates = [rate_of(value) for value in solution.y.T]
+            times += list(solution.t)
+            rates += part_rates
+            span_rates += part_rates
+            y, t_piece = solution.y[:, -1], float(part[-1])
+            if t_piece == t1:
+                span_ends.append(t1)
+                peak, last = max(rates), span_rates[-1]
+                if peak > 0 and last <= DEGENERATE_RATE * peak:
+                    converged = True
+                elif len(span_ends) >= 2:
+                    # the rate steady over the last doubling, and the state too (near the origin the rate is steady
+                    # while the state still grows exponentially)
+                    moved = np.abs(np.asarray(span_rates) - last).max()
+                    travelled = np.linalg.norm(y - y0) / np.linalg.norm(y)
+                    converged = moved <= SETTLED * last and abs(span_rates[0] - last) <= CONVERGED * last and travelled <= CONVERGED
+            if enough(path_so_far()):
+                return path_so_far()
+        y0, t0, span = y, t1, 2.0 * span
+    return path_so_far()
 
 
 def settle_time(path: ReducedPath, rate_of: Callable[[np.ndarray], float]) -> float | None:
@@ -233,16 +252,14 @@ class TransverseAlongPath:
         self.rank, self.shape = A.shape[1], Z0.shape
         self.k = Z0.shape[0] // 2 - chain.d  # Z0 has 2d + 2k rows
         self.scale = float(np.abs(Z0).max(initial=0.0)) or 1.0  # Z starts at the initial scale and does not shrink much
-        self.pieces, self.crossings, self.span_ends = [], [], []
+        self.pieces, self.crossings = [], []
 
     def __call__(self, path: ReducedPath) -> bool:
-        segment = path.segments[-1]
         if not self.crossings:
-            self._integrate_over(segment)
-        self.span_ends.append(segment.sol.t_max)
+            self._integrate_over(path.segments[-1])
         if not self.crossings:
             return False
-        return self.moves_after(path) or sum(t > self.crossings[0] for t in self.span_ends) >= 2
+        return self.moves_after(path) or sum(t > self.crossings[0] for t in path.span_ends) >= 2
 
     def moves_after(self, path: ReducedPath) -> bool:
         """Two rates sampled after the crossing differ by more than 2 SETTLED × (any limit L ≤ max / (1 - SETTLED)):
@@ -351,7 +368,8 @@ def propagate_rank(chain: MeanFieldChain, params, A: np.ndarray, t_start: float,
         return confirmed(kept, stacked)
 
     path = follow_reduced_flow(reduced_flow, project(params, A), t_start, rate_of, followed_far_enough,
-                               until=look if full_rank else REACH_LIMIT)
+                               until=look if full_rank else REACH_LIMIT, rtol=FULL_RANK_RTOL if full_rank else REDUCED_RTOL,
+                               pieces=1 if full_rank else PIECES_PER_SPAN)
     t_settle = settle_time(path, rate_of)
     rate, peak = float(path.rates[-1]), float(path.rates.max())
     t_integrated = transverse.crossing
