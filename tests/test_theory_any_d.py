@@ -106,6 +106,31 @@ def test_a_stiff_rank_flow_starts_with_rkc_and_a_soft_one_with_lsoda(monkeypatch
         assert methods[-1] == first_method and path.segments[0].success, (scale, methods)
 
 
+def test_the_condensation_orbit_in_d_plus_one_coordinates_is_the_rank_one_flow():
+    """The orbit of ``CondensationFlow`` (g, β) equals the rank-one flow in (γ, β, q, r) from the same start, and
+    its Jacobian is the finite-difference one of its field, which is minus the gradient of its loss."""
+    from theory.origin import CondensationFlow, condensation_orbit, unstable_directions
+
+    chain = random_chain(7, seed=11)
+    orbit = condensation_orbit(tuple(chain.pi), tuple(map(tuple, chain.P)), t_max_over_mu=30.0)
+    w0, w1 = unstable_directions(chain.pi)
+    delta, k = orbit.delta, 2
+    start = ReducedState(delta * w0[:, None] / np.sqrt(2), delta * w1[:, None] / np.sqrt(2), np.zeros((k, 1)), np.zeros((k, 1)))
+    times = orbit.t[::400]
+    rank_one = ReducedFlow(MeanFieldChain(chain.pi, chain.P), k).solve(start, times, rtol=1e-11, atol=1e-9 * delta)
+    states = [ReducedState.unpack(y, 7, k) for y in rank_one.y.T]
+    scale = np.abs(orbit.beta).max()
+    np.testing.assert_allclose(orbit.gamma[::400], [s.Gamma[:, 0] for s in states], atol=1e-7 * scale)
+    np.testing.assert_allclose(orbit.beta[::400], [s.B[:, 0] for s in states], atol=1e-7 * scale)
+    assert orbit.sigma0[-1] > 100 * orbit.sigma0[0]  # it did condense
+    flow, y = CondensationFlow(chain.pi, chain.P), np.concatenate([[0.8], np.random.default_rng(1).standard_normal(7)])
+    step = 1e-6
+    columns = [(flow.field(0.0, y + step * e) - flow.field(0.0, y - step * e)) / (2 * step) for e in np.eye(8)]
+    np.testing.assert_allclose(flow.jacobian(0.0, y), np.array(columns).T, atol=1e-8)
+    gradient = [(flow.loss(y + step * e) - flow.loss(y - step * e)) / (2 * step) for e in np.eye(8)]
+    np.testing.assert_allclose(flow.field(0.0, y), -np.array(gradient), atol=1e-8)
+
+
 def test_transverse_coupling_products_and_its_iterative_top_singular_value(monkeypatch):
     d, k = 30, 4
     chain = random_chain(d, seed=8)

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
+from scipy.integrate import solve_ivp
+
 from flowsim.stages import StageThresholds, detect_condensation
-from theory.manifold import ReducedFlow, ReducedState
-from theory.mean_field import MeanFieldChain, origin_rate
+from theory.mean_field import origin_rate
 from theory.symbolic import row_loss
 
 
@@ -119,21 +120,65 @@ class CondensationOrbit:
     beta: np.ndarray
 
 
+class CondensationFlow:
+    """The rank-one flow with attention zero (Q = R = 0, which it keeps) in its d + 1 coordinates (g, β).
+
+    With Φ = 0 every query attends with the weights π, so Z = 1 (π·γ) β^T: every row has the logits s β,
+    s = π·γ, and L = lse(s β) - π̄·(s β), π̄ = P^T π. Then G_M β = π (e·β) and G_M^T γ = s e with
+    e = softmax(s β) - π̄, so dγ/dt = -G_M β stays along π: γ = g π̂, s = g ‖π‖, and
+
+        dg/dt = -‖π‖ e·β,    dβ/dt = -s e,
+
+    the gradient flow of L(g, β). Exact on the orbit from the unstable direction (γ ∥ π̂), O(d) per
+    evaluation and O(d²) per Jacobian, where the rank-one flow in (γ, β, q, r) costs O(d²) and O(d³)."""
+
+    def __init__(self, pi: np.ndarray, P: np.ndarray):
+        pi = np.asarray(pi, dtype=float)
+        self.norm, self.pi_bar = float(np.linalg.norm(pi)), np.asarray(P, dtype=float).T @ pi
+
+    def _parts(self, y: np.ndarray):
+        g, beta = y[0], y[1:]
+        s = g * self.norm
+        p = np.exp(s * beta - np.max(s * beta))
+        p /= p.sum()
+        return g, beta, s, p, p - self.pi_bar
+
+    def loss(self, y: np.ndarray) -> float:
+        g, beta, s, p, e = self._parts(y)
+        z = s * beta
+        return float(np.max(z) + np.log(np.sum(np.exp(z - np.max(z)))) - self.pi_bar @ z)
+
+    def field(self, t: float, y: np.ndarray) -> np.ndarray:
+        g, beta, s, p, e = self._parts(y)
+        return -np.concatenate([[self.norm * (e @ beta)], s * e])
+
+    def jacobian(self, t: float, y: np.ndarray) -> np.ndarray:
+        """Minus the Hessian of L(g, β), with S = diag(p) - p p^T the softmax's Jacobian."""
+        g, beta, s, p, e = self._parts(y)
+        S_beta = p * beta - p * (p @ beta)
+        cross = self.norm * (e + s * S_beta)
+        top = np.concatenate([[self.norm**2 * (beta @ S_beta)], cross])
+        block = s * s * (np.diag(p) - np.outer(p, p))
+        return -np.vstack([top, np.column_stack([cross, block])])
+
+
 @functools.lru_cache(maxsize=16)
 def condensation_orbit(pi: tuple[float, ...], P: tuple[tuple[float, ...], ...], delta: float = 1e-7,
-                       t_max_over_mu: float = 60.0, k: int = 1) -> CondensationOrbit:
-    """Integrate the reduced flow (attention zero) from δ times the unit unstable vector."""
-    pi_arr, P_arr = np.asarray(pi), np.asarray(P)
+                       t_max_over_mu: float = 60.0) -> CondensationOrbit:
+    """Integrate the flow with attention zero (``CondensationFlow``) from δ times the unit unstable vector,
+    (γ, β) = δ (π̂, (π - u)^)/√2, by LSODA with its exact Jacobian: O(d) per evaluation."""
+    pi_arr = np.asarray(pi, dtype=float)
     rate = mu1(pi_arr)
     w0, w1 = unstable_directions(pi_arr)
-    flow = ReducedFlow(MeanFieldChain(pi_arr, P_arr), k=k)
-    start = ReducedState(delta * w0[:, None] / np.sqrt(2), delta * w1[:, None] / np.sqrt(2), np.zeros((k, 1)), np.zeros((k, 1)))
+    flow = CondensationFlow(pi_arr, np.asarray(P))
     t = np.concatenate([[0.0], np.geomspace(1e-3, t_max_over_mu / rate, 4000)])
-    solution = flow.solve(start, t, rtol=1e-11, atol=1e-9 * delta)
-    states = [ReducedState.unpack(y, len(pi), k) for y in solution.y.T]
-    gamma = np.array([s.Gamma[:, 0] for s in states])
-    beta = np.array([s.B[:, 0] for s in states])
-    return CondensationOrbit(rate, delta, solution.t, np.linalg.norm(gamma, axis=1), gamma, beta)
+    y0 = np.concatenate([[delta / np.sqrt(2)], delta * w1 / np.sqrt(2)])
+    solution = solve_ivp(flow.field, (0.0, t[-1]), y0, method="LSODA", t_eval=t, rtol=1e-11, atol=1e-9 * delta,
+                         jac=flow.jacobian)
+    if solution.status != 0:
+        raise RuntimeError(f"the condensation orbit failed: {solution.message}")
+    g, beta = solution.y[0], solution.y[1:].T
+    return CondensationOrbit(rate, delta, solution.t, np.abs(g), np.outer(g, w0), beta)
 
 
 @dataclass(frozen=True)
