@@ -148,7 +148,8 @@ def test_focus_orbit_grows_at_mu2_and_its_clock_matches_any_small_start():
     halfway = {}
     for delta in (1e-8, 1e-10):
         orbit = focus_orbit(*key, delta=delta)
-        entropy = orbit.entropy[:, 0]
+        entropy = orbit.entropy
+        assert orbit.query == 0
         level = (entropy[0] + entropy.min()) / 2
         halfway[delta] = np.interp(-level, -entropy[: np.argmin(entropy) + 1], orbit.tau[: np.argmin(entropy) + 1])
     # the orbit is sampled at 3000 log-spaced times (0.4% apart) and read by linear interpolation

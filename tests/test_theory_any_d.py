@@ -123,12 +123,41 @@ def test_the_condensation_orbit_in_d_plus_one_coordinates_is_the_rank_one_flow()
     np.testing.assert_allclose(orbit.gamma[::400], [s.Gamma[:, 0] for s in states], atol=1e-7 * scale)
     np.testing.assert_allclose(orbit.beta[::400], [s.B[:, 0] for s in states], atol=1e-7 * scale)
     assert orbit.sigma0[-1] > 100 * orbit.sigma0[0]  # it did condense
+    # the attention coupling h along it, in closed form and from the formed d x d attention
+    from theory.focus import attention_coupling, condensation_coupling
+
+    twin = MeanFieldChain(chain.pi, chain.P)
+    closed = condensation_coupling(twin, orbit.gamma[::400] @ chain.pi / np.linalg.norm(chain.pi), orbit.beta[::400])
+    formed = [attention_coupling(twin, gamma, beta) for gamma, beta in zip(orbit.gamma[::400], orbit.beta[::400])]
+    np.testing.assert_allclose(closed, formed, rtol=1e-10, atol=1e-14)
+    assert abs(formed[-1]) > 1e-6  # away from zero, where the tolerance means something
     flow, y = CondensationFlow(chain.pi, chain.P), np.concatenate([[0.8], np.random.default_rng(1).standard_normal(7)])
     step = 1e-6
     columns = [(flow.field(0.0, y + step * e) - flow.field(0.0, y - step * e)) / (2 * step) for e in np.eye(8)]
     np.testing.assert_allclose(flow.jacobian(0.0, y), np.array(columns).T, atol=1e-8)
     gradient = [(flow.loss(y + step * e) - flow.loss(y - step * e)) / (2 * step) for e in np.eye(8)]
     np.testing.assert_allclose(flow.field(0.0, y), -np.array(gradient), atol=1e-8)
+
+
+def test_the_focus_orbit_by_rkc_is_lsodas(monkeypatch):
+    """Large chains integrate the focus orbit by RKC at rtol 1e-8: at d = 6 both methods give the same entropy."""
+    import theory.focus as focus
+
+    chain = flowsim.MarkovChain(pi=[0.4, 0.25, 0.15, 0.1, 0.06, 0.04], lam=0.3)
+    key = (tuple(chain.pi), tuple(map(tuple, chain.P)))
+    by_lsoda = focus.focus_orbit.__wrapped__(*key)
+    monkeypatch.setattr(focus, "RKC_FROM_EQUATIONS", 0)
+    by_rkc = focus.focus_orbit.__wrapped__(*key)
+    assert by_rkc.query == by_lsoda.query == int(np.argmax(chain.pi))
+    assert by_lsoda.entropy[0] - by_lsoda.entropy.min() > 0.1  # it focuses
+    np.testing.assert_allclose(by_rkc.entropy, by_lsoda.entropy, atol=2e-4)
+
+    def halfway(orbit) -> float:  # where the entropy falls halfway to its minimum
+        bottom = int(np.argmin(orbit.entropy))
+        level = (orbit.entropy[0] + orbit.entropy[bottom]) / 2
+        return float(np.interp(-level, -orbit.entropy[: bottom + 1], orbit.tau[: bottom + 1]))
+
+    assert halfway(by_rkc) == pytest.approx(halfway(by_lsoda), rel=1e-5)
 
 
 def test_transverse_coupling_products_and_its_iterative_top_singular_value(monkeypatch):

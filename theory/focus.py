@@ -73,6 +73,24 @@ def attention_coupling(chain: MeanFieldChain, gamma: np.ndarray, beta: np.ndarra
     return float(gamma @ G_Phi @ gamma)
 
 
+def condensation_coupling(chain: MeanFieldChain, g: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """h along the condensation orbit (γ = g π̂, attention zero; g of shape (T,), β (T, d)) in closed form: with
+    A = 1 π^T, F = E β γ^T and s = π·γ, G_Φ = (E β)(π ⊙ (γ - s))^T, so
+
+        h = γ^T G_Φ γ = (γ·E β)(Σ_j π_j γ_j² - s²),   E β = diag(π)(p·β - P β),  p = softmax(s β),
+
+    O(d²) per point for P β, where ``attention_coupling`` forms the d × d attention (``tests`` compare them)."""
+    pi = chain.pi
+    norm = np.linalg.norm(pi)
+    s = g * norm
+    logits = s[:, None] * beta
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    E_beta = pi[None, :] * (np.sum(p * beta, axis=1, keepdims=True) - beta @ chain.P.T)  # (T, d): (E β)_i per point
+    gamma_E_beta = (g / norm) * (E_beta @ pi)
+    return gamma_E_beta * (g**2 * np.sum(pi**3) / norm**2 - s**2)
+
+
 @dataclass(frozen=True)
 class FocusOrbit:
     """The rank-one flow from (γ*, β*) along the unstable attention vector, started at amplitude ``delta``."""
@@ -81,7 +99,8 @@ class FocusOrbit:
     h: float
     delta: float
     tau: np.ndarray  # the orbit's own clock, from 0
-    entropy: np.ndarray  # (T, d) attention entropy of each query along the orbit
+    query: int  # the query that focuses first (the most frequent token)
+    entropy: np.ndarray  # (T,) its attention entropy along the orbit
 
 
 def focus_orbit_start(chain: MeanFieldChain, delta: float) -> tuple[ReducedState, float]:
@@ -93,24 +112,35 @@ def focus_orbit_start(chain: MeanFieldChain, delta: float) -> tuple[ReducedState
     return ReducedState(gamma[:, None], beta[:, None], np.array([[u]]), np.array([[-np.sign(h) * u]])), h
 
 
+# the focus orbit's equations (2d + 2) from which it is integrated by RKC at RKC_RTOL instead of LSODA at rtol 1e-10:
+# LSODA turns stiff as attention sharpens and then refreshes an exact Jacobian (2d + 2 Hessian-vector products,
+# minutes at d = 1001) every few steps
+RKC_FROM_EQUATIONS, RKC_RTOL = 400, 1e-8
+
+
 @functools.lru_cache(maxsize=16)
 def focus_orbit(pi: tuple[float, ...], P: tuple[tuple[float, ...], ...], delta: float = 1e-10,
                 tau_over_mu: float = 80.0) -> FocusOrbit:
     """Integrate the focus orbit for ``tau_over_mu`` / μ2 time units: log(1/δ)/μ2 of linear growth, then the
     nonlinear focus. The attention amplitude u splits as q = u/√2, r = -sign(h) u/√2 (k = 1 suffices:
-    Φ depends on q and r only through q·r)."""
+    Φ depends on q and r only through q·r). Cost: 2d + 2 equations at O(d²) per evaluation; the entropy of
+    the first query (Φ = φ γ γ^T is rank one) O(d) per saved time."""
     pi_arr, P_arr = np.asarray(pi), np.asarray(P)
     chain = MeanFieldChain(pi_arr, P_arr)
     start, h = focus_orbit_start(chain, delta)
     mu2 = abs(h)
     tau = np.concatenate([[0.0], np.geomspace(1e-3 / mu2, tau_over_mu / mu2, 3000)])
-    solution = ReducedFlow(chain, k=1).solve(start, tau, rtol=1e-10, atol=1e-12 * delta)
+    if 2 * chain.d + 2 < RKC_FROM_EQUATIONS:
+        solution = ReducedFlow(chain, k=1).solve(start, tau, rtol=1e-10, atol=1e-12 * delta)
+    else:
+        solution = ReducedFlow(chain, k=1).solve(start, tau, rtol=RKC_RTOL, atol=1e-12 * delta, method="RKC")
+    query = int(np.argmax(pi_arr))
     entropy = []
     for y in solution.y.T:
         state = ReducedState.unpack(y, chain.d, 1)
-        Phi = state.Gamma @ state.Q.T @ state.R @ state.Gamma.T
-        entropy.append(attention_entropy(softmax(Phi + np.log(pi_arr)[None, :], axis=1)))
-    return FocusOrbit(mu2, h, delta, solution.t, np.array(entropy))
+        logits = (state.Gamma[query] @ state.Q.T @ state.R) @ state.Gamma.T + np.log(pi_arr)
+        entropy.append(attention_entropy(softmax(logits)[None, :])[0])
+    return FocusOrbit(mu2, h, delta, solution.t, query, np.array(entropy))
 
 
 @dataclass(frozen=True)
@@ -139,14 +169,16 @@ def predict_focus(chain: MeanFieldChain, params0, condensation: CondensationPred
     xi = (np.asarray(params0["W_Q"]).T @ alpha - np.sign(orbit.h) * np.asarray(params0["W_K"]).T @ alpha) / np.sqrt(2.0)
     a_attn0 = float(np.linalg.norm(xi))
     stage_one = condensation.orbit
-    rates = np.array([abs(attention_coupling(chain, g, b)) for g, b in zip(stage_one.gamma, stage_one.beta)])
+    rates = np.abs(condensation_coupling(chain, stage_one.gamma @ pi / np.linalg.norm(pi), stage_one.beta))
     growth = cumulative_trapezoid(rates, stage_one.t, initial=0.0)
     matched_at = stage_one.t[-1] + condensation.shift  # real time of the condensation orbit's end
     t_shift = matched_at + (np.log(orbit.delta) - np.log(a_attn0) - growth[-1]) / orbit.mu2
     order = [int(i) for i in np.argsort(-pi, kind="stable") if pi[i] > 0]
     first = order[0]
+    if orbit.query != first:
+        raise RuntimeError(f"the focus orbit reads query {orbit.query}, but the most frequent query is {first}")
     t_real = orbit.tau + t_shift
     keep = t_real > 0
-    focused = [i for i in detect_focus_and_dilution(t_real[keep], orbit.entropy[keep, first], first, th) if i.stage == "focus"]
+    focused = [i for i in detect_focus_and_dilution(t_real[keep], orbit.entropy[keep], first, th) if i.stage == "focus"]
     t_onset = {first: focused[0].t_start} if focused else {}
     return FocusPrediction(orbit.mu2, orbit.h, gamma_star, beta_star, order, a_attn0, t_onset, float(t_shift), orbit)

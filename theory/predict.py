@@ -140,7 +140,7 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     rows = [timed_row(Row("condensation", None, None, condensation.t_end), t_end)]
     rows += [timed_row(Row("focus", query, None, t), t_end) for query, t in focus.t_onset.items()]
     if not focus.t_onset:
-        drop = focus.orbit.entropy[0, focus.order[0]] - focus.orbit.entropy[:, focus.order[0]].min()
+        drop = focus.orbit.entropy[0] - focus.orbit.entropy.min()
         rows.append(Row("focus", focus.order[0], None, None, note=f"no focus: on the focus orbit the entropy falls only "
                                                                   f"{drop:.3g} nats (a focus needs {StageThresholds().focus_drop:g})"))
     rows += [restart_row(restart, t_end) for restart in cycles.restarts()]
