@@ -65,7 +65,7 @@ REDUCED_RTOL, REDUCED_ATOL = 1e-6, 1e-12
 # rtol 1e-4 left every row's prediction as at 1e-6 (two unsettled notes moved by 0.1) and took 26 s instead of 49 s
 FULL_RANK_RTOL = 1e-4
 # a rank-r flow that can cross is solved in this many pieces per doubling, so that it stops soon after the rule for its
-# crossing is known (at d = 64 ranks 2-7 were followed 1.3-1.6x as far as their rules needed, in whole doublings)
+# crossing is known (at d = 64 ranks 2-7 were followed 1.0-1.6x as far as their rules needed, in whole doublings)
 PIECES_PER_SPAN = 4
 # LSODA (Adams) while the rank-r flow is not stiff; once LSODA needs Jacobians the flow is stiff, with a Hessian
 # that changes every few steps, and the later spans take RKC, which needs none (flowsim.rkc)
