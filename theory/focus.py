@@ -83,9 +83,7 @@ def condensation_coupling(chain: MeanFieldChain, g: np.ndarray, beta: np.ndarray
     pi = chain.pi
     norm = np.linalg.norm(pi)
     s = g * norm
-    logits = s[:, None] * beta
-    p = np.exp(logits - logits.max(axis=1, keepdims=True))
-    p /= p.sum(axis=1, keepdims=True)
+    p = softmax(s[:, None] * beta, axis=1)
     E_beta = pi[None, :] * (np.sum(p * beta, axis=1, keepdims=True) - beta @ chain.P.T)  # (T, d): (E β)_i per point
     gamma_E_beta = (g / norm) * (E_beta @ pi)
     return gamma_E_beta * (g**2 * np.sum(pi**3) / norm**2 - s**2)

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import sympy as sp
-
 from scipy.integrate import solve_ivp
+from scipy.special import logsumexp, softmax
 
 from flowsim.stages import StageThresholds, detect_condensation
 from theory.mean_field import origin_rate
@@ -139,14 +139,12 @@ class CondensationFlow:
     def _parts(self, y: np.ndarray):
         g, beta = y[0], y[1:]
         s = g * self.norm
-        p = np.exp(s * beta - np.max(s * beta))
-        p /= p.sum()
+        p = softmax(s * beta)
         return g, beta, s, p, p - self.pi_bar
 
     def loss(self, y: np.ndarray) -> float:
         g, beta, s, p, e = self._parts(y)
-        z = s * beta
-        return float(np.max(z) + np.log(np.sum(np.exp(z - np.max(z)))) - self.pi_bar @ z)
+        return float(logsumexp(s * beta) - self.pi_bar @ (s * beta))
 
     def field(self, t: float, y: np.ndarray) -> np.ndarray:
         g, beta, s, p, e = self._parts(y)
