@@ -15,7 +15,7 @@ from flowsim.observables import compute_observables, stage_observables
 from flowsim.trajectory import Trajectory
 from theory.focus import condensed_point_expressions
 from theory.cycles import dilution_rates, focused_token
-from theory.manifold import ReducedFlow, ReducedState, compiled_reduced_flow
+from theory.manifold import FlowTurnedStiff, ReducedFlow, ReducedState, compiled_reduced_flow
 from theory.mean_field import MeanFieldChain, condensed_point, origin_rate
 from theory.origin import mu1_expression
 from theory.predict import AFTER_HORIZON, predict_run
@@ -104,6 +104,25 @@ def test_a_stiff_rank_flow_starts_with_rkc_and_a_soft_one_with_lsoda(monkeypatch
         assert (radius * FIRST_SPAN > STIFF_START) == (first_method == "RKC"), radius
         path = follow_reduced_flow(flow, state, 0.0, lambda y: 1.0, enough=lambda path: True)
         assert methods[-1] == first_method and path.segments[0].success, (scale, methods)
+
+
+def test_lsoda_hands_the_piece_where_the_flow_turns_stiff_to_rkc_without_forming_a_jacobian(monkeypatch):
+    """A soft start takes LSODA until it asks for a Jacobian; that piece is solved again by RKC from its start, and
+    the path agrees with LSODA run with the exact Jacobian throughout."""
+    d, k, rank = 10, 3, 2
+    chain = random_chain(d, seed=3)
+    flow = ReducedFlow(MeanFieldChain(chain.pi, chain.P), k, rank)
+    state = random_state(d, k, rank, seed=3, scale=1e-3)
+    calls, solve = [], ReducedFlow.solve
+    monkeypatch.setattr(ReducedFlow, "solve", lambda self, *a, **kw: calls.append((kw["method"], kw["t_start"])) or solve(self, *a, **kw))
+    path = follow_reduced_flow(flow, state, 0.0, lambda y: 1.0, until=2 * 1024.0)
+    handed = [n for n in range(1, len(calls)) if calls[n] == ("RKC", calls[n - 1][1]) and calls[n - 1][0] == "LSODA"]
+    assert len(handed) == 1 and {method for method, _ in calls[handed[0]:]} == {"RKC"}, calls
+    with pytest.raises(FlowTurnedStiff):
+        solve(flow, ReducedState.unpack(path.y(calls[handed[0]][1]), d, k), [2 * 1024.0], t_start=calls[handed[0]][1],
+              rtol=1e-6, atol=1e-12, until_stiff=True)
+    exact = solve(flow, state, [path.t_reach], rtol=1e-10, atol=1e-14).y[:, -1]
+    np.testing.assert_allclose(path.y(path.t_reach), exact, rtol=0, atol=1e-4 * np.abs(exact).max())
 
 
 def test_the_condensation_orbit_in_d_plus_one_coordinates_is_the_rank_one_flow():

@@ -125,6 +125,10 @@ def compiled_reduced_flow(d: int, k: int, rank: int) -> CompiledReducedFlow:
     return CompiledReducedFlow(jax.jit(lambda *a: -gradient(*a)), jax.jit(lambda *a: -hessian(*a)))
 
 
+class FlowTurnedStiff(Exception):
+    """LSODA asked for a Jacobian (``ReducedFlow.solve(..., until_stiff=True)``): the flow has turned stiff."""
+
+
 class ReducedFlow:
     """The gradient flow of ℓ(Γ, B, Q, R) for one chain. With G = ∂L/∂Φ, ∂L/∂M at the maps,
 
@@ -151,9 +155,9 @@ class ReducedFlow:
     def loss(self, state: ReducedState) -> float:
         return self.gradients_of_maps(state).loss
 
-    def gradient(self, state: ReducedState) -> ReducedState:
-        """∂ℓ/∂(Γ, B, Q, R) at ``state``, O(d² r)."""
-        G = self.gradients_of_maps(state)
+    def gradient(self, state: ReducedState, G: FactoredGradients | None = None) -> ReducedState:
+        """∂ℓ/∂(Γ, B, Q, R) at ``state``, O(d² r) (the gradients of the maps there, ``G``, are formed unless given)."""
+        G = self.gradients_of_maps(state) if G is None else G
         Gamma, B, Q, R = state.Gamma, state.B, state.Q, state.R
         phi_gamma, phi_t_gamma = G.G_Phi @ Gamma, G.G_Phi.T @ Gamma
         return ReducedState(phi_gamma @ R.T @ Q + phi_t_gamma @ Q.T @ R + G.G_M_times(B), G.G_M_transpose_times(Gamma),
@@ -171,12 +175,13 @@ class ReducedFlow:
         return float(power_iteration(compiled.field)(jnp.asarray(y), jnp.asarray(start), self._arrays)[1])
 
     def solve(self, state0: ReducedState, t_eval: np.ndarray, *, t_start: float = 0.0,
-              rtol: float = 1e-10, atol: float = 1e-14, method: str = "LSODA"):
+              rtol: float = 1e-10, atol: float = 1e-14, method: str = "LSODA", until_stiff: bool = False):
         """Integrate from ``state0`` at ``t_start``; the scipy result (dense output on).
 
         ``method``: "LSODA" with the exact Jacobian (n Hessian-vector products, O(d² r n), per refresh: for
         small n and tight tolerances), or "RKC" (``flowsim.rkc``: field evaluations only, O(d² r) each, about
-        √(h ρ) per step: for large n, where the Jacobian must be refreshed every few steps)."""
+        √(h ρ) per step: for large n, where the Jacobian must be refreshed every few steps). ``until_stiff``:
+        LSODA raises ``FlowTurnedStiff`` where it would first need the Jacobian instead of forming it."""
         t_eval = np.asarray(t_eval, dtype=float)
         y0 = state0.pack()
         compiled = compiled_reduced_flow(self.d, self.k, len(y0) // (2 * self.d + 2 * self.k))
@@ -187,9 +192,14 @@ class ReducedFlow:
         elif method == "LSODA":
             solution = solve_ivp(lambda t, y: np.asarray(compiled.field(y, *self._arrays)), span, y0,
                                  method="LSODA", t_eval=t_eval, rtol=rtol, atol=atol, dense_output=True,
-                                 jac=lambda t, y: np.asarray(compiled.jacobian(y, *self._arrays)))
+                                 jac=stiff_signal if until_stiff else lambda t, y: np.asarray(compiled.jacobian(y, *self._arrays)))
         else:
             raise ValueError(f"method = {method!r} is not one of 'LSODA', 'RKC'")
         if solution.status != 0:
             raise RuntimeError(f"the reduced flow failed: {solution.message}")
         return solution
+
+
+def stiff_signal(t: float, y: np.ndarray) -> np.ndarray:
+    """LSODA's Jacobian where it must not be formed (at d = 1001, rank 1, one costs 2064 Hessian-vector products)."""
+    raise FlowTurnedStiff(f"LSODA switched to its stiff method at t = {t:.6g}")

@@ -31,8 +31,7 @@ The transverse equation integrated to the threshold is kept beside the formula a
 spans until it converges, or past the crossing until it is known whether it had settled before it (one
 span, or less where its rate still moves: ``TransverseAlongPath``, asked after each quarter span), so t_s and
 the crossing are properties of the flow. Cost per direction: the reduced flow, (2d + 2k) r equations at
-O(d² r) per evaluation (LSODA with the exact Jacobian, O(d² r) per column, until the flow turns stiff;
-then RKC, which needs no Jacobian), and the linear transverse equation, (2d + 2k)(m - r) equations at
+O(d² r) per evaluation (LSODA until the flow turns stiff, then RKC, which needs no Jacobian), and the linear transverse equation, (2d + 2k)(m - r) equations at
 O(d² (m - r)) per evaluation (C kept factored, ``TransverseCoupling``).
 """
 
@@ -47,7 +46,7 @@ from scipy.integrate import solve_ivp
 from scipy.optimize import brentq
 from scipy.linalg import null_space
 
-from theory.manifold import ReducedFlow, ReducedState, project
+from theory.manifold import FlowTurnedStiff, ReducedFlow, ReducedState, project
 from theory.mean_field import MeanFieldChain
 from theory.transverse import TransverseCoupling, fastest_transverse_mode, transverse_hessian
 
@@ -67,8 +66,9 @@ FULL_RANK_RTOL = 1e-4
 # a rank-r flow that can cross is solved in this many pieces per doubling, so that it stops soon after the rule for its
 # crossing is known (at d = 64 ranks 2-7 were followed 1.0-1.6x as far as their rules needed, in whole doublings)
 PIECES_PER_SPAN = 4
-# LSODA (Adams) while the rank-r flow is not stiff; once LSODA needs Jacobians the flow is stiff, with a Hessian
-# that changes every few steps, and the later spans take RKC, which needs none (flowsim.rkc)
+# LSODA (Adams) while the rank-r flow is not stiff; where LSODA asks for a Jacobian the flow has turned stiff, with a
+# Hessian that changes every few steps, and that piece and every later one take RKC, which needs none (flowsim.rkc):
+# at d = 1001 one Jacobian costs n = 2064 Hessian-vector products at rank 1
 NONSTIFF_METHOD, STIFF_METHOD = "LSODA", "RKC"
 # a flow whose Hessian's largest eigenvalue ρ gives ρ × FIRST_SPAN above this starts stiff (a later rank starts where
 # the last one turned stiff) and takes RKC at once: at d = 64 LSODA's first span of ranks 3-8 cost 11-45 Jacobians
@@ -171,8 +171,8 @@ def follow_reduced_flow(reduced_flow: ReducedFlow, state0: ReducedState, t_start
     moved less than CONVERGED relative to its size), σ_max(C) has
     fallen to zero (degenerate), ``enough(the path so far)`` says so, or ``until`` (at most REACH_LIMIT) is reached.
     Each doubling is solved in ``pieces`` segments, ``enough`` asked after each (a crossing's rule is often known
-    a fraction of a span after it). Spans are integrated by LSODA until one needs a Jacobian (n = (2d + 2k) r
-    Hessian-vector products), then by RKC (from the first span where the flow starts stiff: ρ × FIRST_SPAN > STIFF_START).
+    a fraction of a span after it). Pieces are integrated by LSODA until it asks for a Jacobian (n = (2d + 2k) r
+    Hessian-vector products, not formed), then that piece and the later ones by RKC (from the first span where the flow starts stiff: ρ × FIRST_SPAN > STIFF_START).
     Cost: (2d + 2k) r equations at O(d² r) per evaluation, and SAMPLES_PER_SPAN couplings per span."""
     segments, ends, times, rates, span_ends = [], [], [float(t_start)], [rate_of(state0.pack())], []
     stiff = reduced_flow.spectral_radius(state0) * FIRST_SPAN > STIFF_START
@@ -188,10 +188,13 @@ def follow_reduced_flow(reduced_flow: ReducedFlow, state0: ReducedState, t_start
         samples[-1] = t1
         y, t_piece, span_rates = y0, t0, []
         for part in np.array_split(samples, pieces):
-            solution = reduced_flow.solve(ReducedState.unpack(y, reduced_flow.d, reduced_flow.k), part, t_start=t_piece,
-                                          rtol=rtol, atol=REDUCED_ATOL, method=method)
-            if solution.njev > 0:
+            start = ReducedState.unpack(y, reduced_flow.d, reduced_flow.k)
+            try:
+                solution = reduced_flow.solve(start, part, t_start=t_piece, rtol=rtol, atol=REDUCED_ATOL, method=method,
+                                              until_stiff=method == NONSTIFF_METHOD)
+            except FlowTurnedStiff:  # the piece again, by RKC (as every later one): no Jacobian is formed
                 method = STIFF_METHOD
+                solution = reduced_flow.solve(start, part, t_start=t_piece, rtol=rtol, atol=REDUCED_ATOL, method=method)
             segments.append(solution)
             ends.append(float(part[-1]))
             part_rates = [rate_of(value) for value in solution.y.T]
@@ -416,9 +419,9 @@ def saved_trajectory(reduced_flow: ReducedFlow, path: ReducedPath, transverse_at
         state = ReducedState.unpack(y, d, k)
         full.append(assemble(state, A, Z, E))
         # assemble is linear in (coordinates, Z), so the predicted velocity is assemble of their fields
-        moving = reduced_flow.vector_field(t, y) if t <= path.t_reach else np.zeros_like(y)
-        speeds.append(assemble(ReducedState.unpack(moving, d, k), A,
-                               transverse_field(TransverseCoupling(chain, state), Z) if E.shape[1] else Z, E))
+        coupling = TransverseCoupling(chain, state)  # its gradients of the maps serve both fields
+        moving = -reduced_flow.gradient(state, coupling.gradients).pack() if t <= path.t_reach else np.zeros_like(y)
+        speeds.append(assemble(ReducedState.unpack(moving, d, k), A, transverse_field(coupling, Z) if E.shape[1] else Z, E))
     stacked = {name: np.stack([p[name] for p in full]) for name in full[0]}
     velocity = {name: np.stack([v[name] for v in speeds]) for name in speeds[0]}
     return kept, stacked, velocity
