@@ -1,10 +1,11 @@
-"""Stopping a long computation cleanly on SIGINT or SIGTERM.
+"""Stopping a long computation cleanly on SIGINT or SIGTERM, and the loop that polls for it.
 
 ``stop_requests()`` installs signal handlers for the duration of a ``with`` block and
-yields a ``StopRequest``. Solvers poll it between chunks of work, each chunk bounded in
-wall-clock time, and return what they have computed with status ``interrupted``. A
-second signal raises ``KeyboardInterrupt`` at once, so a stuck process can still be
-stopped.
+yields a ``StopRequest``. ``run_in_chunks`` is the loop every long computation runs in (the
+solvers' ``drive`` and the bridge's SGD): it polls the request between chunks of work, each
+chunk bounded in wall-clock time, and checkpoints on a wall-clock schedule; the caller then
+returns what it has computed with status ``interrupted``. A second signal raises
+``KeyboardInterrupt`` at once, so a stuck process can still be stopped.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Iterator
+import time
+from typing import Callable, Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -50,3 +52,18 @@ def stop_requests() -> Iterator[StopRequest]:
     finally:
         for number, old in previous.items():
             signal.signal(number, old)
+
+
+def run_in_chunks(advance: Callable[[], bool], should_stop: Callable[[], bool] | None,
+                  checkpoint: Callable[[], None] | None, checkpoint_every_s: float) -> bool:
+    """Call ``advance()`` (one chunk of work; it says whether work is left) until it is done or ``should_stop()``
+    says so, asked after each chunk: at least one chunk runs, so a resumed run always moves on. ``checkpoint()``
+    saves what there is every ``checkpoint_every_s`` seconds. Returns whether it stopped on request."""
+    last_checkpoint = time.perf_counter()
+    while advance():
+        if should_stop is not None and should_stop():
+            return True
+        if checkpoint is not None and time.perf_counter() - last_checkpoint >= checkpoint_every_s:
+            checkpoint()
+            last_checkpoint = time.perf_counter()
+    return False

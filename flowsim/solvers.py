@@ -43,6 +43,7 @@ from flowsim import flow as flow_functions
 from flowsim import stiff
 from flowsim.config import SolverConfig, resolve_config
 from flowsim.flow import GradientFlow
+from flowsim.interrupts import run_in_chunks
 from flowsim.losses import with_fused_products
 from flowsim.methods import DEFAULT_METHOD, default_rtol
 from flowsim.models import Params
@@ -229,18 +230,15 @@ def drive(method: Method, problem: Problem, on_checkpoint: Callable[[list[FlowRe
         bar.compiling()
         run = method.start(problem) if saved is None else method.start(problem, saved)
         bar.update(run.t)
-        last_checkpoint = time.perf_counter()
-        while run.status == Status.RUNNING:
-            method.advance(run)  # at least one chunk before a stop request is heard: a resume always moves on
+
+        def advance() -> bool:
+            method.advance(run)
             bar.update(run.t)
-            if run.status != Status.RUNNING:
-                break
-            if problem.should_stop is not None and problem.should_stop():
-                method.interrupt(run)
-                break
-            if on_checkpoint is not None and time.perf_counter() - last_checkpoint >= checkpoint_every_s:
-                on_checkpoint(method.results(run))
-                last_checkpoint = time.perf_counter()
+            return run.status == Status.RUNNING
+
+        checkpoint = None if on_checkpoint is None else lambda: on_checkpoint(method.results(run))
+        if run.status == Status.RUNNING and run_in_chunks(advance, problem.should_stop, checkpoint, checkpoint_every_s):
+            method.interrupt(run)
     finally:
         bar.close()
     return method.results(run)

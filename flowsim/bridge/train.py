@@ -43,7 +43,7 @@ from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer
 from flowsim.budget import check_memory
 from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError
-from flowsim.interrupts import StopRequest, stop_requests
+from flowsim.interrupts import StopRequest, run_in_chunks, stop_requests
 from flowsim.io import DamagedFileError, write_atomic_bytes
 from flowsim.models import model_from_config
 from flowsim.observables import MEASURED
@@ -279,14 +279,17 @@ def _train_locked(config: BridgeConfig, run_dir: Path, data: DataSource, device,
         if paper_model:
             params.append(model.flowsim_params())
 
-    started, last_save = time.perf_counter(), time.perf_counter()
+    started = time.perf_counter()
     if step == 0 and not log:
         record(evaluate())
         save(Status.RUNNING)
     bar = tqdm(total=config.optim.steps, initial=step, disable=not progress, unit="step",
                desc=f"{config.optim.name} on {config.data.kind}, lr = {config.optim.lr:g}")
     end = config.optim.steps if stop_at_step is None else min(stop_at_step, config.optim.steps)
-    while step < end and not stop():
+
+    def advance() -> bool:
+        """One SGD step (a chunk of the shared loop), logged and saved at the checkpoint steps."""
+        nonlocal step
         tokens = data.batch(step).to(device)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             loss = batch_loss(model, tokens)
@@ -304,10 +307,10 @@ def _train_locked(config: BridgeConfig, run_dir: Path, data: DataSource, device,
             record(loss.item())
             bar.set_postfix_str(f"t = lr × step = {log[-1]['t']:.4g}, validation loss {log[-1]['val_loss']:.4f}")
             save(Status.RUNNING)
-            last_save = time.perf_counter()
-        elif time.perf_counter() - last_save > CHECKPOINT_EVERY_S:
-            save(Status.RUNNING)
-            last_save = time.perf_counter()
+        return step < end
+
+    if step < end and not stop():
+        run_in_chunks(advance, stop, lambda: save(Status.RUNNING), CHECKPOINT_EVERY_S)
     bar.close()
     finished = step >= config.optim.steps
     meta["wall_time_s"] = time.perf_counter() - started
