@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -192,7 +192,8 @@ class ReducedFlow:
         elif method == "LSODA":
             solution = solve_ivp(lambda t, y: np.asarray(compiled.field(y, *self._arrays)), span, y0,
                                  method="LSODA", t_eval=t_eval, rtol=rtol, atol=atol, dense_output=True,
-                                 jac=stiff_signal if until_stiff else lambda t, y: np.asarray(compiled.jacobian(y, *self._arrays)))
+                                 jac=stiff_signal if until_stiff else lambda t, y: np.asarray(
+                                     compiled.jacobian(y, *self._arrays)))
         else:
             raise ValueError(f"method = {method!r} is not one of 'LSODA', 'RKC'")
         if solution.status != 0:
@@ -200,6 +201,6 @@ class ReducedFlow:
         return solution
 
 
-def stiff_signal(t: float, y: np.ndarray) -> np.ndarray:
+def stiff_signal(t: float, y: np.ndarray) -> NoReturn:
     """LSODA's Jacobian where it must not be formed (at d = 1001, rank 1, one costs 2064 Hessian-vector products)."""
     raise FlowTurnedStiff(f"LSODA switched to its stiff method at t = {t:.6g}")

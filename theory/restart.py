@@ -31,8 +31,9 @@ The transverse equation integrated to the threshold is kept beside the formula a
 spans until it converges, or past the crossing until it is known whether it had settled before it (one
 span, or less where its rate still moves: ``TransverseAlongPath``, asked after each quarter span), so t_s and
 the crossing are properties of the flow. Cost per direction: the reduced flow, (2d + 2k) r equations at
-O(d² r) per evaluation (LSODA until the flow turns stiff, then RKC, which needs no Jacobian), and the linear transverse equation, (2d + 2k)(m - r) equations at
-O(d² (m - r)) per evaluation (C kept factored, ``TransverseCoupling``).
+O(d² r) per evaluation (LSODA until the flow turns stiff, then RKC, which needs no Jacobian), and the linear
+transverse equation, (2d + 2k)(m - r) equations at O(d² (m - r)) per evaluation (C kept factored,
+``TransverseCoupling``).
 """
 
 from __future__ import annotations
@@ -172,7 +173,8 @@ def follow_reduced_flow(reduced_flow: ReducedFlow, state0: ReducedState, t_start
     fallen to zero (degenerate), ``enough(the path so far)`` says so, or ``until`` (at most REACH_LIMIT) is reached.
     Each doubling is solved in ``pieces`` segments, ``enough`` asked after each (a crossing's rule is often known
     a fraction of a span after it). Pieces are integrated by LSODA until it asks for a Jacobian (n = (2d + 2k) r
-    Hessian-vector products, not formed), then that piece and the later ones by RKC (from the first span where the flow starts stiff: ρ × FIRST_SPAN > STIFF_START).
+    Hessian-vector products, not formed), then that piece and the later ones by RKC (from the first span where the
+    flow starts stiff: ρ × FIRST_SPAN > STIFF_START).
     Cost: (2d + 2k) r equations at O(d² r) per evaluation, and SAMPLES_PER_SPAN couplings per span."""
     segments, ends, times, rates, span_ends = [], [], [float(t_start)], [rate_of(state0.pack())], []
     stiff = reduced_flow.spectral_radius(state0) * FIRST_SPAN > STIFF_START
