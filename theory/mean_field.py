@@ -25,11 +25,6 @@ import numpy as np
 from flowsim.chains import entropy_rate
 
 
-def _softmax_rows(logits: np.ndarray) -> np.ndarray:
-    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return weights / weights.sum(axis=1, keepdims=True)
-
-
 def _softmax_rows_in_place(logits: np.ndarray) -> np.ndarray:
     """Overwrite ``logits`` with its row softmax; returns the rows' logsumexp."""
     top = logits.max(axis=1, keepdims=True)
@@ -40,9 +35,14 @@ def _softmax_rows_in_place(logits: np.ndarray) -> np.ndarray:
     return (top + np.log(sums))[:, 0]
 
 
+def _softmax_rows(logits: np.ndarray) -> np.ndarray:
+    weights = np.array(logits, dtype=float)
+    _softmax_rows_in_place(weights)
+    return weights
+
+
 def _logsumexp_rows(logits: np.ndarray) -> np.ndarray:
-    top = logits.max(axis=1)
-    return top + np.log(np.exp(logits - top[:, None]).sum(axis=1))
+    return _softmax_rows_in_place(np.array(logits, dtype=float))
 
 
 @dataclass(frozen=True)
