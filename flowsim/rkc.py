@@ -194,9 +194,8 @@ class RKC(OdeSolver):
             self.rest_estimate = np.asarray(rest)
             self.nfev += 2 * POWER_ITERATIONS
             if float(norm) > DEFLATION_GAP * float(rest_norm):
-                self.stiff_direction, self.stiff_rate = np.asarray(v), -float(self._rayleigh(y, v, self.args))
+                self._take_out(y, v)
                 self.radius = RADIUS_SAFETY * float(rest_norm)
-                self.nfev += 2
             else:  # no outlier: plain stages
                 self.stiff_direction, self.stiff_rate = np.zeros(self.n), 0.0
 
@@ -204,8 +203,13 @@ class RKC(OdeSolver):
         """v and λ again, by DIRECTION_ITERATIONS products from the last v (the gap to ρ' makes them converge at once)."""
         y = jnp.asarray(self.y)
         v, _ = self._power(y, jnp.asarray(self.stiff_direction), jnp.zeros(self.n), self.args, DIRECTION_ITERATIONS)
+        self.nfev += 2 * DIRECTION_ITERATIONS
+        self._take_out(y, v)
+
+    def _take_out(self, y, v) -> None:
+        """v becomes the direction the stages integrate exponentially, with λ = -v·J v (one product)."""
         self.stiff_direction, self.stiff_rate = np.asarray(v), -float(self._rayleigh(y, v, self.args))
-        self.nfev += 2 * DIRECTION_ITERATIONS + 2
+        self.nfev += 2
 
     def _error(self, y_new, f_new, h) -> float:
         """RKC's estimate of the local error, (4/5)(y - y_new) + (2/5) h (f + f_new), in the RMS norm."""
