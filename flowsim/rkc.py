@@ -185,12 +185,12 @@ class RKC(OdeSolver):
 
     def _estimate_radius(self) -> None:
         """ρ by a power iteration; deflated, also v, λ = -v·J v and ρ' by a second iteration on v's complement."""
-        y, zero = jnp.asarray(self.y), jnp.zeros(self.n)
-        v, norm = self._power(y, jnp.asarray(self.direction_estimate), zero, self.args)
+        y, zero = self.y, np.zeros(self.n)  # numpy arrays go to the compiled functions as they are (jnp.asarray costs more)
+        v, norm = self._power(y, self.direction_estimate, zero, self.args)
         self.direction_estimate, self.radius, self.radius_age = np.asarray(v), RADIUS_SAFETY * float(norm), 0
         self.nfev += 2 * POWER_ITERATIONS  # a JVP costs about two field evaluations
         if self.deflate:
-            rest, rest_norm = self._power(y, jnp.asarray(self.rest_estimate), v, self.args)
+            rest, rest_norm = self._power(y, self.rest_estimate, v, self.args)
             self.rest_estimate = np.asarray(rest)
             self.nfev += 2 * POWER_ITERATIONS
             if float(norm) > DEFLATION_GAP * float(rest_norm):
@@ -201,10 +201,9 @@ class RKC(OdeSolver):
 
     def _refresh_direction(self) -> None:
         """v and λ again, by DIRECTION_ITERATIONS products from the last v (the gap to ρ' makes them converge at once)."""
-        y = jnp.asarray(self.y)
-        v, _ = self._power(y, jnp.asarray(self.stiff_direction), jnp.zeros(self.n), self.args, DIRECTION_ITERATIONS)
+        v, _ = self._power(self.y, self.stiff_direction, np.zeros(self.n), self.args, DIRECTION_ITERATIONS)
         self.nfev += 2 * DIRECTION_ITERATIONS
-        self._take_out(y, v)
+        self._take_out(self.y, v)
 
     def _take_out(self, y, v) -> None:
         """v becomes the direction the stages integrate exponentially, with λ = -v·J v (one product)."""
@@ -230,9 +229,8 @@ class RKC(OdeSolver):
             h = min(self.h_abs, abs(self.t_bound - self.t)) * self.direction
             stages = int(1 + np.ceil(np.sqrt(1.0 + 1.54 * abs(h) * self.radius)))
             deflated = self.stiff_rate != 0.0
-            y_new, f_new = (np.asarray(a) for a in self._steps[deflated](jnp.asarray(self.y), jnp.asarray(self.f), h, stages,
-                                                                            jnp.asarray(self.stiff_direction), self.stiff_rate,
-                                                                            self.args))
+            y_new, f_new = (np.asarray(a) for a in self._steps[deflated](self.y, self.f, h, stages, self.stiff_direction,
+                                                                            self.stiff_rate, self.args))
             self.nfev += stages + deflated
             error = self._error(y_new, f_new, h) if np.all(np.isfinite(y_new)) else np.inf
             factor = SAFETY * error ** (-1.0 / 3.0) if error > 0 else MAX_FACTOR

@@ -74,7 +74,10 @@ NONSTIFF_METHOD, STIFF_METHOD = "LSODA", "RKC"
 # a flow whose Hessian's largest eigenvalue ρ gives ρ × FIRST_SPAN above this starts stiff (a later rank starts where
 # the last one turned stiff) and takes RKC at once: at d = 64 LSODA's first span of ranks 3-8 cost 11-45 Jacobians
 STIFF_START = 1000.0
-TRANSVERSE_METHOD = "DOP853"  # the transverse equation is not stiff: H_T's spectrum is ±σ_i(C), growth as fast as decay
+# the transverse equation is not stiff (H_T's spectrum is ±σ_i(C), growth as fast as decay), and its coefficients follow
+# the reduced flow's piecewise-cubic dense output: at d = 64 DOP853 at rtol 1e-8 took 2.6-4.6x the evaluations of RK45
+# at rtol 1e-9, and its crossings were further from a rtol 1e-10 reference (benchmarks/MEASUREMENTS.md)
+TRANSVERSE_METHOD = "RK45"
 
 
 class RuleName(str, Enum):
@@ -235,7 +238,7 @@ def settle_time(path: ReducedPath, rate_of: Callable[[np.ndarray], float]) -> fl
     return float(brentq(lambda t: abs(rate_of(path.y(t)) - rate) - SETTLED * rate, lo, hi, xtol=1e-9 * hi))
 
 
-TRANSVERSE_RTOL = 1e-8  # the transverse equation's relative tolerance
+TRANSVERSE_RTOL = 1e-9  # the transverse equation's relative tolerance
 TRANSVERSE_ATOL = 1e-9  # ... and absolute, times the transverse part's initial scale
 
 
@@ -247,7 +250,7 @@ def transverse_field(C: TransverseCoupling, Z: np.ndarray) -> np.ndarray:
 
 class TransverseAlongPath:
     """The transverse equation integrated segment by segment beside the rank-r flow, from Z0, until σ_r(W0)
-    of the assembled parameters passes ``threshold`` (DOP853 with a terminal event). Called with each new
+    of the assembled parameters passes ``threshold`` (RK45 with a terminal event). Called with each new
     segment of the reduced flow, it says whether the flow has been followed far enough to tell whether it
     had settled before the crossing (the rule for what comes first): one span past the crossing, or less
     where the rate still moves after the crossing (``moves_after``)."""
