@@ -14,18 +14,22 @@ path: gradient flows, whose Jacobian is minus a Hessian. There an implicit metho
 and factor an n × n Jacobian (n Hessian-vector products, O(n³)) every few steps, while RKC needs
 only the field and, every ``RADIUS_AGE`` steps, a few Jacobian-vector products for ρ.
 
-**Deflation** (``deflate=True``, the default). The Hessians of attention's flows have one eigenvalue far above
-the rest (the logits' scale: at d = 64, 10⁴ against 3·10²), and s follows √ρ of the largest. With v the
-Jacobian's dominant eigenvector (eigenvalue -λ) and u the step's displacement along v, the field along v is
+**Deflation** (``deflate=True``, the default). The Hessians of attention's flows have one or a few eigenvalues far
+above the rest (the logits' scale: at d = 64, 10⁴ against 3·10²), and s follows √ρ of the largest. With v one of
+the Jacobian's dominant eigenvectors (eigenvalue -λ) and u the step's displacement along v, the field along v is
 -λ u + g with g = v·f + λ u nearly constant; each stage integrates that scalar equation exactly for g linear
 (exponential Runge-Kutta with g interpolated through the step's start and the last stage, order 2), and the Chebyshev
-stages carry only the field's part orthogonal to v, so s follows ρ' = the spectral radius on v's complement.
+stages carry only the field's part orthogonal to the directions taken out (the columns of V, at most
+``MAX_DIRECTIONS``), so s follows ρ' = the spectral radius on their complement. Direction j is taken out while its
+eigenvalue is ``DEFLATION_GAP`` times the spectral radius on the complement of the first j (a power iteration each);
+V is refreshed by a few more products every ``DIRECTION_AGE`` steps and made the Ritz vectors of J on its span
+(V^T J V diagonal: J symmetric, as a gradient flow's is).
 
 Use: ``solve_ivp(None, span, y0, method=RKC, field=f, field_args=(a, b), rtol=..., atol=...)`` with
 ``f(y, a, b) -> dy/dt`` a JAX function (an autonomous system; its steps are compiled once per ``f``);
 dense output is the cubic Hermite interpolant of each step. Cost per step: s + 1 field evaluations (s + 2 with
-v taken out), O(n) besides; ρ (and v, λ, ρ'): ``POWER_ITERATIONS`` JVPs (2 POWER_ITERATIONS + 1 deflated), and
-DIRECTION_ITERATIONS + 1 for v and λ every DIRECTION_AGE steps.
+V taken out), O(n p) besides; ρ: ``POWER_ITERATIONS`` JVPs ((p + 2) POWER_ITERATIONS + p with p directions taken
+out), and p (DIRECTION_ITERATIONS + 1) for V and λ every DIRECTION_AGE steps.
 """
 
 from __future__ import annotations
@@ -43,8 +47,14 @@ DAMPING = 2.0 / 13.0  # the damped Chebyshev polynomial's ε: stability interval
 RADIUS_SAFETY = 1.2  # ρ is the power iteration's estimate times this (it converges from below)
 RADIUS_AGE = 25  # accepted steps between estimates of ρ (and after every rejected step)
 POWER_ITERATIONS = 20  # JVPs per estimate, warm-started from the last dominant direction
-DEFLATION_GAP = 10.0  # v is taken out only where its eigenvalue is this many times the rest's spectral radius
-DIRECTION_AGE, DIRECTION_ITERATIONS = 5, 3  # deflated: v and λ refreshed this often (steps) by this many JVPs, as v turns
+# the first j dominant directions are taken out where the j-th eigenvalue is this many times the spectral radius on their
+# complement: at that gap a power iteration's direction converges to 1e-8 in 20 products, and a refresh's 3 products
+# from the last one shrink its error 16-fold. At d = 64 the full-rank Hessian's top eigenvalues are 15 600, 5400, 1800,
+# 1200: 10 took none of them out
+DEFLATION_GAP = 2.5
+# at most this many: at d = 64 a gap of 2.5 never took out a third, and each column costs every stage ~1.5 µs on a CPU
+MAX_DIRECTIONS = 2
+DIRECTION_AGE, DIRECTION_ITERATIONS = 5, 3  # deflated: V and λ refreshed this often (steps) by this many JVPs each, as V turns
 SAFETY, MIN_FACTOR, MAX_FACTOR = 0.8, 0.1, 10.0  # step-size controller for the O(h³) local error
 
 
@@ -61,34 +71,45 @@ def phi2(z):
     return jnp.where(small, 0.5 + z * (1 / 6 + z * (1 / 24 + z * (1 / 120 + z / 720))), (jnp.expm1(safe) - safe) / safe**2)
 
 
-@functools.lru_cache(maxsize=None)
-def chebyshev_step(field: Callable, deflated: bool) -> Callable:
-    """One RKC step (y, f(y), h, s, v, λ, args) -> (y_new, f(y_new)), compiled once per ``field``; s may vary.
+def coordinates(V, f):
+    """V^T f for V's few columns, one sum each, unrolled so that XLA fuses them with the stage's other vector
+    operations (a dot with a few columns is a library call of its own, 10-20 µs a stage on a CPU)."""
+    return jnp.stack([jnp.sum(V[:, j] * f) for j in range(V.shape[1])])
 
-    ``deflated``: the unit vector v is taken out of the Chebyshev stages (v = 0 and λ = 0 give plain RKC, as
-    ``deflated=False`` does without the last evaluation). Along v the field is -λ u + g, u the displacement
-    along v since the step's start and g = v·f + λ u; stage j (abscissa c_j) integrates it exactly with g
-    linear through g_0 (at 0) and g_{j-1} (at c_{j-1}):
+
+def combination(V, u):
+    """V u, unrolled likewise."""
+    return sum(V[:, j] * u[j] for j in range(V.shape[1]))
+
+
+@functools.lru_cache(maxsize=None)
+def chebyshev_step(field: Callable) -> Callable:
+    """One RKC step (y, f(y), h, s, V, λ, args) -> (y_new, f(y_new)), compiled once per ``field``; s may vary.
+
+    The orthonormal columns v of V (n × MAX_DIRECTIONS; zero columns with λ = 0 are unused, and V = 0 gives plain
+    RKC) are taken out of the Chebyshev stages.
+    Along each v the field is -λ u + g, u the displacement along v since the step's start and g = v·f + λ u; stage j
+    (abscissa c_j) integrates it exactly with g linear through g_0 (at 0) and g_{j-1} (at c_{j-1}):
 
         u_j = c_j h (φ1(-λ c_j h) g_0 + φ2(-λ c_j h) (c_j / c_{j-1}) (g_{j-1} - g_0)),
 
-    the last one with g through g_0 and g_{s-1}, then once more with g_0 and the new point's g (a second
-    field evaluation, so the new point sits on the slow manifold along v). The other directions take the
-    usual stages with f - (v·f) v."""
+    the last one with g through g_0 and g_{s-1}, then, where λ ≠ 0, once more with g_0 and the new point's g (a
+    second field evaluation, so the new point sits on the slow manifold along V). The other directions take the
+    usual stages with f - V (V^T f)."""
 
     @jax.jit
-    def step(y, f0, h, s, v, lam, args):
+    def step(y, f0, h, s, V, lam, args):
         w0 = 1.0 + DAMPING / (s * s)
         square = w0 * w0 - 1.0
         root = jnp.sqrt(square)
         arg = s * jnp.log(w0 + root)
         w1 = jnp.sinh(arg) * square / (jnp.cosh(arg) * s * root - w0 * jnp.sinh(arg))
         b = 1.0 / (2.0 * w0) ** 2  # b_0 = b_1 = b_2
-        g0 = v @ f0
-        across0 = f0 - g0 * v
+        g0 = coordinates(V, f0)
+        across0 = f0 - combination(V, g0)
 
         def along(c, g, c_g):
-            """u at abscissa c with g linear through (0, g0) and (c_g, g)."""
+            """u (one per column of V) at abscissa c with g linear through (0, g0) and (c_g, g)."""
             z = -lam * c * h
             return c * h * (phi1(z) * g0 + phi2(z) * (c / c_g) * (g - g0))
 
@@ -102,50 +123,51 @@ def chebyshev_step(field: Callable, deflated: bool) -> Callable:
             a1 = 1 - z1 * b1
             mu, nu = 2 * w0 * bj / b1, -bj / b2
             f1 = field(y1, *args)
-            g1 = v @ f1
-            y_j = mu * y1 + nu * y2 + (1 - mu - nu) * y + h * (mu * w1 / w0) * (f1 - g1 * v - a1 * across0)
+            g1 = coordinates(V, f1)
+            y_j = mu * y1 + nu * y2 + (1 - mu - nu) * y + h * (mu * w1 / w0) * (f1 - combination(V, g1) - a1 * across0)
             c = mu * c1 + nu * c2 + (mu * w1 / w0) * (1 - a1)  # the stage's abscissa, by the same recurrence
             u = along(c, g1 + lam * u1, c1)
-            return y_j + (u - mu * u1 - nu * u2) * v, y1, z, z1, dz, dz1, ddz, ddz1, bj, b1, u, u1, c, c1
+            return y_j + combination(V, u - mu * u1 - nu * u2), y1, z, z1, dz, dz1, ddz, ddz1, bj, b1, u, u1, c, c1
 
         c_1 = w1 * b
         u_1 = c_1 * h * phi1(-lam * c_1 * h) * g0
-        first = (y + h * c_1 * across0 + u_1 * v, y, w0, 1.0, 1.0, 0.0, 0.0, 0.0, b, b, u_1, 0.0, c_1, 0.0)
+        first = (y + h * c_1 * across0 + combination(V, u_1), y, w0, 1.0, 1.0, 0.0, 0.0, 0.0, b, b, u_1, jnp.zeros_like(u_1), c_1, 0.0)
         stages = jax.lax.fori_loop(2, s + 1, stage, first)
         y_new, u = stages[0], stages[10]
         f_new = field(y_new, *args)
-        if not deflated:
-            return y_new, f_new
-        y_new = y_new + (along(1.0, v @ f_new + lam * u, 1.0) - u) * v
-        return y_new, field(y_new, *args)
+
+        def settled():
+            corrected = y_new + combination(V, along(1.0, coordinates(V, f_new) + lam * u, 1.0) - u)
+            return corrected, field(corrected, *args)
+
+        return jax.lax.cond(jnp.any(lam != 0.0), settled, lambda: (y_new, f_new))
 
     return step
 
 
 @functools.lru_cache(maxsize=None)
 def power_iteration(field: Callable) -> Callable:
-    """(y, v, away, args[, iterations]) -> (direction, ρ estimate): ``iterations`` (POWER_ITERATIONS) products with
-    the Jacobian of ``field`` at y (JVPs) restricted to the complement of the unit vector ``away`` (zero: the whole
-    space), warm-started from v."""
+    """(y, v, args, away=None, iterations=POWER_ITERATIONS) -> (direction, ρ estimate): ``iterations`` products with
+    the Jacobian of ``field`` at y (JVPs) restricted to the complement of the orthonormal columns of ``away``
+    (n × MAX_DIRECTIONS; zero columns are ignored; None: the whole space), warm-started from v. Compiled once per
+    ``field``: every call gives the compiled loop arguments of the same shapes and types."""
 
     @jax.jit
-    def iterate(y, v, away, args, iterations=POWER_ITERATIONS):
+    def iterate(y, v, away, args, iterations):
         def product(_, carry):
             v, _ = carry
-            w = jax.jvp(lambda x: field(x, *args), (y,), (v - (away @ v) * away,))[1]
-            w = w - (away @ w) * away
+            w = jax.jvp(lambda x: field(x, *args), (y,), (v - away @ (away.T @ v),))[1]
+            w = w - away @ (away.T @ w)
             norm = jnp.linalg.norm(w)
             return w / jnp.where(norm > 0, norm, 1.0), norm
 
         return jax.lax.fori_loop(0, iterations, product, (v / jnp.linalg.norm(v), jnp.zeros(())))
 
-    return iterate
+    def run(y, v, args, away=None, iterations: int = POWER_ITERATIONS):
+        away = np.zeros((len(y), MAX_DIRECTIONS)) if away is None else away
+        return iterate(y, v, away, args, np.int64(iterations))
 
-
-@functools.lru_cache(maxsize=None)
-def rayleigh_quotient(field: Callable) -> Callable:
-    """(y, v, args) -> v·J v for the field's Jacobian J at y: one JVP."""
-    return jax.jit(lambda y, v, args: v @ jax.jvp(lambda x: field(x, *args), (y,), (v,))[1])
+    return run
 
 
 class HermiteOutput(DenseOutput):
@@ -170,45 +192,58 @@ class RKC(OdeSolver):
         self.args = tuple(jnp.asarray(a) for a in field_args)
         super().__init__(lambda t, y: np.asarray(field(jnp.asarray(y), *self.args)), t0, y0, t_bound, vectorized)
         self.rtol, self.atol = float(rtol), float(atol)
-        self._steps = {deflated: chebyshev_step(field, deflated) for deflated in (False, deflate)}
-        self._power, self._rayleigh = power_iteration(field), rayleigh_quotient(field)
+        self._step, self._power = chebyshev_step(field), power_iteration(field)
         self.f = np.asarray(field(jnp.asarray(self.y), *self.args))
         self.nfev = 1
-        rng = np.random.default_rng(seed)
-        self.direction_estimate, self.rest_estimate = rng.standard_normal(self.n), rng.standard_normal(self.n)
+        # warm starts of the power iterations: the whole space's, then each complement's
+        self.estimates = np.random.default_rng(seed).standard_normal((MAX_DIRECTIONS + 1, self.n))
         self.deflate = deflate
-        self.stiff_direction, self.stiff_rate = np.zeros(self.n), 0.0  # v and λ (zero: nothing taken out)
+        self._take_out(self.y, np.zeros((self.n, 0)))  # V and λ: nothing taken out yet
         self.slope, self._previous = self.f, None  # the dense output's slope at the last node; the node before it
         self.radius, self.radius_age, self.h_abs = 0.0, RADIUS_AGE, None
         self.rejected = 0
         self._last = None
 
     def _estimate_radius(self) -> None:
-        """ρ by a power iteration; deflated, also v, λ = -v·J v and ρ' by a second iteration on v's complement."""
-        y, zero = self.y, np.zeros(self.n)  # numpy arrays go to the compiled functions as they are (jnp.asarray costs more)
-        v, norm = self._power(y, self.direction_estimate, zero, self.args)
-        self.direction_estimate, self.radius, self.radius_age = np.asarray(v), RADIUS_SAFETY * float(norm), 0
+        """ρ by a power iteration; deflated, then ρ' on the complement of the first j dominant directions for
+        j = 1, 2, ..., each direction taken out while its eigenvalue exceeds DEFLATION_GAP × the next ρ'."""
+        away = np.zeros((self.n, MAX_DIRECTIONS))  # numpy arrays go to the compiled functions as they are
+        v, norm = self._power(self.y, self.estimates[0], self.args, away)
+        self.estimates[0], radius, taken = np.asarray(v), float(norm), 0
         self.nfev += 2 * POWER_ITERATIONS  # a JVP costs about two field evaluations
-        if self.deflate:
-            rest, rest_norm = self._power(y, self.rest_estimate, v, self.args)
-            self.rest_estimate = np.asarray(rest)
+        while self.deflate and taken < MAX_DIRECTIONS:
+            away[:, taken] = self.estimates[taken]
+            rest, rest_norm = self._power(self.y, self.estimates[taken + 1], self.args, away)
+            self.estimates[taken + 1] = np.asarray(rest)
             self.nfev += 2 * POWER_ITERATIONS
-            if float(norm) > DEFLATION_GAP * float(rest_norm):
-                self._take_out(y, v)
-                self.radius = RADIUS_SAFETY * float(rest_norm)
-            else:  # no outlier: plain stages
-                self.stiff_direction, self.stiff_rate = np.zeros(self.n), 0.0
+            if radius <= DEFLATION_GAP * float(rest_norm):
+                break
+            taken, radius = taken + 1, float(rest_norm)
+        self.radius, self.radius_age = RADIUS_SAFETY * radius, 0
+        self._take_out(self.y, away[:, :taken])
 
-    def _refresh_direction(self) -> None:
-        """v and λ again, by DIRECTION_ITERATIONS products from the last v (the gap to ρ' makes them converge at once)."""
-        v, _ = self._power(self.y, self.stiff_direction, np.zeros(self.n), self.args, DIRECTION_ITERATIONS)
-        self.nfev += 2 * DIRECTION_ITERATIONS
-        self._take_out(self.y, v)
+    def _refresh_directions(self) -> None:
+        """V and λ again: each column by DIRECTION_ITERATIONS products from its last value, on the complement of the
+        columns before it (the gap to the rest makes them converge at once)."""
+        away = np.zeros((self.n, MAX_DIRECTIONS))
+        for j in range(self.taken):
+            v, _ = self._power(self.y, self.stiff_directions[:, j], self.args, away, DIRECTION_ITERATIONS)
+            away[:, j] = np.asarray(v)
+        self.nfev += 2 * DIRECTION_ITERATIONS * self.taken
+        self._take_out(self.y, away[:, :self.taken])
 
-    def _take_out(self, y, v) -> None:
-        """v becomes the direction the stages integrate exponentially, with λ = -v·J v (one product)."""
-        self.stiff_direction, self.stiff_rate = np.asarray(v), -float(self._rayleigh(y, v, self.args))
-        self.nfev += 2
+    def _take_out(self, y, V: np.ndarray) -> None:
+        """The p orthonormal columns of V, turned into the Ritz vectors of J on their span (V^T J V diagonal, -λ on
+        its diagonal; p products), become the directions the stages integrate exponentially."""
+        self.taken = V.shape[1]
+        self.stiff_directions, self.stiff_rates = np.zeros((self.n, MAX_DIRECTIONS)), np.zeros(MAX_DIRECTIONS)
+        if self.taken:
+            # J v from one power iteration's product: its direction times its norm (no other function to compile)
+            JV = np.stack([np.asarray(w) * float(norm) for w, norm in
+                           (self._power(y, v, self.args, iterations=1) for v in V.T)], axis=1)
+            self.nfev += 2 * self.taken
+            values, rotation = np.linalg.eigh((V.T @ JV + JV.T @ V) / 2)
+            self.stiff_directions[:, :self.taken], self.stiff_rates[:self.taken] = V @ rotation, -values
 
     def _error(self, y_new, f_new, h) -> float:
         """RKC's estimate of the local error, (4/5)(y - y_new) + (2/5) h (f + f_new), in the RMS norm."""
@@ -219,30 +254,29 @@ class RKC(OdeSolver):
     def _step_impl(self):
         if self.radius_age >= RADIUS_AGE:
             self._estimate_radius()
-        elif self.stiff_rate != 0.0 and self.radius_age % DIRECTION_AGE == 0:
-            self._refresh_direction()
+        elif self.taken and self.radius_age % DIRECTION_AGE == 0:
+            self._refresh_directions()
         if self.h_abs is None:  # a step the fastest mode and the field's scale both allow
             scale = self.atol + self.rtol * np.abs(self.y)
             speed = np.sqrt(np.mean((self.f / scale) ** 2))
             self.h_abs = min(1.0 / max(self.radius, 1e-300), 1e-2 / speed if speed > 0 else np.inf, abs(self.t_bound - self.t))
         while True:
-            h = min(self.h_abs, abs(self.t_bound - self.t)) * self.direction
+            h = float(min(self.h_abs, abs(self.t_bound - self.t)) * self.direction)  # one type for the compiled step
             stages = int(1 + np.ceil(np.sqrt(1.0 + 1.54 * abs(h) * self.radius)))
-            deflated = self.stiff_rate != 0.0
-            y_new, f_new = (np.asarray(a) for a in self._steps[deflated](self.y, self.f, h, stages, self.stiff_direction,
-                                                                            self.stiff_rate, self.args))
-            self.nfev += stages + deflated
+            y_new, f_new = (np.asarray(a) for a in self._step(self.y, self.f, h, stages, self.stiff_directions,
+                                                                 self.stiff_rates, self.args))
+            self.nfev += stages + (self.taken > 0)
             error = self._error(y_new, f_new, h) if np.all(np.isfinite(y_new)) else np.inf
             factor = SAFETY * error ** (-1.0 / 3.0) if error > 0 else MAX_FACTOR
             if error <= 1.0:
-                # the dense output's slope along v at the new node is the path's, from its last three nodes: the field
+                # the dense output's slope along V at the new node is the path's, from its last three nodes: the field
                 # there is λ times the node's tiny offset from the slow manifold, a kink the transverse equation would see
-                v = self.stiff_direction
-                secant = v @ (y_new - self.y) / h
+                V = self.stiff_directions
+                secant = V.T @ (y_new - self.y) / h
                 if self._previous is not None:  # the quadratic through the last three nodes: second order
                     t_prev, y_prev = self._previous
-                    secant += h * (secant - v @ (self.y - y_prev) / (self.t - t_prev)) / (h + self.t - t_prev)
-                slope = f_new + (secant - v @ f_new) * v
+                    secant += h * (secant - V.T @ (self.y - y_prev) / (self.t - t_prev)) / (h + self.t - t_prev)
+                slope = f_new + V @ (secant - V.T @ f_new)
                 self._last = (self.t, self.y, y_new, self.slope, slope)
                 self._previous = (self.t, self.y)
                 self.t, self.y, self.f, self.slope = self.t + h, y_new, f_new, slope

@@ -7,6 +7,7 @@ import pytest
 from scipy.integrate import solve_ivp
 from scipy.linalg import expm
 
+import flowsim.rkc
 from flowsim.rkc import RKC
 
 
@@ -108,6 +109,44 @@ def test_deflation_takes_the_one_stiff_direction_out_of_the_stage_count():
         np.testing.assert_allclose(runs[deflate].y, reference.y, atol=2e-5)
         np.testing.assert_allclose(runs[deflate].sol(between), reference.sol(between), atol=2e-5)
     assert runs[True].nfev < 0.5 * runs[False].nfev, (runs[True].nfev, runs[False].nfev)
+
+
+def loss_with_two_stiff_directions(y, target, a, b):
+    """``loss_with_one_stiff_direction`` plus a second valley, 3.3x less steep, across b: two outliers, the gap
+    between them as on the full-rank flows of attention (about 3)."""
+    return loss_with_one_stiff_direction(y, target, a) + 0.5 * 0.3 * STIFFNESS * (b @ y - 0.2 * jnp.sum(jnp.sin(1.7 * y))) ** 2
+
+
+def flow_with_two_stiff_directions(y, target, a, b):
+    return -jax.grad(loss_with_two_stiff_directions)(y, target, a, b)
+
+
+def test_deflation_takes_two_stiff_directions_out(monkeypatch):
+    """Two outlying eigenvalues (4·10⁴ and 3.5·10³, the rest below 10²): with both taken out the path is LSODA's and
+    the run needs fewer evaluations than with only the first taken out, and far fewer than plain RKC."""
+    rng = np.random.default_rng(6)
+    target, y0 = rng.dirichlet(np.ones(30)), 0.3 * rng.standard_normal(30)
+    a, b = np.linalg.qr(rng.standard_normal((30, 2)))[0].T
+    args = (target, a, b)
+    field, hessian = jax.jit(flow_with_two_stiff_directions), jax.jit(jax.hessian(loss_with_two_stiff_directions))
+    times = np.linspace(0.0, 100.0, 21)
+    reference = solve_ivp(lambda t, y: np.asarray(field(y, *args)), (0.0, 100.0), y0, method="LSODA", t_eval=times,
+                          rtol=1e-12, atol=1e-14, dense_output=True, jac=lambda t, y: -np.asarray(hessian(y, *args)))
+    for y in reference.y.T[1:]:  # once in the valleys
+        spectrum = np.linalg.eigvalsh(np.asarray(hessian(y, *args)))
+        assert spectrum[-1] > 2.5 * spectrum[-2] and spectrum[-2] > 10 * spectrum[-3], spectrum[-3:]
+    between = (times[2:-1] + times[3:]) / 2
+    runs = {}
+    for taken, deflate in ((2, True), (1, True), (2, False)):
+        monkeypatch.setattr(flowsim.rkc, "MAX_DIRECTIONS", taken)
+        runs[taken, deflate] = solve_ivp(None, (0.0, 100.0), y0, method=RKC, field=flow_with_two_stiff_directions,
+                                         field_args=args, t_eval=times, rtol=1e-6, atol=1e-10, dense_output=True,
+                                         deflate=deflate)
+        assert runs[taken, deflate].success, runs[taken, deflate].message
+        np.testing.assert_allclose(runs[taken, deflate].y, reference.y, atol=2e-5)
+        np.testing.assert_allclose(runs[taken, deflate].sol(between), reference.sol(between), atol=2e-5)
+    evaluations = {key: run.nfev for key, run in runs.items()}
+    assert evaluations[2, True] < 0.8 * evaluations[1, True] and evaluations[2, True] < 0.4 * evaluations[2, False], evaluations
 
 
 def test_deflated_steps_converge_at_second_order():
