@@ -1,5 +1,5 @@
 """RKC: the stabilized explicit Runge-Kutta-Chebyshev method, as a scipy ``OdeSolver``, with its stiffest
-direction taken out of the Chebyshev stages and integrated by exponential ones.
+directions taken out of the Chebyshev stages and integrated by exponential ones.
 
 Sommeijer, Shampine & Verwer (1997), "RKC: an explicit solver for parabolic PDEs". A step of
 size h takes s stages, each one evaluation of the field, arranged by the three-term recurrence
@@ -28,8 +28,8 @@ V is refreshed by a few more products every ``DIRECTION_AGE`` steps and made the
 Use: ``solve_ivp(None, span, y0, method=RKC, field=f, field_args=(a, b), rtol=..., atol=...)`` with
 ``f(y, a, b) -> dy/dt`` a JAX function (an autonomous system; its steps are compiled once per ``f``);
 dense output is the cubic Hermite interpolant of each step. Cost per step: s + 1 field evaluations (s + 2 with
-V taken out), O(n p) besides; ρ: ``POWER_ITERATIONS`` JVPs ((p + 2) POWER_ITERATIONS + p with p directions taken
-out), and p (DIRECTION_ITERATIONS + 1) for V and λ every DIRECTION_AGE steps.
+V taken out), O(n MAX_DIRECTIONS) besides; ρ: ``POWER_ITERATIONS`` JVPs (up to (p + 2) POWER_ITERATIONS + p with p
+directions taken out), and p (DIRECTION_ITERATIONS + 1) for V and λ every DIRECTION_AGE steps.
 """
 
 from __future__ import annotations
