@@ -45,7 +45,7 @@ from scipy.interpolate import CubicHermiteSpline
 
 DAMPING = 2.0 / 13.0  # the damped Chebyshev polynomial's ε: stability interval ≈ 0.65 s², robust to complex λ near the axis
 RADIUS_SAFETY = 1.2  # ρ is the power iteration's estimate times this (it converges from below)
-RADIUS_AGE = 25  # accepted steps between estimates of ρ (and after every rejected step)
+RADIUS_AGE = 25  # accepted steps between estimates of ρ (and after a rejected step, unless it was made at that point)
 POWER_ITERATIONS = 20  # JVPs per estimate, warm-started from the last dominant direction
 # the first j dominant directions are taken out where the j-th eigenvalue is this many times the spectral radius on their
 # complement: at that gap a power iteration's direction converges to 1e-8 in 20 products, and a refresh's 3 products
@@ -287,7 +287,8 @@ class RKC(OdeSolver):
             self.h_abs = abs(h) * max(MIN_FACTOR, min(factor, 1.0))
             if self.h_abs < 10 * np.abs(np.nextafter(self.t, self.direction * np.inf) - self.t):
                 return False, "the step size fell below the spacing of floating-point numbers"
-            self._estimate_radius()
+            if self.radius_age > 0:  # made at this point already, it would come out the same
+                self._estimate_radius()
 
     def _dense_output_impl(self):
         t_old, y0, y1, f0, f1 = self._last
