@@ -21,15 +21,17 @@ the Jacobian's dominant eigenvectors (eigenvalue -λ) and u the step's displacem
 (exponential Runge-Kutta with g interpolated through the step's start and the last stage, order 2), and the Chebyshev
 stages carry only the field's part orthogonal to the directions taken out (the columns of V, at most
 ``MAX_DIRECTIONS``), so s follows ρ' = the spectral radius on their complement. Direction j is taken out while its
-eigenvalue is ``DEFLATION_GAP`` times the spectral radius on the complement of the first j (a power iteration each);
-V is refreshed by a few more products every ``DIRECTION_AGE`` steps and made the Ritz vectors of J on its span
-(V^T J V diagonal: J symmetric, as a gradient flow's is).
+eigenvalue is ``DEFLATION_GAP`` times the spectral radius on the complement of the first j (a power iteration each)
+and the stages it saves outnumber the evaluations its refreshes cost; V is refreshed by a few more products every
+``DIRECTION_AGE`` steps and made the Ritz vectors of J on its span (V^T J V diagonal: J symmetric, as a gradient
+flow's is), from the products the iterations end with.
 
 Use: ``solve_ivp(None, span, y0, method=RKC, field=f, field_args=(a, b), rtol=..., atol=...)`` with
 ``f(y, a, b) -> dy/dt`` a JAX function (an autonomous system; its steps are compiled once per ``f``);
 dense output is the cubic Hermite interpolant of each step. Cost per step: s + 1 field evaluations (s + 2 with
-V taken out), O(n MAX_DIRECTIONS) besides; ρ: ``POWER_ITERATIONS`` JVPs (up to (p + 2) POWER_ITERATIONS + p with p
-directions taken out), and p (DIRECTION_ITERATIONS + 1) for V and λ every DIRECTION_AGE steps.
+V taken out), O(n MAX_DIRECTIONS) besides; ρ: at most ``POWER_ITERATIONS`` JVPs (at most (p + 2) POWER_ITERATIONS
+with p directions taken out; fewer once the estimate settles to RADIUS_TOLERANCE), and p DIRECTION_ITERATIONS for V
+and λ every DIRECTION_AGE steps.
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ from scipy.interpolate import CubicHermiteSpline
 DAMPING = 2.0 / 13.0  # the damped Chebyshev polynomial's ε: stability interval ≈ 0.65 s², robust to complex λ near the axis
 RADIUS_SAFETY = 1.2  # ρ is the power iteration's estimate times this (it converges from below)
 RADIUS_AGE = 25  # accepted steps between estimates of ρ (and after a rejected step, unless it was made at that point)
-POWER_ITERATIONS = 20  # JVPs per estimate, warm-started from the last dominant direction
+POWER_ITERATIONS = 20  # at most this many JVPs per estimate, warm-started from the last dominant direction ...
+# ... until the estimate moves less than this (relative) in one product: RKC.f stops at 1e-2; a direction taken out
+# needs more (the estimate's error is about the square of the direction's)
+RADIUS_TOLERANCE = 1e-3
 # the first j dominant directions are taken out where the j-th eigenvalue is this many times the spectral radius on their
 # complement: at that gap a power iteration's direction converges to 1e-8 in 20 products, and a refresh's 3 products
 # from the last one shrink its error 16-fold. At d = 64 the full-rank Hessian's top eigenvalues are 15 600, 5400, 1800,
@@ -55,7 +60,14 @@ DEFLATION_GAP = 2.5
 # at most this many: at d = 64 a gap of 2.5 never took out a third, and each column costs every stage ~1.5 µs on a CPU
 MAX_DIRECTIONS = 2
 DIRECTION_AGE, DIRECTION_ITERATIONS = 5, 3  # deflated: V and λ refreshed this often (steps) by this many JVPs each, as V turns
+JVP_COST = 2  # field evaluations a Jacobian-vector product is counted as in ``nfev`` (forward over the field)
+REFRESH_COST = JVP_COST * DIRECTION_ITERATIONS / DIRECTION_AGE  # ... so the refreshes' cost per step per direction
 SAFETY, MIN_FACTOR, MAX_FACTOR = 0.8, 0.1, 10.0  # step-size controller for the O(h³) local error
+
+
+def stage_count(h: float, radius: float) -> int:
+    """s = 1 + ⌈√(1 + 1.54 h ρ)⌉: the fewest stages stable for a step h where the spectral radius is ρ."""
+    return int(1 + np.ceil(np.sqrt(1.0 + 1.54 * abs(h) * radius)))
 
 
 def phi1(z):
@@ -147,25 +159,39 @@ def chebyshev_step(field: Callable) -> Callable:
 
 @functools.lru_cache(maxsize=None)
 def power_iteration(field: Callable) -> Callable:
-    """(y, v, args, away=None, iterations=POWER_ITERATIONS) -> (direction, ρ estimate): ``iterations`` products with
-    the Jacobian of ``field`` at y (JVPs) restricted to the complement of the orthonormal columns of ``away``
-    (n × MAX_DIRECTIONS; zero columns are ignored; None: the whole space), warm-started from v. Compiled once per
-    ``field``: every call gives the compiled loop arguments of the same shapes and types."""
+    """(y, v, args, away=None, iterations=POWER_ITERATIONS, tolerance=0) -> (u, P J u, products): up to ``iterations``
+    products with the Jacobian J of ``field`` at y (JVPs) restricted to the complement of the orthonormal columns of
+    ``away`` (P the projection on it; away is n × MAX_DIRECTIONS, zero columns are ignored; None: the whole space),
+    warm-started from v, stopping after two or more once the estimate ‖P J u‖ of ρ moved less than ``tolerance``
+    (relative) in the last. u is the unit vector of the last product, which is returned with it (no further one is
+    needed for J u). Compiled once per ``field``: every call gives the compiled loop arguments of the same shapes and
+    types."""
 
     @jax.jit
-    def iterate(y, v, away, args, iterations):
-        def product(_, carry):
-            v, _ = carry
-            w = jax.jvp(lambda x: field(x, *args), (y,), (v - away @ (away.T @ v),))[1]
+    def iterate(y, v, away, args, iterations, tolerance):
+        def unit(w):
             w = w - away @ (away.T @ w)
             norm = jnp.linalg.norm(w)
-            return w / jnp.where(norm > 0, norm, 1.0), norm
+            return w / jnp.where(norm > 0, norm, 1.0)
 
-        return jax.lax.fori_loop(0, iterations, product, (v / jnp.linalg.norm(v), jnp.zeros(())))
+        def product(carry):
+            count, _, w, norm, _ = carry
+            u = unit(w)
+            Ju = jax.jvp(lambda x: field(x, *args), (y,), (u,))[1]
+            Ju = Ju - away @ (away.T @ Ju)
+            new = jnp.linalg.norm(Ju)
+            return count + 1, u, Ju, new, jnp.abs(new - norm)
 
-    def run(y, v, args, away=None, iterations: int = POWER_ITERATIONS):
+        def going(carry):
+            count, _, _, norm, moved = carry
+            return (count < iterations) & ((count < 2) | (moved > tolerance * norm))
+
+        count, u, Ju, _, _ = jax.lax.while_loop(going, product, (0, jnp.zeros_like(v), v, 0.0, jnp.inf))
+        return u, Ju, count
+
+    def run(y, v, args, away=None, iterations: int = POWER_ITERATIONS, tolerance: float = 0.0):
         away = np.zeros((len(y), MAX_DIRECTIONS)) if away is None else away
-        return iterate(y, v, away, args, np.int64(iterations))
+        return iterate(y, v, away, args, np.int64(iterations), np.float64(tolerance))
 
     return run
 
@@ -198,7 +224,7 @@ class RKC(OdeSolver):
         # warm starts of the power iterations: the whole space's, then each complement's
         self.estimates = np.random.default_rng(seed).standard_normal((MAX_DIRECTIONS + 1, self.n))
         self.deflate = deflate
-        self._take_out(self.y, np.zeros((self.n, 0)))  # V and λ: nothing taken out yet
+        self._take_out(np.zeros((self.n, 0)), np.zeros((self.n, 0)))  # V and λ: nothing taken out yet
         self.slope, self._previous = self.f, None  # the dense output's slope at the last node; the node before it
         self.radius, self.radius_age, self.h_abs = 0.0, RADIUS_AGE, None
         self.rejected = 0
@@ -206,43 +232,54 @@ class RKC(OdeSolver):
 
     def _estimate_radius(self) -> None:
         """ρ by a power iteration; deflated, then ρ' on the complement of the first j dominant directions for
-        j = 1, 2, ..., each direction taken out while its eigenvalue exceeds DEFLATION_GAP × the next ρ'."""
-        away = np.zeros((self.n, MAX_DIRECTIONS))  # numpy arrays go to the compiled functions as they are
-        v, norm = self._power(self.y, self.estimates[0], self.args, away)
-        self.estimates[0], radius, taken = np.asarray(v), float(norm), 0
-        self.nfev += 2 * POWER_ITERATIONS  # a JVP costs about two field evaluations
+        j = 1, 2, ..., each direction taken out while its eigenvalue exceeds DEFLATION_GAP × the next ρ' and, at the
+        step size the controller proposes, the stages it saves outnumber the evaluations it costs (its refreshes,
+        and the first one's extra evaluation per step): where steps are short, s is small with or without it."""
+        away, products = np.zeros((self.n, MAX_DIRECTIONS)), np.zeros((self.n, MAX_DIRECTIONS))  # numpy arrays go to
+        u, Ju = self._dominant(away, 0)  # the compiled functions as they are
+        radius, taken = float(np.linalg.norm(Ju)), 0
         while self.deflate and taken < MAX_DIRECTIONS:
-            away[:, taken] = self.estimates[taken]
-            rest, rest_norm = self._power(self.y, self.estimates[taken + 1], self.args, away)
-            self.estimates[taken + 1] = np.asarray(rest)
-            self.nfev += 2 * POWER_ITERATIONS
-            if radius <= DEFLATION_GAP * float(rest_norm):
+            away[:, taken], products[:, taken] = u, Ju  # the next direction to take out, and J times it
+            u, Ju = self._dominant(away, taken + 1)
+            rest = float(np.linalg.norm(Ju))
+            if radius <= DEFLATION_GAP * rest:
                 break
-            taken, radius = taken + 1, float(rest_norm)
+            if self.h_abs is not None:
+                saved = stage_count(self.h_abs, RADIUS_SAFETY * radius) - stage_count(self.h_abs, RADIUS_SAFETY * rest) - (taken == 0)
+                if saved <= REFRESH_COST:
+                    break
+            taken, radius = taken + 1, rest
         self.radius, self.radius_age = RADIUS_SAFETY * radius, 0
-        self._take_out(self.y, away[:, :taken])
+        self._take_out(away[:, :taken], products[:, :taken])
+
+    def _dominant(self, away: np.ndarray, level: int) -> tuple[np.ndarray, np.ndarray]:
+        """(u, P J u): the power iteration on the complement of ``away``, warm-started from its last result there."""
+        u, Ju, count = (np.asarray(a) for a in self._power(self.y, self.estimates[level], self.args, away,
+                                                             tolerance=RADIUS_TOLERANCE))
+        self.estimates[level] = Ju  # where the iteration leads on: the next warm start
+        self.nfev += JVP_COST * int(count)
+        return u, Ju
 
     def _refresh_directions(self) -> None:
         """V and λ again: each column by DIRECTION_ITERATIONS products from its last value, on the complement of the
         columns before it (the gap to the rest makes them converge at once)."""
-        away = np.zeros((self.n, MAX_DIRECTIONS))
+        away, products = np.zeros((self.n, MAX_DIRECTIONS)), np.zeros((self.n, MAX_DIRECTIONS))
         for j in range(self.taken):
-            v, _ = self._power(self.y, self.stiff_directions[:, j], self.args, away, DIRECTION_ITERATIONS)
-            away[:, j] = np.asarray(v)
-        self.nfev += 2 * DIRECTION_ITERATIONS * self.taken
-        self._take_out(self.y, away[:, :self.taken])
+            u, Ju, _ = self._power(self.y, self.stiff_directions[:, j], self.args, away, DIRECTION_ITERATIONS)
+            away[:, j], products[:, j] = np.asarray(u), np.asarray(Ju)
+        self.nfev += JVP_COST * DIRECTION_ITERATIONS * self.taken
+        self._take_out(away[:, :self.taken], products[:, :self.taken])
 
-    def _take_out(self, y, V: np.ndarray) -> None:
+    def _take_out(self, V: np.ndarray, JV: np.ndarray) -> None:
         """The p orthonormal columns of V, turned into the Ritz vectors of J on their span (V^T J V diagonal, -λ on
-        its diagonal; p products), become the directions the stages integrate exponentially."""
+        its diagonal), become the directions the stages integrate exponentially. Column j of JV is P_j J v_j, P_j the
+        projection off the columns before it: V^T J V's lower triangle and diagonal, its upper triangle by symmetry
+        (J is symmetric), with no product of its own."""
         self.taken = V.shape[1]
         self.stiff_directions, self.stiff_rates = np.zeros((self.n, MAX_DIRECTIONS)), np.zeros(MAX_DIRECTIONS)
         if self.taken:
-            # J v from one power iteration's product: its direction times its norm (no other function to compile)
-            JV = np.stack([np.asarray(w) * float(norm) for w, norm in
-                           (self._power(y, v, self.args, iterations=1) for v in V.T)], axis=1)
-            self.nfev += 2 * self.taken
-            values, rotation = np.linalg.eigh((V.T @ JV + JV.T @ V) / 2)
+            lower = np.tril(V.T @ JV)
+            values, rotation = np.linalg.eigh(lower + np.tril(lower, -1).T)
             self.stiff_directions[:, :self.taken], self.stiff_rates[:self.taken] = V @ rotation, -values
 
     def _error(self, y_new, f_new, h) -> float:
@@ -262,7 +299,7 @@ class RKC(OdeSolver):
             self.h_abs = min(1.0 / max(self.radius, 1e-300), 1e-2 / speed if speed > 0 else np.inf, abs(self.t_bound - self.t))
         while True:
             h = float(min(self.h_abs, abs(self.t_bound - self.t)) * self.direction)  # one type for the compiled step
-            stages = int(1 + np.ceil(np.sqrt(1.0 + 1.54 * abs(h) * self.radius)))
+            stages = stage_count(h, self.radius)
             y_new, f_new = (np.asarray(a) for a in self._step(self.y, self.f, h, stages, self.stiff_directions,
                                                                  self.stiff_rates, self.args))
             self.nfev += stages + (self.taken > 0)

@@ -41,7 +41,9 @@ def test_closed_forms_are_the_sympy_solutions(d):
     assert origin_rate(pi) == pytest.approx(float(mu1_expression(d).subs(at)), rel=1e-12)
 
 
-def test_mean_field_closed_forms_equal_autodiff_at_d_12():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_mean_field_closed_forms_equal_autodiff_at_d_12(compiled, monkeypatch):
+    monkeypatch.setattr(MeanFieldChain, "COMPILED_FROM", 0 if compiled else 10**6)  # the factored maps both ways
     d = 12
     chain = random_chain(d, seed=5)
     closed = MeanFieldChain(chain.pi, chain.P)

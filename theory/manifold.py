@@ -172,7 +172,7 @@ class ReducedFlow:
         y = state.pack()
         compiled = compiled_reduced_flow(self.d, self.k, len(y) // (2 * self.d + 2 * self.k))
         start = np.random.default_rng(0).standard_normal(len(y))
-        return float(power_iteration(compiled.field)(y, start, self._arrays)[1])
+        return float(np.linalg.norm(power_iteration(compiled.field)(y, start, self._arrays)[1]))
 
     def solve(self, state0: ReducedState, t_eval: np.ndarray, *, t_start: float = 0.0,
               rtol: float = 1e-10, atol: float = 1e-14, method: str = "LSODA", until_stiff: bool = False):

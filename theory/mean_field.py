@@ -13,13 +13,16 @@ The loss factors through the two d x d maps Φ = W0 W_Q W_K^T W0^T and M = W0 W1
 On the rank-r manifolds (``theory.manifold``) the maps come factored, Φ = Γ K Γ^T with the
 r x r core K = Q^T R and M = Γ B^T, and nothing of cost d³ is formed: Z = (A Γ) B^T,
 F = (E B) Γ^T, and G_M enters only through products G_M X = A^T (E X) and G_M^T Y = E^T (A Y).
-One evaluation is O(d² r) (plus O(d² c) per product with c columns): a handful of d x d arrays.
+One evaluation is O(d² r) (plus O(d² c) per product with c columns): a handful of d x d arrays, worked on in
+place by numpy, or from ``MeanFieldChain.COMPILED_FROM`` tokens on formed by one compiled function.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from flowsim.chains import entropy_rate
@@ -43,6 +46,19 @@ def _softmax_rows(logits: np.ndarray) -> np.ndarray:
 
 def _logsumexp_rows(logits: np.ndarray) -> np.ndarray:
     return _softmax_rows_in_place(np.array(logits, dtype=float))
+
+
+@jax.jit
+def _factored_maps(Gamma, core, B, pi, log_pi, P):
+    """(A, E, G_Φ, L) at Φ = Γ K Γ^T, M = Γ B^T: ``MeanFieldChain.factored``'s formulas, O(d² r); compiled once
+    per (d, r)."""
+    A = jax.nn.softmax((Gamma @ core) @ Gamma.T + log_pi[None, :], axis=1)
+    Z = (A @ Gamma) @ B.T
+    log_normaliser = jax.nn.logsumexp(Z, axis=1)
+    loss = pi @ (log_normaliser - jnp.sum(P * Z, axis=1))
+    E = pi[:, None] * (jnp.exp(Z - log_normaliser[:, None]) - P)
+    F = A * ((E @ B) @ Gamma.T)
+    return A, E, F - A * jnp.sum(F, axis=1, keepdims=True), loss
 
 
 @dataclass(frozen=True)
@@ -70,12 +86,18 @@ class FactoredGradients:
 class MeanFieldChain:
     """The mean-field loss of one chain (π, P) and its gradient in the maps, in closed form."""
 
+    # vocabulary sizes from which ``factored`` runs compiled: at d = 1001 the in-place numpy form takes 30 ms at rank 1,
+    # the compiled one 11 ms (XLA fuses the softmaxes' passes); at d = 64 a prediction took 56-104 s with it against
+    # 61-77 s without (numpy's and XLA's threads contend on two cores at such sizes)
+    COMPILED_FROM = 256
+
     def __init__(self, pi: np.ndarray, P: np.ndarray):
         self.pi, self.P = np.asarray(pi, dtype=float), np.asarray(P, dtype=float)
         if np.any(self.pi <= 0):
             raise ValueError(f"the mean-field loss needs π > 0 for every token, got min π = {self.pi.min():g}")
         self.d = len(self.pi)
         self.log_pi = np.log(self.pi)
+        self._arrays = tuple(jnp.asarray(x) for x in (self.pi, self.log_pi, self.P))  # on the device once
 
     def bayes_loss(self) -> float:
         """Σ_i π_i H(P_i): the infimum of L (the logits log P_i), O(d²)."""
@@ -97,8 +119,12 @@ class MeanFieldChain:
     def factored(self, Gamma: np.ndarray, core: np.ndarray, B: np.ndarray) -> FactoredGradients:
         """The gradients and the loss at Φ = Γ K Γ^T, M = Γ B^T (Γ, B: d x r; K: r x r), O(d² r).
 
-        Three d x d arrays are allocated and worked on in place: at d = 1001 a fresh d x d array costs more
-        than the arithmetic on it (38 ms an evaluation at rank 1 written out of place, 26 ms in place)."""
+        Below COMPILED_FROM three d x d arrays are allocated and worked on in place: at d = 1001 a fresh d x d array
+        costs more than the arithmetic on it (38 ms an evaluation at rank 1 written out of place, 26 ms in place)."""
+        if self.d >= self.COMPILED_FROM:
+            A, E, G_Phi, loss = _factored_maps(np.asarray(Gamma, dtype=float), np.asarray(core, dtype=float),
+                                               np.asarray(B, dtype=float), *self._arrays)
+            return FactoredGradients(np.asarray(A), np.asarray(E), np.asarray(G_Phi), float(loss))
         A = (Gamma @ core) @ Gamma.T
         A += self.log_pi[None, :]
         _softmax_rows_in_place(A)
