@@ -168,6 +168,46 @@ def test_deflated_steps_converge_at_second_order():
     assert np.all(ratios > 0.4) and np.all(ratios < 1.2), (errors, ratios)
 
 
+def test_power_iteration_ends_with_its_own_product_and_stops_once_its_estimate_settles():
+    """On a linear field J = A (eigenvalues 100, 40, the rest at most 10): the returned product is J u exactly, the
+    estimate ‖J u‖ is ρ to the tolerance's order in fewer products than the cap, and on the complement of the dominant
+    direction it is the next eigenvalue."""
+    rng = np.random.default_rng(7)
+    V = np.linalg.qr(rng.standard_normal((20, 20)))[0]
+    A = (V * np.append(np.linspace(0.5, 10.0, 18), [40.0, 100.0])) @ V.T
+    power, y, start = flowsim.rkc.power_iteration(linear_field), np.zeros(20), rng.standard_normal(20)
+    u, Ju, count = (np.asarray(x) for x in power(y, start, (jnp.asarray(A),), tolerance=1e-3))
+    np.testing.assert_allclose(Ju, A @ u, atol=1e-12)
+    assert abs(np.linalg.norm(Ju) - 100.0) < 0.5 and int(count) < flowsim.rkc.POWER_ITERATIONS, (np.linalg.norm(Ju), count)
+    assert int(power(y, start, (jnp.asarray(A),))[2]) == flowsim.rkc.POWER_ITERATIONS  # no tolerance: every product
+    away = np.zeros((20, flowsim.rkc.MAX_DIRECTIONS))
+    away[:, 0] = V[:, -1]
+    u, Ju, _ = (np.asarray(x) for x in power(y, start, (jnp.asarray(A),), away=away, tolerance=1e-3))
+    off = np.eye(20) - np.outer(V[:, -1], V[:, -1])
+    np.testing.assert_allclose(Ju, off @ A @ u, atol=1e-12)
+    assert abs(np.linalg.norm(Ju) - 40.0) < 0.2, np.linalg.norm(Ju)
+
+
+@pytest.mark.parametrize("rtol, pays", [(1e-4, True), (1e-11, False)])
+def test_a_direction_is_taken_out_only_where_its_stages_saved_outweigh_its_refreshes(rtol, pays):
+    """One outlier at 10⁴: at a loose tolerance the steps are long (h ρ in the hundreds) and it is taken out; at a tight
+    one they are so short that s is 3 with it or without, and it is not (from the second estimate of ρ on: the first
+    is made before any step size is known, and takes it out on the gap alone)."""
+    rng = np.random.default_rng(4)
+    target, y0, a = rng.dirichlet(np.ones(30)), 0.3 * rng.standard_normal(30), rng.standard_normal(30)
+    a /= np.linalg.norm(a)
+    solver = RKC(None, 0.0, y0, 10.0, field=flow_with_one_stiff_direction, field_args=(target, a), rtol=rtol, atol=1e-14)
+    taken, stages = [], []
+    while solver.status == "running" and len(taken) < 400:
+        t = solver.t
+        solver.step()
+        taken.append(solver.taken)
+        stages.append(flowsim.rkc.stage_count(solver.t - t, solver.radius))
+    later = slice(flowsim.rkc.RADIUS_AGE, None)
+    assert len(taken) > 2 * flowsim.rkc.RADIUS_AGE
+    assert (max(taken[later]) > 0) == pays and (max(stages[later]) > 3) == pays, (taken, stages)
+
+
 def test_field_is_required():
     with pytest.raises(ValueError, match="RKC needs field="):
         solve_ivp(None, (0.0, 1.0), np.ones(2), method=RKC)
