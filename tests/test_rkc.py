@@ -87,6 +87,13 @@ def flow_with_one_stiff_direction(y, target, a):
     return -jax.grad(loss_with_one_stiff_direction)(y, target, a)
 
 
+def one_stiff_direction_problem():
+    """(target, y0, a) for ``flow_with_one_stiff_direction``: a seeded target law, start and unit valley normal."""
+    rng = np.random.default_rng(4)
+    target, y0, a = rng.dirichlet(np.ones(30)), 0.3 * rng.standard_normal(30), rng.standard_normal(30)
+    return target, y0, a / np.linalg.norm(a)
+
+
 def lsoda_reference(flow, loss_function, args, y0, times):
     """LSODA at rtol 1e-12 with the exact Jacobian (minus the loss's Hessian), dense output on."""
     field, hessian = jax.jit(flow), jax.jit(jax.hessian(loss_function))
@@ -109,9 +116,7 @@ def rkc_evaluations_matching(reference, flow, args, y0, times, deflate: bool) ->
 def test_deflation_takes_the_one_stiff_direction_out_of_the_stage_count():
     """With the outlying direction integrated exactly the path is LSODA's (saved and dense output), to the same
     accuracy as plain RKC's, for less than half of its field evaluations (s follows √ρ of the rest)."""
-    rng = np.random.default_rng(4)
-    target, y0, a = rng.dirichlet(np.ones(30)), 0.3 * rng.standard_normal(30), rng.standard_normal(30)
-    a /= np.linalg.norm(a)
+    target, y0, a = one_stiff_direction_problem()
     args = (target, a)
     spectrum = np.linalg.eigvalsh(np.asarray(jax.hessian(loss_with_one_stiff_direction)(y0, *args)))
     assert spectrum[-1] > 10 * spectrum[-2], spectrum[-3:]  # one outlier
@@ -193,9 +198,7 @@ def test_a_direction_is_taken_out_only_where_its_stages_saved_outweigh_its_refre
     """One outlier at 10⁴: at a loose tolerance the steps are long (h ρ in the hundreds) and it is taken out; at a tight
     one they are so short that s is 3 with it or without, and it is not (from the second estimate of ρ on: the first
     is made before any step size is known, and takes it out on the gap alone)."""
-    rng = np.random.default_rng(4)
-    target, y0, a = rng.dirichlet(np.ones(30)), 0.3 * rng.standard_normal(30), rng.standard_normal(30)
-    a /= np.linalg.norm(a)
+    target, y0, a = one_stiff_direction_problem()
     solver = RKC(None, 0.0, y0, 10.0, field=flow_with_one_stiff_direction, field_args=(target, a), rtol=rtol, atol=1e-14)
     taken, stages = [], []
     while solver.status == "running" and len(taken) < 400:
