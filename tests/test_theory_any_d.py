@@ -18,8 +18,8 @@ from theory.cycles import dilution_rates, focused_token
 from theory.manifold import FlowTurnedStiff, ReducedFlow, ReducedState, compiled_reduced_flow
 from theory.mean_field import MeanFieldChain, condensed_point, origin_rate
 from theory.origin import mu1_expression
-from theory.predict import AFTER_HORIZON, predict_run
-from theory.restart import FIRST_SPAN, STIFF_START, follow_reduced_flow
+from theory.predict import AFTER_HORIZON, UNSETTLED, predict_run
+from theory.restart import FIRST_SPAN, STIFF_START, RuleName, follow_reduced_flow
 from theory.transverse import TransverseCoupling
 
 
@@ -161,7 +161,8 @@ def test_the_condensation_orbit_in_d_plus_one_coordinates_is_the_rank_one_flow()
 
 
 def test_the_focus_orbit_by_rkc_is_lsodas(monkeypatch):
-    """Large chains integrate the focus orbit by RKC at rtol 1e-8: at d = 6 both methods give the same entropy."""
+    """Large chains integrate the focus orbit by RKC at RKC_RTOL: at d = 6 both methods give the same entropy, and
+    the same halfway fall to well within the rows' 4 digits."""
     import theory.focus as focus
 
     chain = flowsim.MarkovChain(pi=[0.4, 0.25, 0.15, 0.1, 0.06, 0.04], lam=0.3)
@@ -171,14 +172,14 @@ def test_the_focus_orbit_by_rkc_is_lsodas(monkeypatch):
     by_rkc = focus.focus_orbit.__wrapped__(*key)
     assert by_rkc.query == by_lsoda.query == int(np.argmax(chain.pi))
     assert by_lsoda.entropy[0] - by_lsoda.entropy.min() > 0.1  # it focuses
-    np.testing.assert_allclose(by_rkc.entropy, by_lsoda.entropy, atol=2e-4)
+    np.testing.assert_allclose(by_rkc.entropy, by_lsoda.entropy, atol=1e-3)
 
     def halfway(orbit) -> float:  # where the entropy falls halfway to its minimum
         bottom = int(np.argmin(orbit.entropy))
         level = (orbit.entropy[0] + orbit.entropy[bottom]) / 2
         return float(np.interp(-level, -orbit.entropy[: bottom + 1], orbit.tau[: bottom + 1]))
 
-    assert halfway(by_rkc) == pytest.approx(halfway(by_lsoda), rel=1e-5)
+    assert halfway(by_rkc) == pytest.approx(halfway(by_lsoda), rel=2e-5)
 
 
 def test_transverse_coupling_products_and_its_iterative_top_singular_value(monkeypatch):
@@ -250,8 +251,12 @@ def test_a_crossing_rank_in_pieces_stops_sooner_with_the_same_restarts(monkeypat
 def test_a_prediction_does_not_move_with_the_horizon():
     """Every event predicted before t = 1500 is predicted at the same time for horizons 1500 and 4000, the
     events after 1500 are named with their time, not dropped, and D = d log A_if/dt < 0 at every predicted
-    dilution onset of both."""
-    short, long = (predict_run(load_config(None, [f"time.t_end={t_end}"])) for t_end in (1500, 4000))
+    dilution onset of both. At a horizon of 900 the rank-3 flow starts past it (σ2 passes at t = 980): it is
+    followed only until the detectors place the events before 900 alike on its trajectory and on a cut of it
+    (to CONFIRM_RTOL), where at 4000 it is followed until it reaches the Bayes loss."""
+    import theory.cycles as cycles
+
+    shortest, short, long = (predict_run(load_config(None, [f"time.t_end={t_end}"])) for t_end in (900, 1500, 4000))
     later = {(row.stage, row.query, row.direction): row for row in long.rows}
     compared = 0
     for row in short.rows:
@@ -270,6 +275,17 @@ def test_a_prediction_does_not_move_with_the_horizon():
     for restart_short, restart_long in zip(short.cycles.restarts(), long.cycles.restarts()):
         assert (restart_short.rule, restart_short.t_settle, restart_short.t_integrated) == (
             restart_long.rule, restart_long.t_settle, restart_long.t_integrated)
+
+    timed = [row for row in shortest.rows if row.predicted is not None]
+    assert len(timed) >= 5 and not any(UNSETTLED in row.note for row in shortest.rows)
+    for row in timed:
+        assert later[(row.stage, row.query, row.direction)].predicted == pytest.approx(row.predicted, rel=cycles.CONFIRM_RTOL)
+    *within, past = shortest.cycles.restarts()
+    assert [r.t_integrated for r in within] == [r.t_integrated for r in long.cycles.restarts()[:2]]
+    assert shortest.cycles.stages[-1].t[0] > 900 and shortest.cycles.confirmation.confirmed
+    assert past.rule == RuleName.NOT_SETTLED and past.t_reach < cycles.MAX_REACH * 900
+    assert long.cycles.restarts()[2].rule == RuleName.OPTIMUM and long.cycles.restarts()[2].t_reach > 10_000
+    assert next(row for row in shortest.rows if row.direction == 3).note.startswith("no restart by t = 900")
 
 
 

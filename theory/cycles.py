@@ -32,7 +32,7 @@ from flowsim.models import OneLayerTransformer
 from flowsim.observables import stage_observables
 from flowsim.stages import Interval, StageReport, StageThresholds, detect_stages
 from flowsim.trajectory import Trajectory
-from theory.restart import RankStage, RestartPrediction, complement, propagate_rank
+from theory.restart import FULL_RANK_RTOL, RankStage, RestartPrediction, complement, propagate_rank
 from theory.mean_field import MeanFieldChain
 
 
@@ -184,14 +184,15 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
         return flow.loss_along(flow.flatten_batch(thetas))
 
     def confirmed(pieces: list[tuple[np.ndarray, dict]]) -> bool:
-        """Checked once the trajectory reaches reach × horizon: the prediction stops there."""
+        """Checked once the trajectory reaches reach × horizon: the prediction stops once the detectors place every
+        event before the horizon the same on it and on its cut (an unsettled one is checked again further on)."""
         t, thetas = joined(pieces, grid)
         if t[-1] < reach * horizon:
             return False
         checked.append(check_confirmation(t, thetas, loss_of, chain.pi, th))
         unsettled = "".join(f"; {stage} of q{query} unsettled: {how}" for (stage, query), how in checked[-1].unsettled.items())
         progress(f"at t = {t[-1]:.5g}: the events to t = {checked[-1].through:.5g} placed{unsettled}")
-        return True
+        return checked[-1].confirmed
 
     while True:
         rank = A.shape[1]
@@ -200,8 +201,12 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
         progress(f"rank-{rank} flow from t = {t_start:.5g}" + (" (full rank)" if full else
                                                                f", until σ{rank} passes {threshold:.3g}"))
         earlier = [(stage.t, stage.params) for stage in stages]
+        # a rank that starts past the horizon restarts past it: like the full-rank flow it only shows the detectors
+        # the trajectory beyond the horizon, at that flow's tolerance, until they confirm the events before it
+        shows_only = full or t_start > horizon
         stage = propagate_rank(chain, params, A, t_start, look, threshold, grid,
-                               confirmed=(lambda t, thetas: confirmed(earlier + [(t, thetas)])) if full else None)
+                               confirmed=(lambda t, thetas: confirmed(earlier + [(t, thetas)])) if shows_only else None,
+                               confirm_from=reach * horizon, rtol=FULL_RANK_RTOL if shows_only else None)
         stages.append(stage)
         crossed = stage.restart.t_integrated
         if not full:
@@ -233,7 +238,8 @@ class DilutionRates:
 
 
 def dilution_rates(prediction: CyclePrediction, query: int, token: int) -> DilutionRates:
-    """D_i and its two parts at every saved point, from the prediction's own velocity."""
+    """D_i and its two parts at every saved point, from the prediction's own velocity: only row i of Φ and of
+    its derivative, O(d m²) per point."""
     total, embedding, attention = [], [], []
     trajectory = prediction.trajectory
     pi = prediction.pi
@@ -242,14 +248,13 @@ def dilution_rates(prediction: CyclePrediction, query: int, token: int) -> Dilut
         W0, S = params["W0"], params["W_Q"] @ params["W_K"].T
         velocity = {name: value[n] for name, value in prediction.velocity.items()}
         S_dot = velocity["W_Q"] @ params["W_K"].T + params["W_Q"] @ velocity["W_K"].T
-        Phi = W0 @ S @ W0.T
-        logits = Phi[query] + np.log(pi)
+        logits = W0 @ (S.T @ W0[query]) + np.log(pi)  # row i of Φ = W0 S W0^T
         weights = np.exp(logits - logits.max())
         weights /= weights.sum()
         lever = -weights
         lever[token] += 1.0  # δ_jf - A_ij
-        moved = (velocity["W0"] @ S @ W0.T + W0 @ S @ velocity["W0"].T)[query]
-        turned = (W0 @ S_dot @ W0.T)[query]
+        moved = W0 @ (S.T @ velocity["W0"][query]) + velocity["W0"] @ (S.T @ W0[query])
+        turned = W0 @ (S_dot.T @ W0[query])
         embedding.append(float(lever @ moved))
         attention.append(float(lever @ turned))
         total.append(embedding[-1] + attention[-1])
@@ -262,7 +267,7 @@ def focused_token(prediction: CyclePrediction, dilution: Interval) -> int:
     trajectory = prediction.trajectory
     n = int(np.searchsorted(trajectory.t, (focus.t_start + dilution.t_start) / 2))
     W0, S = trajectory.params["W0"][n], trajectory.params["W_Q"][n] @ trajectory.params["W_K"][n].T
-    logits = (W0 @ S @ W0.T)[dilution.query] + np.log(prediction.pi)
+    logits = W0 @ (S.T @ W0[dilution.query]) + np.log(prediction.pi)  # row i of Φ = W0 S W0^T
     return int(np.argmax(logits))
 
 

@@ -93,6 +93,8 @@ def restart_line(r: RestartPrediction) -> str:
         return f"{head}: degenerate (largest rate on the way {r.peak_rate:.3g}), no restart"
     if r.rule == RuleName.OPTIMUM:
         return f"{head}: the flow reaches the Bayes loss there (largest rate on the way {r.peak_rate:.3g}), no restart"
+    if r.t_reach < REACH_LIMIT:  # a rank that started past the horizon, followed until the events before it were confirmed
+        return f"{head}, where the prediction ends; σ{r.direction} stays below ℓ = {r.threshold:.3g} up to it"
     return f"{head}; the flow has not settled by t = {REACH_LIMIT:g} and σ{r.direction} stays below ℓ = {r.threshold:.3g}"
 
 

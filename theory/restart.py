@@ -25,15 +25,18 @@ The prediction, per direction:
   equation (no constant rate to extrapolate with).
 * **degenerate.** μ below ``DEGENERATE_RATE`` × the largest transverse rate met on the way: the point
   is degenerate (C = 0 at symmetric rare tokens) and no direction opens.
+* **not settled.** σ_r(W0) stays below ℓ_r as far as the rank-r flow is followed, and it still moves there.
 
 The transverse equation integrated to the threshold is kept beside the formula as its check
 (``t_integrated``). Nothing here looks at a run's horizon: the rank-r flow is followed over doubling
 spans until it converges, or past the crossing until it is known whether it had settled before it (one
 span, or less where its rate still moves: ``TransverseAlongPath``, asked after each quarter span), so t_s and
-the crossing are properties of the flow. Cost per direction: the reduced flow, (2d + 2k) r equations at
-O(d² r) per evaluation (LSODA until the flow turns stiff, then RKC, which needs no Jacobian), and the linear
-transverse equation, (2d + 2k)(m - r) equations at O(d² (m - r)) per evaluation (C kept factored,
-``TransverseCoupling``).
+the crossing are properties of the flow. The one exception is a rank that starts past the horizon
+(``theory.cycles``): its restart is past the horizon whatever its time, and its flow is followed only until
+the detectors have confirmed the events before the horizon, unless it crosses first. Cost per direction:
+the reduced flow, (2d + 2k) r equations at O(d² r) per evaluation (LSODA until the flow turns stiff, then
+RKC, which needs no Jacobian), and the linear transverse equation, (2d + 2k)(m - r) equations at
+O(d² (m - r)) per evaluation (C kept factored, ``TransverseCoupling``).
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ class RuleName(str, Enum):
     BEFORE_SETTLING = "before settling"
     DEGENERATE = "degenerate"
     OPTIMUM = "at the optimum"
-    NOT_SETTLED = "not settled"
+    NOT_SETTLED = "not settled"  # σ_r below ℓ_r as far as the flow was followed, the flow still moving there
     FULL_RANK = "full rank"
 
 
@@ -348,14 +351,18 @@ def restart_rule(chain: MeanFieldChain, reduced_flow: ReducedFlow, path: Reduced
 
 def propagate_rank(chain: MeanFieldChain, params, A: np.ndarray, t_start: float, look: float,
                    threshold: float, grid: np.ndarray,
-                   confirmed: Callable[[np.ndarray, dict[str, np.ndarray]], bool] | None = None) -> RankStage:
+                   confirmed: Callable[[np.ndarray, dict[str, np.ndarray]], bool] | None = None,
+                   confirm_from: float = 0.0, rtol: float | None = None) -> RankStage:
     """Follow the rank-r flow and the transverse equation from ``params`` at ``t_start``; predict the restart
     of direction r = A.shape[1] (σ_r(W0) passing ``threshold``). Where the flow settles and when the
     transverse part crosses are found without reference to ``look``, which only bounds the saved trajectory
-    (``grid`` times up to the crossing or ``look``). At full rank (no direction left to open: threshold ∞)
-    the rank-r flow alone is followed to ``look``, or until ``confirmed(saved times, parameters)``, asked as
-    each of its spans ends, says the trajectory so far is enough. Cost: the reduced flow (``follow_reduced_flow``) and the
-    linear transverse equation, (2d + 2k)(m - r) equations at O(d² (m - r + r)) per evaluation."""
+    (``grid`` times up to the crossing or ``look``). Given ``confirmed``, the flow only shows the detectors the
+    trajectory (a rank that starts past the horizon, or full rank: no direction left to open, threshold ∞):
+    unless it crosses first, it stops at ``look``, or where ``confirmed(saved times, parameters)``, asked as
+    each piece of it ends past ``confirm_from``, says the trajectory so far is enough, and its restart lies past
+    where it stopped. ``rtol`` is the rank-r flow's tolerance (default REDUCED_RTOL, FULL_RANK_RTOL at full rank).
+    Cost: the reduced flow (``follow_reduced_flow``) and the linear transverse equation, (2d + 2k)(m - r)
+    equations at O(d² (m - r + r)) per evaluation."""
     A = np.asarray(A, dtype=float)
     rank, E = A.shape[1], complement(A)
     d, k = chain.d, np.shape(params["W_Q"])[1]
@@ -366,24 +373,36 @@ def propagate_rank(chain: MeanFieldChain, params, A: np.ndarray, t_start: float,
     def rate_of(y: np.ndarray) -> float:
         return TransverseCoupling(chain, ReducedState.unpack(y, d, k)).rate()
 
+    frozen = None  # the settled closed form of Z past the reach (below)
+
+    def transverse_at(t: float) -> np.ndarray:
+        if full_rank:
+            return np.zeros(transverse.shape)
+        if frozen is not None and t > frozen.t0:
+            return frozen.at_time(t)
+        return transverse.at(t)
+
     def followed_far_enough(path_so_far: ReducedPath) -> bool:
         if not full_rank:
-            return transverse(path_so_far)
-        if path_so_far.t_reach >= look or confirmed is None:
-            return path_so_far.t_reach >= look
-        kept, stacked, _ = saved_trajectory(reduced_flow, path_so_far, lambda t: np.zeros(transverse.shape), A, E,
-                                            t_start, path_so_far.t_reach, None, grid)
+            known = transverse(path_so_far)  # the new segment integrated; True once crossed and the rule is known
+            if transverse.crossing is not None or confirmed is None:
+                return known
+        if path_so_far.t_reach >= look:  # no crossing by the saved trajectory's end
+            return True
+        if confirmed is None or path_so_far.t_reach < confirm_from:
+            return False
+        kept, stacked, _ = saved_trajectory(reduced_flow, path_so_far, transverse_at, A, E, t_start, path_so_far.t_reach,
+                                            None, grid)
         return confirmed(kept, stacked)
 
     path = follow_reduced_flow(reduced_flow, project(params, A), t_start, rate_of, followed_far_enough,
-                               until=look if full_rank else REACH_LIMIT, rtol=FULL_RANK_RTOL if full_rank else REDUCED_RTOL,
+                               until=look if full_rank else REACH_LIMIT, rtol=rtol or (FULL_RANK_RTOL if full_rank else REDUCED_RTOL),
                                pieces=1 if full_rank else PIECES_PER_SPAN)
     t_settle = settle_time(path, rate_of)
     rate, peak = float(path.rates[-1]), float(path.rates.max())
     t_integrated = transverse.crossing
 
     # past the reduced flow's reach it has settled: H_T is frozen there and Z follows exp(-τ H_T) in closed form
-    frozen = None
     if not full_rank and t_integrated is None and path.converged and rate > DEGENERATE_RATE * peak:
         end_state = ReducedState.unpack(path.y(path.t_reach), d, k)
         frozen = FrozenTransverse.at(TransverseCoupling(chain, end_state), transverse.at(path.t_reach), path.t_reach)
@@ -393,15 +412,8 @@ def propagate_rank(chain: MeanFieldChain, params, A: np.ndarray, t_start: float,
     verdict = RuleVerdict(RuleName.FULL_RANK, None) if full_rank else restart_rule(
         chain, reduced_flow, path, transverse, t_settle, t_integrated, A, E, threshold)
 
-    def transverse_at(t: float) -> np.ndarray:
-        if full_rank:
-            return np.zeros(transverse.shape)
-        if frozen is not None and t > path.t_reach:
-            return frozen.at_time(t)
-        return transverse.at(t)
-
-    # a full-rank flow stopped before ``look`` (confirmed) is saved to where it was followed; a settled one is held
-    saved_until = min(look, path.t_reach) if full_rank and not path.converged else look
+    # a flow stopped before ``look`` (confirmed) is saved to where it was followed; a settled one is held
+    saved_until = min(look, path.t_reach) if not path.converged and t_integrated is None else look
     kept, stacked, velocity = saved_trajectory(reduced_flow, path, transverse_at, A, E, t_start, saved_until, t_integrated, grid)
     restart = RestartPrediction(rank, verdict.t_onset, verdict.rule, t_integrated, t_settle, rate, path.t_reach, peak,
                                 verdict.amplitude, verdict.t_leading, threshold)
