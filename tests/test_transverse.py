@@ -164,6 +164,24 @@ def test_chained_rank_flows_predict_later_restarts_focuses_and_dilutions_with_th
         assert np.all(rates.total[inside] < REDUCED_RTOL * np.abs(rates.total).max())
         focus = prediction.cycles.report.of("focus", dilution.query)[0]
         assert rates.total[np.searchsorted(rates.t, focus.t_start)] > 0
+        # D is d log A_if/dt: against autodiff's derivative of log A_if along the predicted velocity
+        np.testing.assert_allclose(rates.total, autodiff_dilution_rate(prediction.cycles, dilution.query, rates.token),
+                                   rtol=1e-9, atol=1e-12 * np.abs(rates.total).max())
+
+
+def autodiff_dilution_rate(cycles, query: int, token: int) -> np.ndarray:
+    """d log A_if/dt = the JVP of θ -> log softmax(W0[i] W_Q W_K^T W0^T + log π)_f along the predicted velocity."""
+    import jax
+    import jax.numpy as jnp
+
+    def log_attention(W0, W_Q, W_K):
+        logits = W0[query] @ W_Q @ W_K.T @ W0.T + jnp.log(cycles.pi)
+        return jax.nn.log_softmax(logits)[token]
+
+    names = ("W0", "W_Q", "W_K")
+    along = jax.vmap(lambda theta, velocity: jax.jvp(log_attention, theta, velocity)[1])
+    return np.asarray(along(tuple(cycles.trajectory.params[name] for name in names),
+                            tuple(cycles.velocity[name] for name in names)))
 
 
 @pytest.mark.slow

@@ -141,7 +141,8 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     cycles = predict_cycles(chain, prepared.flow, prepared.model, prepared.params0, condensation.alpha, t_end, progress=progress)
     rows = [timed_row(Row("condensation", None, None, condensation.t_end), t_end)]
     rows += [timed_row(Row("focus", query, None, t), t_end) for query, t in focus.t_onset.items()]
-    if not focus.t_onset:
+    chained_focus = [i for i in cycles.report.of("focus", focus.order[0]) if i.t_start <= cycles.confirmed_through]
+    if not focus.t_onset and not chained_focus:  # a focus of the first query that only the chained flow sees is its row
         drop = focus.orbit.entropy[0] - focus.orbit.entropy.min()
         rows.append(Row("focus", focus.order[0], None, None, note=f"no focus: on the focus orbit the entropy falls only "
                                                                   f"{drop:.3g} nats (a focus needs {StageThresholds().focus_drop:g})"))
