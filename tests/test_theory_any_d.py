@@ -211,13 +211,19 @@ def test_stage_observables_equal_the_full_observables():
         np.testing.assert_allclose(column, full[name], rtol=1e-10, atol=1e-12, err_msg=name)
 
 
-def test_the_chained_prediction_stops_once_its_events_are_confirmed(monkeypatch):
+@pytest.fixture(scope="module")
+def default_prediction_to_500():
+    """The default chain's prediction at t_end = 500 (shared: each takes seconds)."""
+    return predict_run(load_config(None, ["time.t_end=500"]))
+
+
+def test_the_chained_prediction_stops_once_its_events_are_confirmed(monkeypatch, default_prediction_to_500):
     """At t_end = 500 the default chain's prediction stops at the σ2 crossing (t = 980 >= 10^0.25 × 500), where
     the detectors place every event up to 980 / 10^0.25 the same on the trajectory and on its cut 0.1 decade
     earlier; followed on through rank 3 to MAX_REACH × t_end, it gives the same rows."""
     import theory.cycles as cycles
 
-    stopped = predict_run(load_config(None, ["time.t_end=500"]))
+    stopped = default_prediction_to_500
     assert len(stopped.cycles.stages) == 2 and stopped.cycles.trajectory.t[-1] < cycles.MAX_REACH * 500
     assert stopped.cycles.confirmation.confirmed and stopped.cycles.confirmed_through > 500
     # a lookahead that makes the first check come at MAX_REACH × t_end
@@ -245,16 +251,14 @@ def test_a_first_focus_that_only_the_chained_flow_shows_has_one_row(monkeypatch)
     assert len(rows) == 1 and rows[0].predicted == pytest.approx(96.16, rel=0.05) and not rows[0].note, rows
 
 
-def test_a_crossing_rank_in_pieces_stops_sooner_with_the_same_restarts(monkeypatch):
+def test_a_crossing_rank_in_pieces_stops_sooner_with_the_same_restarts(monkeypatch, default_prediction_to_500):
     """Solving each doubling in pieces stops the σ2 flow of the default chain short of the doubling's end once
     its rule is known, with the same rules and crossings (to the flows' tolerance) as whole doublings."""
     import theory.restart as restart
 
-    reaches = {}
-    for pieces in (1, restart.PIECES_PER_SPAN):
-        monkeypatch.setattr(restart, "PIECES_PER_SPAN", pieces)
-        reaches[pieces] = [stage.restart for stage in predict_run(load_config(None, ["time.t_end=500"])).cycles.stages]
-    whole, pieced = reaches[1], reaches[restart.PIECES_PER_SPAN]
+    pieced = [stage.restart for stage in default_prediction_to_500.cycles.stages]
+    monkeypatch.setattr(restart, "PIECES_PER_SPAN", 1)
+    whole = [stage.restart for stage in predict_run(load_config(None, ["time.t_end=500"])).cycles.stages]
     assert [r.rule for r in whole] == [r.rule for r in pieced] and len(whole) == 2
     np.testing.assert_allclose([r.t_integrated for r in pieced], [r.t_integrated for r in whole], rtol=1e-4)
     assert all(p.t_reach <= w.t_reach for p, w in zip(pieced, whole))
