@@ -235,8 +235,9 @@ class RKC(OdeSolver):
         j = 1, 2, ..., each direction taken out while its eigenvalue exceeds DEFLATION_GAP × the next ρ' and, at the
         step size the controller proposes, the stages it saves outnumber the evaluations it costs (its refreshes,
         and the first one's extra evaluation per step): where steps are short, s is small with or without it."""
-        away, products = np.zeros((self.n, MAX_DIRECTIONS)), np.zeros((self.n, MAX_DIRECTIONS))  # numpy arrays go to
-        u, Ju = self._dominant(away, 0)  # the compiled functions as they are
+        # numpy arrays go to the compiled functions as they are
+        away, products = np.zeros((self.n, MAX_DIRECTIONS)), np.zeros((self.n, MAX_DIRECTIONS))
+        u, Ju = self._dominant(away, 0)
         radius, taken = float(np.linalg.norm(Ju)), 0
         while self.deflate and taken < MAX_DIRECTIONS:
             away[:, taken], products[:, taken] = u, Ju  # the next direction to take out, and J times it
@@ -245,7 +246,8 @@ class RKC(OdeSolver):
             if radius <= DEFLATION_GAP * rest:
                 break
             if self.h_abs is not None:
-                saved = stage_count(self.h_abs, RADIUS_SAFETY * radius) - stage_count(self.h_abs, RADIUS_SAFETY * rest) - (taken == 0)
+                saved = (stage_count(self.h_abs, RADIUS_SAFETY * radius) - stage_count(self.h_abs, RADIUS_SAFETY * rest)
+                         - (taken == 0))  # the first direction also costs an evaluation a step
                 if saved <= REFRESH_COST:
                     break
             taken, radius = taken + 1, rest
