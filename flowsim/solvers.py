@@ -426,6 +426,7 @@ def _prepend(flow: GradientFlow, prefix_t: np.ndarray, prefix_theta: np.ndarray,
 _RADAU_COMPILED: dict[tuple, stiff.RadauFunctions] = {}
 RADAU_FIRST_CHUNK = 8  # step attempts in the first call of the compiled loop, when chunked
 RADAU_CHUNK_SECONDS = 0.5  # later chunks are sized to about this wall-clock time
+SAVE_BUFFER_BYTES = 16 * 2**20  # a save buffer this small costs nothing to carry (MEASUREMENTS.md)
 SEQUENTIAL_STAGES_FROM_SIZE = 16_384  # larger flows evaluate the three Radau stages one by one (MEASUREMENTS.md)
 # Eigenpairs of the Jacobian JaxRadau keeps (its stiff directions), by flow size: 8 at the
 # paper's sizes, 32 from n = 1024, where 8 leaves stiff directions outside the subspace and
@@ -441,9 +442,11 @@ def stiff_rank(size: int) -> int:
     return max(rank for threshold, rank in STIFF_RANKS if size >= threshold)
 
 
-def _save_slots(n_times: int) -> int:
-    """Save buffers come in powers of two (at least 64), so save grids of similar length share one compilation."""
-    return max(64, 1 << (n_times - 1).bit_length())
+def _save_slots(n_times: int, size: int) -> int:
+    """Save buffers come in powers of two, at least 64 and, while the buffer of a flow of ``size`` parameters
+    stays within SAVE_BUFFER_BYTES, at least 512: every save grid of up to 512 times shares one compilation."""
+    floor = 512 if 512 * size * 8 <= SAVE_BUFFER_BYTES else 64
+    return max(floor, 1 << (n_times - 1).bit_length())
 
 
 @dataclass
@@ -503,14 +506,14 @@ class JaxRadau(Method):
     def check_saved_state(self, arrays: dict[str, np.ndarray], problem: Problem) -> stiff.RadauState:
         """A saved loop state (``FlowResult.radau_state``) for this problem, or a ValueError naming what is wrong."""
         batch, size = problem.thetas0.shape
-        return _radau_state_from_arrays(arrays, batch, size, _save_slots(len(problem.times)), self.is_large(size))
+        return _radau_state_from_arrays(arrays, batch, size, _save_slots(len(problem.times), size), self.is_large(size))
 
     def start(self, problem: Problem, state: stiff.RadauState | None = None) -> RadauRun:
         """Compile (once per structure) and start, or continue the loop ``state``."""
         flows, times = problem.flows, problem.times
         losses = [with_fused_products(flow.loss) if self.fused_products else flow.loss for flow in flows]
         loss = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *losses)
-        slots = _save_slots(len(times))
+        slots = _save_slots(len(times), problem.flow.size)
         functions, compile_seconds = self.compiled(problem.flow, len(flows), slots, loss)
         times_device = jnp.asarray(np.concatenate([times, np.full(slots - len(times), np.inf)]))
         solve_started = time.perf_counter()
@@ -582,6 +585,10 @@ def _radau_state_from_arrays(arrays: dict[str, np.ndarray], batch: int, size: in
         fields = {name: jnp.asarray(arrays[name]) for name in stiff.RadauState._fields if name != "jacobian"}
     except KeyError as error:
         raise ValueError(f"the saved JaxRadau state lacks the array {error.args[0]!r}") from None
+    saved = fields["saved"]
+    if saved.ndim == 3 and saved.shape[1] < slots:
+        # saved with a smaller buffer (an earlier version's): the written rows are kept, the rest are padding
+        fields["saved"] = jnp.concatenate([saved, jnp.zeros((saved.shape[0], slots - saved.shape[1], *saved.shape[2:]))], axis=1)
     if fields["y"].shape != (batch, size) or fields["saved"].shape != (batch, slots, size):
         raise ValueError(f"the saved JaxRadau state is for {fields['y'].shape} parameters and "
                          f"{fields['saved'].shape[1]} save slots, not ({batch}, {size}) and {slots}")

