@@ -12,7 +12,10 @@ explicit method.
 It suits stiff systems whose Jacobian has a (nearly) real spectrum that changes quickly along the
 path: gradient flows, whose Jacobian is minus a Hessian. There an implicit method must refresh
 and factor an n × n Jacobian (n Hessian-vector products, O(n³)) every few steps, while RKC needs
-only the field and, every ``RADIUS_AGE`` steps, a few Jacobian-vector products for ρ.
+only the field and, every ``RADIUS_AGE`` steps, a few Jacobian-vector products for ρ. Those are forward
+differences of the field, J u ≈ (f(y + δ u) - f(y)) / δ with f(y) known from the step: one evaluation each,
+where JAX's forward-over-reverse product cost 5-6 evaluations of a gradient flow's field (d = 1001), and ρ, the
+directions taken out and their rates need only a few digits (the step's error is controlled by its own estimate).
 
 **Deflation** (``deflate=True``, the default). The Hessians of attention's flows have one or a few eigenvalues far
 above the rest (the logits' scale: at d = 64, 10⁴ against 3·10²), and s follows √ρ of the largest. With v one of
@@ -29,7 +32,7 @@ flow's is), from the products the iterations end with.
 Use: ``solve_ivp(None, span, y0, method=RKC, field=f, field_args=(a, b), rtol=..., atol=...)`` with
 ``f(y, a, b) -> dy/dt`` a JAX function (an autonomous system; its steps are compiled once per ``f``);
 dense output is the cubic Hermite interpolant of each step. Cost per step: s + 1 field evaluations (s + 2 with
-V taken out), O(n MAX_DIRECTIONS) besides; ρ: at most ``POWER_ITERATIONS`` JVPs (at most (p + 2) POWER_ITERATIONS
+V taken out), O(n MAX_DIRECTIONS) besides; ρ: at most ``POWER_ITERATIONS`` products (at most (p + 2) POWER_ITERATIONS
 with p directions taken out; fewer once the estimate settles to RADIUS_TOLERANCE), and p DIRECTION_ITERATIONS for V
 and λ every DIRECTION_AGE steps.
 """
@@ -48,7 +51,7 @@ from scipy.interpolate import CubicHermiteSpline
 DAMPING = 2.0 / 13.0  # the damped Chebyshev polynomial's ε: stability interval ≈ 0.65 s², robust to complex λ near the axis
 RADIUS_SAFETY = 1.2  # ρ is the power iteration's estimate times this (it converges from below)
 RADIUS_AGE = 25  # accepted steps between estimates of ρ (and after a rejected step, unless it was made at that point)
-POWER_ITERATIONS = 20  # at most this many JVPs per estimate, warm-started from the last dominant direction ...
+POWER_ITERATIONS = 20  # at most this many products per estimate, warm-started from the last dominant direction ...
 # ... until the estimate moves less than this (relative) in one product: RKC.f stops at 1e-2; a direction taken out
 # needs more (the estimate's error is about the square of the direction's)
 RADIUS_TOLERANCE = 1e-3
@@ -59,9 +62,12 @@ RADIUS_TOLERANCE = 1e-3
 DEFLATION_GAP = 2.5
 # at most this many: at d = 64 a gap of 2.5 never took out a third, and each column costs every stage ~1.5 µs on a CPU
 MAX_DIRECTIONS = 2
-DIRECTION_AGE, DIRECTION_ITERATIONS = 5, 3  # deflated: V and λ refreshed this often (steps) by this many JVPs each, as V turns
-JVP_COST = 2  # field evaluations a Jacobian-vector product is counted as in ``nfev`` (forward over the field)
-REFRESH_COST = JVP_COST * DIRECTION_ITERATIONS / DIRECTION_AGE  # ... so the refreshes' cost per step per direction
+DIRECTION_AGE, DIRECTION_ITERATIONS = 5, 3  # deflated: V and λ refreshed this often (steps) by this many products each, as V turns
+# a product J u is the forward difference (f(y + δ u) - f(y)) / δ, δ = DIFFERENCE_STEP (1 + ‖y‖): its error is about
+# √(machine ε) relative, far below what ρ and the directions need (RADIUS_TOLERANCE)
+DIFFERENCE_STEP = float(np.sqrt(np.finfo(float).eps))
+PRODUCT_COST = 1  # field evaluations per product, as counted in ``nfev``
+REFRESH_COST = PRODUCT_COST * DIRECTION_ITERATIONS / DIRECTION_AGE  # ... so the refreshes' cost per step per direction
 SAFETY, MIN_FACTOR, MAX_FACTOR = 0.8, 0.1, 10.0  # step-size controller for the O(h³) local error
 
 
@@ -159,8 +165,9 @@ def chebyshev_step(field: Callable) -> Callable:
 
 @functools.lru_cache(maxsize=None)
 def power_iteration(field: Callable) -> Callable:
-    """(y, v, args, away=None, iterations=POWER_ITERATIONS, tolerance=0) -> (u, P J u, products): up to ``iterations``
-    products with the Jacobian J of ``field`` at y (JVPs) restricted to the complement of the orthonormal columns of
+    """(y, f(y), v, args, away=None, iterations=POWER_ITERATIONS, tolerance=0) -> (u, P J u, products): up to
+    ``iterations`` products with the Jacobian J of ``field`` at y (forward differences from f(y), one evaluation each)
+    restricted to the complement of the orthonormal columns of
     ``away`` (P the projection on it; away is n × MAX_DIRECTIONS, zero columns are ignored; None: the whole space),
     warm-started from v, stopping after two or more once the estimate ‖P J u‖ of ρ moved less than ``tolerance``
     (relative) in the last. u is the unit vector of the last product, which is returned with it (no further one is
@@ -168,7 +175,9 @@ def power_iteration(field: Callable) -> Callable:
     types."""
 
     @jax.jit
-    def iterate(y, v, away, args, iterations, tolerance):
+    def iterate(y, f0, v, away, args, iterations, tolerance):
+        delta = DIFFERENCE_STEP * (1.0 + jnp.linalg.norm(y))
+
         def unit(w):
             w = w - away @ (away.T @ w)
             norm = jnp.linalg.norm(w)
@@ -177,7 +186,7 @@ def power_iteration(field: Callable) -> Callable:
         def product(carry):
             count, _, w, norm, _ = carry
             u = unit(w)
-            Ju = jax.jvp(lambda x: field(x, *args), (y,), (u,))[1]
+            Ju = (field(y + delta * u, *args) - f0) / delta
             Ju = Ju - away @ (away.T @ Ju)
             new = jnp.linalg.norm(Ju)
             return count + 1, u, Ju, new, jnp.abs(new - norm)
@@ -189,9 +198,9 @@ def power_iteration(field: Callable) -> Callable:
         count, u, Ju, _, _ = jax.lax.while_loop(going, product, (0, jnp.zeros_like(v), v, 0.0, jnp.inf))
         return u, Ju, count
 
-    def run(y, v, args, away=None, iterations: int = POWER_ITERATIONS, tolerance: float = 0.0):
+    def run(y, f0, v, args, away=None, iterations: int = POWER_ITERATIONS, tolerance: float = 0.0):
         away = np.zeros((len(y), MAX_DIRECTIONS)) if away is None else away
-        return iterate(y, v, away, args, np.int64(iterations), np.float64(tolerance))
+        return iterate(y, f0, v, away, args, np.int64(iterations), np.float64(tolerance))
 
     return run
 
@@ -209,7 +218,7 @@ class HermiteOutput(DenseOutput):
 
 class RKC(OdeSolver):
     """Runge-Kutta-Chebyshev of order 2 with variable stages. ``field(y, *field_args)`` (a JAX function giving dy/dt)
-    is required and ``fun`` is not used. ``nfev`` counts field evaluations and Jacobian-vector products (as two)."""
+    is required and ``fun`` is not used. ``nfev`` counts field evaluations, Jacobian-vector products included."""
 
     def __init__(self, fun, t0, y0, t_bound, rtol=1e-6, atol=1e-12, vectorized=False, field=None, field_args: tuple = (),
                  seed: int = 0, deflate: bool = True, **extraneous):
@@ -256,10 +265,10 @@ class RKC(OdeSolver):
 
     def _dominant(self, away: np.ndarray, level: int) -> tuple[np.ndarray, np.ndarray]:
         """(u, P J u): the power iteration on the complement of ``away``, warm-started from its last result there."""
-        u, Ju, count = (np.asarray(a) for a in self._power(self.y, self.estimates[level], self.args, away,
+        u, Ju, count = (np.asarray(a) for a in self._power(self.y, self.f, self.estimates[level], self.args, away,
                                                              tolerance=RADIUS_TOLERANCE))
         self.estimates[level] = Ju  # where the iteration leads on: the next warm start
-        self.nfev += JVP_COST * int(count)
+        self.nfev += PRODUCT_COST * int(count)
         return u, Ju
 
     def _refresh_directions(self) -> None:
@@ -267,9 +276,9 @@ class RKC(OdeSolver):
         columns before it (the gap to the rest makes them converge at once)."""
         away, products = np.zeros((self.n, MAX_DIRECTIONS)), np.zeros((self.n, MAX_DIRECTIONS))
         for j in range(self.taken):
-            u, Ju, _ = self._power(self.y, self.stiff_directions[:, j], self.args, away, DIRECTION_ITERATIONS)
+            u, Ju, _ = self._power(self.y, self.f, self.stiff_directions[:, j], self.args, away, DIRECTION_ITERATIONS)
             away[:, j], products[:, j] = np.asarray(u), np.asarray(Ju)
-        self.nfev += JVP_COST * DIRECTION_ITERATIONS * self.taken
+        self.nfev += PRODUCT_COST * DIRECTION_ITERATIONS * self.taken
         self._take_out(away[:, :self.taken], products[:, :self.taken])
 
     def _take_out(self, V: np.ndarray, JV: np.ndarray) -> None:

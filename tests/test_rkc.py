@@ -181,16 +181,34 @@ def test_power_iteration_ends_with_its_own_product_and_stops_once_its_estimate_s
     V = np.linalg.qr(rng.standard_normal((20, 20)))[0]
     A = (V * np.append(np.linspace(0.5, 10.0, 18), [40.0, 100.0])) @ V.T
     power, y, start = flowsim.rkc.power_iteration(linear_field), np.zeros(20), rng.standard_normal(20)
-    u, Ju, count = (np.asarray(x) for x in power(y, start, (jnp.asarray(A),), tolerance=1e-3))
+    f0 = np.asarray(linear_field(y, jnp.asarray(A)))
+    u, Ju, count = (np.asarray(x) for x in power(y, f0, start, (jnp.asarray(A),), tolerance=1e-3))
     np.testing.assert_allclose(Ju, A @ u, atol=1e-12)
     assert abs(np.linalg.norm(Ju) - 100.0) < 0.5 and int(count) < flowsim.rkc.POWER_ITERATIONS, (np.linalg.norm(Ju), count)
-    assert int(power(y, start, (jnp.asarray(A),))[2]) == flowsim.rkc.POWER_ITERATIONS  # no tolerance: every product
+    assert int(power(y, f0, start, (jnp.asarray(A),))[2]) == flowsim.rkc.POWER_ITERATIONS  # no tolerance: every product
     away = np.zeros((20, flowsim.rkc.MAX_DIRECTIONS))
     away[:, 0] = V[:, -1]
-    u, Ju, _ = (np.asarray(x) for x in power(y, start, (jnp.asarray(A),), away=away, tolerance=1e-3))
+    u, Ju, _ = (np.asarray(x) for x in power(y, f0, start, (jnp.asarray(A),), away=away, tolerance=1e-3))
     off = np.eye(20) - np.outer(V[:, -1], V[:, -1])
     np.testing.assert_allclose(Ju, off @ A @ u, atol=1e-12)
     assert abs(np.linalg.norm(Ju) - 40.0) < 0.2, np.linalg.norm(Ju)
+
+
+def test_power_iterations_products_are_the_jacobians_to_a_forward_differences_error():
+    """The products are forward differences of the field (one evaluation each): on a nonlinear field away from 0 one
+    product is JAX's exact Jacobian-vector product to about √(machine ε), relative."""
+    rng = np.random.default_rng(3)
+    A = jnp.asarray(rng.standard_normal((30, 30)))
+
+    def field(y, A):
+        return -A @ jnp.tanh(y) - y**3
+
+    y, start = rng.standard_normal(30) * 3.0, rng.standard_normal(30)
+    u, Ju, count = (np.asarray(x) for x in flowsim.rkc.power_iteration(field)(y, np.asarray(field(y, A)), start, (A,),
+                                                                             iterations=1))
+    exact = np.asarray(jax.jvp(lambda x: field(x, A), (jnp.asarray(y),), (jnp.asarray(u),))[1])
+    assert int(count) == 1
+    assert np.linalg.norm(Ju - exact) < 1e-6 * np.linalg.norm(exact), np.linalg.norm(Ju - exact) / np.linalg.norm(exact)
 
 
 @pytest.mark.parametrize("rtol, pays", [(1e-4, True), (1e-11, False)])

@@ -20,7 +20,7 @@ from theory.mean_field import MeanFieldChain, condensed_point, origin_rate
 from theory.origin import mu1_expression
 from theory.predict import AFTER_HORIZON, UNSETTLED, predict_run
 from theory.restart import FIRST_SPAN, STIFF_START, RuleName, follow_reduced_flow
-from theory.transverse import TransverseCoupling
+from theory.transverse import TransverseCoupling, transverse_coupling, transverse_hessian, transverse_velocity
 
 
 def random_state(d, k, rank, seed, scale=0.5):
@@ -65,6 +65,10 @@ def test_mean_field_closed_forms_equal_autodiff_at_d_12(compiled, monkeypatch):
     X = rng.standard_normal((d, 4))
     np.testing.assert_allclose(factored.G_M_times(X), G_M @ X, atol=1e-13)
     np.testing.assert_allclose(factored.G_M_transpose_times(X), G_M.T @ X, atol=1e-13)
+    # the transverse equation's field (one compiled function, or numpy) is -H_T Z, C formed from the dense gradients
+    Z = rng.standard_normal((2 * d + 2 * 3, 2))
+    H_T = transverse_hessian(transverse_coupling(G_Phi, G_M, state))
+    np.testing.assert_allclose(transverse_velocity(closed, state, Z), -H_T @ Z, atol=1e-12)
     # the Bayes loss is the infimum: reached where attention is the identity and M = log P
     assert closed.loss_of_maps(60.0 * np.eye(d), np.log(chain.P)) == pytest.approx(closed.bayes_loss(), abs=1e-10)
     assert closed.loss_of_maps(Phi, M) > closed.bayes_loss()

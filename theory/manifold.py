@@ -168,11 +168,12 @@ class ReducedFlow:
 
     def spectral_radius(self, state: ReducedState) -> float:
         """ρ, the largest |eigenvalue| of the field's Jacobian (the Hessian's largest) at ``state``: a power
-        iteration of ``flowsim.rkc.POWER_ITERATIONS`` Hessian-vector products, O(d² r) each (from below)."""
+        iteration of ``flowsim.rkc.POWER_ITERATIONS`` Hessian-vector products (forward differences of the field),
+        O(d² r) each (from below)."""
         y = state.pack()
         compiled = compiled_reduced_flow(self.d, self.k, len(y) // (2 * self.d + 2 * self.k))
         start = np.random.default_rng(0).standard_normal(len(y))
-        return float(np.linalg.norm(power_iteration(compiled.field)(y, start, self._arrays)[1]))
+        return float(np.linalg.norm(power_iteration(compiled.field)(y, compiled.field(y, *self._arrays), start, self._arrays)[1]))
 
     def solve(self, state0: ReducedState, t_eval: np.ndarray, *, t_start: float = 0.0,
               rtol: float = 1e-10, atol: float = 1e-14, method: str = "LSODA", until_stiff: bool = False):

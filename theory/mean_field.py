@@ -50,7 +50,7 @@ def _logsumexp_rows(logits: np.ndarray) -> np.ndarray:
 
 
 @jax.jit
-def _factored_maps(Gamma, core, B, pi, log_pi, P):
+def factored_maps(Gamma, core, B, pi, log_pi, P):
     """(A, E, G_Φ, L) at Φ = Γ K Γ^T, M = Γ B^T: ``MeanFieldChain.factored``'s formulas, O(d² r); compiled once
     per (d, r)."""
     A = jax.nn.softmax((Gamma @ core) @ Gamma.T + log_pi[None, :], axis=1)
@@ -100,8 +100,8 @@ class MeanFieldChain:
         self.log_pi = np.log(self.pi)
 
     @functools.cached_property
-    def _device_arrays(self) -> tuple[jax.Array, ...]:
-        """(π, log π, P) on the device, once, for the compiled ``factored``."""
+    def device_arrays(self) -> tuple[jax.Array, ...]:
+        """(π, log π, P) on the device, once, for the compiled functions of the maps."""
         return tuple(jnp.asarray(x) for x in (self.pi, self.log_pi, self.P))
 
     def bayes_loss(self) -> float:
@@ -127,8 +127,8 @@ class MeanFieldChain:
         Below COMPILED_FROM three d x d arrays are allocated and worked on in place: at d = 1001 a fresh d x d array
         costs more than the arithmetic on it (38 ms an evaluation at rank 1 written out of place, 26 ms in place)."""
         if self.d >= self.COMPILED_FROM:
-            A, E, G_Phi, loss = _factored_maps(np.asarray(Gamma, dtype=float), np.asarray(core, dtype=float),
-                                               np.asarray(B, dtype=float), *self._device_arrays)
+            A, E, G_Phi, loss = factored_maps(np.asarray(Gamma, dtype=float), np.asarray(core, dtype=float),
+                                              np.asarray(B, dtype=float), *self.device_arrays)
             return FactoredGradients(np.asarray(A), np.asarray(E), np.asarray(G_Phi), float(loss))
         A = (Gamma @ core) @ Gamma.T
         A += self.log_pi[None, :]

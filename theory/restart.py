@@ -52,7 +52,8 @@ from scipy.linalg import null_space
 
 from theory.manifold import FlowTurnedStiff, ReducedFlow, ReducedState, project
 from theory.mean_field import MeanFieldChain
-from theory.transverse import TransverseCoupling, fastest_transverse_mode, transverse_hessian
+from theory.transverse import (TransverseCoupling, fastest_transverse_mode, transverse_field, transverse_hessian,
+                               transverse_velocity)
 
 SETTLED = 0.01  # the transverse rate within 1% of its limit: settled
 CONVERGED = 1e-3  # the rate moved less than this (relative) over the last doubling of the reduced flow's reach: its limit
@@ -241,14 +242,11 @@ def settle_time(path: ReducedPath, rate_of: Callable[[np.ndarray], float]) -> fl
     return float(brentq(lambda t: abs(rate_of(path.y(t)) - rate) - SETTLED * rate, lo, hi, xtol=1e-9 * hi))
 
 
-TRANSVERSE_RTOL = 1e-9  # the transverse equation's relative tolerance
-TRANSVERSE_ATOL = 1e-9  # ... and absolute, times the transverse part's initial scale
-
-
-def transverse_field(C: TransverseCoupling, Z: np.ndarray) -> np.ndarray:
-    """dZ/dt = -H_T Z: (dU, dY) = -(C Y, C^T U), O(d² (m - r)); Z has d + (d + 2k) rows."""
-    d = C.d
-    return -np.vstack([C.times(Z[d:]), C.transpose_times(Z[:d])])
+TRANSVERSE_RTOL = 1e-9  # the transverse equation's relative tolerance, and its absolute one times Z's initial scale
+# ... where the rank only shows the detectors the trajectory (it starts past the horizon, its path solved at
+# FULL_RANK_RTOL): at d = 1001 rank 3's transverse equation took 61 s at 1e-9 and 15 s at 1e-6, and the saved
+# parameters moved by 2e-5 of their size, below the path's own tolerance
+SHOWN_TRANSVERSE_RTOL = 1e-6
 
 
 class TransverseAlongPath:
@@ -256,10 +254,12 @@ class TransverseAlongPath:
     of the assembled parameters passes ``threshold`` (RK45 with a terminal event). Called with each new
     segment of the reduced flow, it says whether the flow has been followed far enough to tell whether it
     had settled before the crossing (the rule for what comes first): one span past the crossing, or less
-    where the rate still moves after the crossing (``moves_after``)."""
+    where the rate still moves after the crossing (``moves_after``). ``rtol``: RK45's relative tolerance and its
+    absolute one times the transverse part's initial scale."""
 
-    def __init__(self, chain: MeanFieldChain, A: np.ndarray, E: np.ndarray, Z0: np.ndarray, threshold: float):
-        self.chain, self.A, self.E, self.Z0, self.threshold = chain, A, E, Z0, threshold
+    def __init__(self, chain: MeanFieldChain, A: np.ndarray, E: np.ndarray, Z0: np.ndarray, threshold: float,
+                 rtol: float = TRANSVERSE_RTOL):
+        self.chain, self.A, self.E, self.Z0, self.threshold, self.rtol = chain, A, E, Z0, threshold, rtol
         self.rank, self.shape = A.shape[1], Z0.shape
         self.k = Z0.shape[0] // 2 - chain.d  # Z0 has 2d + 2k rows
         self.scale = float(np.abs(Z0).max(initial=0.0)) or 1.0  # Z starts at the initial scale and does not shrink much
@@ -286,7 +286,7 @@ class TransverseAlongPath:
             return ReducedState.unpack(segment.sol(t), d, k)
 
         def field(t, z):
-            return transverse_field(TransverseCoupling(self.chain, state(t)), z.reshape(self.shape)).ravel()
+            return transverse_velocity(self.chain, state(t), z.reshape(self.shape)).ravel()
 
         def passes(t, z):
             return _sigma(assemble(state(t), self.A, z.reshape(self.shape), self.E)["W0"], self.rank) - self.threshold
@@ -294,7 +294,7 @@ class TransverseAlongPath:
         passes.terminal = True
         z0 = self.Z0.ravel() if not self.pieces else self.pieces[-1].sol(self.pieces[-1].t[-1])
         piece = solve_ivp(field, (segment.sol.t_min, segment.sol.t_max), z0, method=TRANSVERSE_METHOD, events=passes,
-                          dense_output=True, rtol=TRANSVERSE_RTOL, atol=TRANSVERSE_ATOL * self.scale)
+                          dense_output=True, rtol=self.rtol, atol=self.rtol * self.scale)
         if piece.status == -1:
             raise RuntimeError(f"the transverse equation failed: {piece.message}")
         self.pieces.append(piece)
@@ -368,7 +368,8 @@ def propagate_rank(chain: MeanFieldChain, params, A: np.ndarray, t_start: float,
     d, k = chain.d, np.shape(params["W_Q"])[1]
     reduced_flow = ReducedFlow(chain, k, rank)
     full_rank = E.shape[1] == 0 or not np.isfinite(threshold)
-    transverse = TransverseAlongPath(chain, A, E, transverse_part(params, E), threshold)
+    transverse = TransverseAlongPath(chain, A, E, transverse_part(params, E), threshold,
+                                     TRANSVERSE_RTOL if confirmed is None else SHOWN_TRANSVERSE_RTOL)
 
     def rate_of(y: np.ndarray) -> float:
         return TransverseCoupling(chain, ReducedState.unpack(y, d, k)).rate()
