@@ -74,6 +74,20 @@ def test_mean_field_closed_forms_equal_autodiff_at_d_12(compiled, monkeypatch):
     assert closed.loss_of_maps(Phi, M) > closed.bayes_loss()
 
 
+def test_sigma_max_by_lanczos_from_any_start_is_the_dense_svds(monkeypatch):
+    """σ_max(C) by Lanczos (as beyond DENSE_UP_TO) from the top's own left vector, from the second one (orthogonal to
+    the top: a mode the top has overtaken since the last sample) and from no start: each time the dense SVD's."""
+    monkeypatch.setattr(TransverseCoupling, "DENSE_UP_TO", 0)
+    chain = random_chain(30, seed=11)
+    coupling = TransverseCoupling(MeanFieldChain(chain.pi, chain.P), random_state(30, 4, 2, seed=3))
+    left, values, _ = np.linalg.svd(coupling.dense())
+    assert values[1] < 0.9 * values[0]
+    for start in (left[:, 0], left[:, 1], None):
+        rate, u, v = coupling.top(start=start)
+        assert rate == pytest.approx(values[0], rel=1e-10)
+        np.testing.assert_allclose(abs(u @ left[:, 0]), 1.0, atol=1e-8)
+
+
 def test_compiled_reduced_flow_and_its_jacobian_against_the_closed_form_and_finite_differences():
     d, k, rank = 10, 3, 2
     chain = random_chain(d, seed=3)
@@ -292,7 +306,7 @@ def test_a_prediction_does_not_move_with_the_horizon():
     assert compared >= 5
     for prediction in (short, long):  # mass leaves the focused token at every predicted dilution's onset
         for dilution in prediction.cycles.dilutions():
-            rates = dilution_rates(prediction.cycles, dilution.query, focused_token(prediction.cycles, dilution))
+            rates = dilution_rates(prediction.cycles, [(dilution.query, focused_token(prediction.cycles, dilution))])[0]
             assert np.interp(dilution.t_start, rates.t, rates.total) < 0, dilution
     for restart_short, restart_long in zip(short.cycles.restarts(), long.cycles.restarts()):
         assert (restart_short.rule, restart_short.t_settle, restart_short.t_integrated) == (

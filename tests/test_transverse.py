@@ -158,7 +158,7 @@ def test_chained_rank_flows_predict_later_restarts_focuses_and_dilutions_with_th
     dilutions = prediction.cycles.dilutions()
     assert dilutions
     for dilution in dilutions:
-        rates = dilution_rates(prediction.cycles, dilution.query, focused_token(prediction.cycles, dilution))
+        rates = dilution_rates(prediction.cycles, [(dilution.query, focused_token(prediction.cycles, dilution))])[0]
         inside = (rates.t >= dilution.t_start) & (rates.t <= (dilution.t_end or rates.t[-1]))
         # D < 0 down to the resolution of the rank-r flows' path (their relative tolerance REDUCED_RTOL)
         assert np.all(rates.total[inside] < REDUCED_RTOL * np.abs(rates.total).max())

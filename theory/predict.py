@@ -34,7 +34,7 @@ import numpy as np
 from flowsim.config import ConfigError, RunConfig
 from flowsim.experiment import prepare
 from flowsim.stages import StageReport, StageThresholds, subject_label
-from theory.cycles import POINTS_PER_DECADE, CyclePrediction, dilution_mechanism, predict_cycles
+from theory.cycles import POINTS_PER_DECADE, CyclePrediction, dilution_mechanisms, predict_cycles
 from theory.focus import FocusPrediction, predict_focus
 from theory.origin import CondensationPrediction, predict_condensation
 from theory.restart import REACH_LIMIT, RestartPrediction, RuleName
@@ -66,14 +66,14 @@ class Prediction:
     t_end: float  # the horizon the rows were cut at
 
     def constants(self) -> str:
-        c, f = self.condensation, self.focus
+        c, f, dilutions = self.condensation, self.focus, self.cycles.dilutions()
         return (f"μ1 = {c.mu1:.6g} (condensation: log(1/ε)/μ1 = {c.leading_order:.4g}, O(1) correction {c.correction:+.4g}; "
                 f"unstable amplitude a0 = {c.a0:.4g})\n"
                 f"μ2 = {f.mu2:.6g} at the condensed point (h = {f.h:+.4g}; attention amplitude {f.a_attn0:.4g}); "
                 f"queries focus in the order {f.order}, on token {f.order[0]}"
                 + "".join(f"\n{restart_line(restart)}" for restart in self.cycles.restarts())
-                + "".join(f"\npredicted {i.stage} of q{i.query}: {i.evidence}\n  {dilution_mechanism(self.cycles, i)}"
-                          for i in self.cycles.dilutions()))
+                + "".join(f"\npredicted {i.stage} of q{i.query}: {i.evidence}\n  {mechanism}"
+                          for i, mechanism in zip(dilutions, dilution_mechanisms(self.cycles, dilutions))))
 
 
 def restart_line(r: RestartPrediction) -> str:

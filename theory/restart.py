@@ -371,8 +371,11 @@ def propagate_rank(chain: MeanFieldChain, params, A: np.ndarray, t_start: float,
     transverse = TransverseAlongPath(chain, A, E, transverse_part(params, E), threshold,
                                      TRANSVERSE_RTOL if confirmed is None else SHOWN_TRANSVERSE_RTOL)
 
+    nearby = [None]  # the last sample's left singular vector: the next Lanczos starts there
+
     def rate_of(y: np.ndarray) -> float:
-        return TransverseCoupling(chain, ReducedState.unpack(y, d, k)).rate()
+        rate, nearby[0], _ = TransverseCoupling(chain, ReducedState.unpack(y, d, k)).top(start=nearby[0])
+        return rate
 
     frozen = None  # the settled closed form of Z past the reach (below)
 
