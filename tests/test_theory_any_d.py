@@ -14,7 +14,7 @@ from flowsim.losses import expected_cross_entropy, mean_field_attention
 from flowsim.observables import compute_observables, stage_observables
 from flowsim.trajectory import Trajectory
 from theory.focus import condensed_point_expressions
-from theory.cycles import dilution_rates, focused_token
+from theory.cycles import dilution_rates, focused_token, observables_until
 from theory.manifold import FlowTurnedStiff, ReducedFlow, ReducedState, compiled_reduced_flow
 from theory.mean_field import MeanFieldChain, condensed_point, origin_rate
 from theory.origin import mu1_expression
@@ -227,6 +227,14 @@ def test_stage_observables_equal_the_full_observables():
     light, full = stage_observables(trajectory, chain.pi), compute_observables(trajectory, model, chain.pi)
     for name, column in light.columns.items():
         np.testing.assert_allclose(column, full[name], rtol=1e-10, atol=1e-12, err_msg=name)
+    # each column is a function of its own time: the cut trajectory's are the whole's first rows (the confirmation's cut)
+    keep = trajectory.t <= 2.0
+    cut = Trajectory(t=trajectory.t[keep], loss=trajectory.loss[keep], params={n: p[keep] for n, p in params.items()})
+    sliced, direct = observables_until(light, 2.0), stage_observables(cut, chain.pi)
+    np.testing.assert_array_equal(sliced.t, direct.t)
+    assert sliced.columns.keys() == direct.columns.keys()
+    for name, column in direct.columns.items():
+        np.testing.assert_allclose(sliced[name], column, rtol=1e-12, atol=1e-14, err_msg=name)
 
 
 @pytest.fixture(scope="module")
