@@ -313,8 +313,9 @@ def test_a_prediction_does_not_move_with_the_horizon():
             assert time > 1500 and (later[key].predicted is None or later[key].predicted == pytest.approx(time, rel=1e-3))
     assert compared >= 5
     for prediction in (short, long):  # mass leaves the focused token at every predicted dilution's onset
-        for dilution in prediction.cycles.dilutions():
-            rates = dilution_rates(prediction.cycles, [(dilution.query, focused_token(prediction.cycles, dilution))])[0]
+        dilutions = prediction.cycles.dilutions()
+        pairs = [(dilution.query, focused_token(prediction.cycles, dilution)) for dilution in dilutions]
+        for dilution, rates in zip(dilutions, dilution_rates(prediction.cycles, pairs)):
             assert np.interp(dilution.t_start, rates.t, rates.total) < 0, dilution
     for restart_short, restart_long in zip(short.cycles.restarts(), long.cycles.restarts()):
         assert (restart_short.rule, restart_short.t_settle, restart_short.t_integrated) == (

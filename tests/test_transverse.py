@@ -157,8 +157,9 @@ def test_chained_rank_flows_predict_later_restarts_focuses_and_dilutions_with_th
     assert prediction.cycles.stages[0].restart.rule == "before settling"
     dilutions = prediction.cycles.dilutions()
     assert dilutions
-    for dilution in dilutions:
-        rates = dilution_rates(prediction.cycles, [(dilution.query, focused_token(prediction.cycles, dilution))])[0]
+    # every dilution's rates at once (the pairs share each saved time's products), each checked on its own
+    pairs = [(dilution.query, focused_token(prediction.cycles, dilution)) for dilution in dilutions]
+    for dilution, rates in zip(dilutions, dilution_rates(prediction.cycles, pairs)):
         inside = (rates.t >= dilution.t_start) & (rates.t <= (dilution.t_end or rates.t[-1]))
         # D < 0 down to the resolution of the rank-r flows' path (their relative tolerance REDUCED_RTOL)
         assert np.all(rates.total[inside] < REDUCED_RTOL * np.abs(rates.total).max())
@@ -166,6 +167,12 @@ def test_chained_rank_flows_predict_later_restarts_focuses_and_dilutions_with_th
         assert rates.total[np.searchsorted(rates.t, focus.t_start)] > 0
         # D is d log A_if/dt: against autodiff's derivative of log A_if along the predicted velocity
         np.testing.assert_allclose(rates.total, autodiff_dilution_rate(prediction.cycles, dilution.query, rates.token),
+                                   rtol=1e-9, atol=1e-12 * np.abs(rates.total).max())
+    # several pairs at once (other queries and tokens too): each column is its own pair's rate
+    query, token = pairs[0]
+    other = (token + 1) % len(prediction.cycles.pi)
+    for rates in dilution_rates(prediction.cycles, [(query, token), (query, other), (other, token), (other, other)]):
+        np.testing.assert_allclose(rates.total, autodiff_dilution_rate(prediction.cycles, rates.query, rates.token),
                                    rtol=1e-9, atol=1e-12 * np.abs(rates.total).max())
 
 

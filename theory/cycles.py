@@ -279,9 +279,14 @@ def dilution_rates(prediction: CyclePrediction, pairs: Sequence[tuple[int, int]]
             for c, (query, token) in enumerate(pairs)]
 
 
+def preceding_focus(prediction: CyclePrediction, dilution: Interval) -> Interval:
+    """The focus of the dilution's query that came last before it."""
+    return [i for i in prediction.report.of("focus", dilution.query) if i.t_start < dilution.t_start][-1]
+
+
 def focused_token(prediction: CyclePrediction, dilution: Interval) -> int:
     """The token query i attended most to just before its dilution (halfway from its focus onset)."""
-    focus = [i for i in prediction.report.of("focus", dilution.query) if i.t_start < dilution.t_start][-1]
+    focus = preceding_focus(prediction, dilution)
     trajectory = prediction.trajectory
     n = int(np.searchsorted(trajectory.t, (focus.t_start + dilution.t_start) / 2))
     W0, S = trajectory.params["W0"][n], trajectory.params["W_Q"][n] @ trajectory.params["W_K"][n].T
@@ -294,8 +299,7 @@ def dilution_mechanisms(prediction: CyclePrediction, dilutions: Sequence[Interva
     tokens = [focused_token(prediction, dilution) for dilution in dilutions]
     lines = []
     for dilution, rates in zip(dilutions, dilution_rates(prediction, [(i.query, f) for i, f in zip(dilutions, tokens)])):
-        focus = [i for i in prediction.report.of("focus", dilution.query) if i.t_start < dilution.t_start][-1]
-        leaving = np.flatnonzero((rates.total < 0) & (rates.t > focus.t_start))
+        leaving = np.flatnonzero((rates.total < 0) & (rates.t > preceding_focus(prediction, dilution).t_start))
         # at the onset itself, between the saved times around it
         total, embedding, attention = (float(np.interp(dilution.t_start, rates.t, x))
                                        for x in (rates.total, rates.embedding, rates.attention))
