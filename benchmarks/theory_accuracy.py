@@ -102,14 +102,14 @@ def random_transition_matrix(d: int, seed: int) -> np.ndarray:
     return rows / rows.sum(axis=1, keepdims=True)
 
 
-def text_chain(corpus: str, d: int, data_dir: Path, smoothing: float = 0.1) -> np.ndarray:
-    """The bigram chain of a corpus's training split over its top d - 1 words and <unk> (the bridge's surrogate)."""
+def text_chain(corpus: str, d: int, data_dir: Path) -> np.ndarray:
+    """The bigram chain of a corpus's training split over its top d - 1 words and <unk> (the bridge's default
+    surrogate: interpolated with the unigram law at the weight of least validation cross-entropy)."""
+    from flowsim.bridge.compare import text_surrogate
+    from flowsim.bridge.config import CompareConfig
     from flowsim.bridge.data import load_corpus
-    from flowsim.chains import MarkovChain
 
-    ids = load_corpus(corpus, d - 1, data_dir).train
-    counts = np.bincount(ids[:-1] * d + ids[1:], minlength=d * d).reshape(d, d).astype(float)
-    return MarkovChain.from_counts(counts, smoothing).P
+    return text_surrogate(load_corpus(corpus, d - 1, data_dir), CompareConfig())[0].P
 
 
 def large_vocabularies(args) -> None:
@@ -151,7 +151,7 @@ def large_vocabularies(args) -> None:
     text = ["## Theory accuracy at larger vocabularies (`python benchmarks/theory_accuracy.py --large`)", "",
             f"Seeded chains at d = {', '.join(map(str, args.dims))} ({args.per_size} of the paper family with π ~ Dirichlet(1) "
             f"floored at 0.2/d, {args.per_size} general P with Dirichlet rows floored at 0.1/d) and the bigram surrogates of "
-            f"{', '.join(args.corpus)} at d = {', '.join(map(str, args.text_d))} (smoothing 0.1); m = k = 8, mean-field loss, "
+            f"{', '.join(args.corpus)} at d = {', '.join(map(str, args.text_d))} (the bridge's default surrogate, interpolated with the unigram law); m = k = 8, mean-field loss, "
             f"seed-0 initial point; the exact flow (JaxRadau, rtol 1e-8) to twice the predicted focus and to 1.3 × the "
             f"predicted σ1 restart (at most t = {args.t_cap:g}). {time.perf_counter() - started:.0f} s on a 2-core CPU.", "",
             *lines]

@@ -111,6 +111,53 @@ def stationary_distribution(P: np.ndarray, members: np.ndarray | None = None) ->
     return pi / pi.sum()
 
 
+def bigram_counts(ids: np.ndarray, d: int, cyclic: bool = False) -> np.ndarray:
+    """c[i, j] = the number of positions where token i is followed by token j, as a float (d, d) array.
+
+    ``cyclic`` reads the sequence as a cycle (its last token followed by its first), so each
+    token's row and column sums both equal its count: a closed walk, whose bigram chain has
+    exactly the token frequencies as its stationary law. O(len(ids) + d²)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.ndim != 1 or len(ids) < 2:
+        raise ValueError(f"need a 1-d sequence of at least 2 token ids to count bigrams, got shape {ids.shape}")
+    if ids.min() < 0 or ids.max() >= d:
+        raise ValueError(f"token ids must lie in [0, {d - 1}], got ids from {ids.min()} to {ids.max()}")
+    following = np.roll(ids, -1) if cyclic else ids[1:]
+    preceding = ids if cyclic else ids[:-1]
+    return np.bincount(preceding * d + following, minlength=d * d).reshape(d, d).astype(float)
+
+
+def cross_entropy_rate(P: np.ndarray, ids: np.ndarray) -> float:
+    """The held-out bigram cross-entropy -mean_t log P[x_t, x_{t+1}] of a sequence, in nats (inf when a
+    pair has probability 0). O(len(ids))."""
+    ids = np.asarray(ids, dtype=np.int64)
+    probabilities = np.asarray(P)[ids[:-1], ids[1:]]
+    with np.errstate(divide="ignore"):
+        return float(-np.mean(np.log(probabilities)))
+
+
+def fit_unigram_weight(counts: np.ndarray, held_out: np.ndarray, tolerance: float = 1e-5) -> float:
+    """The unigram weight w of ``MarkovChain.from_counts_interpolated`` that minimises the cross-entropy
+    of a held-out sequence. The cross-entropy -mean log((1 - w) a_t + w b_t) is convex in w, so a
+    bounded scalar search on [0, 1] finds its minimum (to ``tolerance``). O(len(held_out) log(1/tol))."""
+    import scipy.optimize
+
+    counts = np.asarray(counts, dtype=float)
+    held_out = np.asarray(held_out, dtype=np.int64)
+    n = counts.sum(axis=1)
+    unigram = n / n.sum()
+    pairs = held_out[:-1], held_out[1:]
+    observed = np.divide(counts[pairs], n[pairs[0]], out=np.zeros(len(held_out) - 1), where=n[pairs[0]] > 0)
+    background = unigram[pairs[1]]
+    if np.any(background == 0):
+        token = int(pairs[1][np.argmax(background == 0)])
+        raise ValueError(f"token {token} occurs in the held-out sequence but never in the counts: no weight gives it "
+                         "probability > 0")
+    objective = lambda w: -np.mean(np.log((1.0 - w) * observed + w * background))  # noqa: E731
+    return float(scipy.optimize.minimize_scalar(objective, bounds=(0.0, 1.0), method="bounded",
+                                                options={"xatol": tolerance}).x)
+
+
 class MarkovChain:
     """A validated Markov chain (π, P) over d tokens, with the law of the first token.
 
@@ -212,9 +259,34 @@ class MarkovChain:
             ids[ids < 0] = fallback
         if len(ids) < 2:
             raise ValueError(f"need at least 2 tokens to count bigrams, got {len(ids)}")
-        d = len(vocab)
-        counts = np.bincount(ids[:-1] * d + ids[1:], minlength=d * d).reshape(d, d).astype(float)
-        return cls.from_counts(counts, smoothing, start)
+        return cls.from_counts(bigram_counts(ids, len(vocab)), smoothing, start)
+
+    @classmethod
+    def from_counts_interpolated(cls, counts, unigram_weight: float, start: StartLaw = "stationary") -> "MarkovChain":
+        """The bigram frequencies interpolated with the unigram law (Jelinek-Mercer):
+
+            P[i, j] = (1 - w) c_ij / n_i + w n_j / N,    n_i = Σ_j c_ij,  N = Σ_i n_i,
+
+        with w = ``unigram_weight`` in [0, 1]. Every row keeps weight 1 - w on its own counts, however
+        rare the token, and the pseudo-mass w follows the token frequencies, not the uniform law.
+        When the counts are a closed walk (each token's row sum equals its column sum, as
+        ``bigram_counts(ids, d, cyclic=True)`` gives) π is exactly the frequencies n / N for every w:
+        Σ_i (n_i/N) P[i, j] = (1 - w) Σ_i c_ij / N + w n_j / N = n_j / N. A token that never occurs
+        (n_i = 0) gets the unigram row and π_i = 0. O(d²), no linear solve on closed-walk counts."""
+        counts = _as_finite_array("counts", counts, 2)
+        if counts.shape[0] != counts.shape[1] or np.any(counts < 0):
+            raise ValueError(f"counts must be a square array of counts >= 0, got shape {counts.shape}")
+        if not (np.isfinite(unigram_weight) and 0 <= unigram_weight <= 1):
+            raise ValueError(f"unigram_weight must be a number in [0, 1], got {unigram_weight!r}")
+        n = counts.sum(axis=1)
+        if n.sum() == 0:
+            raise ValueError("counts are all zero: no bigram to estimate from")
+        unigram = n / n.sum()
+        observed = np.divide(counts, n[:, None], out=np.tile(unigram, (len(n), 1)), where=n[:, None] > 0)
+        P = (1.0 - unigram_weight) * observed + unigram_weight * unigram[None, :]
+        P /= P.sum(axis=1, keepdims=True)  # exact row sums against round-off
+        closed_walk = np.allclose(n, counts.sum(axis=0), rtol=0, atol=0.5)
+        return cls(P=P, pi=unigram if closed_walk else None, start=start)
 
     @classmethod
     def from_config(cls, chain: ChainConfig) -> "MarkovChain":

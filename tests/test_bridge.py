@@ -191,6 +191,37 @@ def test_corpus_statistics_match_independent_counts():
 
 
 @needs_data
+@pytest.mark.parametrize("corpus", ["wikitext2", "tinystories"])
+def test_the_default_text_surrogate_at_d1001_keeps_the_corpus_frequencies_and_beats_additive_smoothing(corpus):
+    """The shipped d = 1001 examples' surrogate: π within 1% of the training split's token frequencies
+    (counted here from the ids, not from the chain's counts) in total variation, and a validation
+    cross-entropy no worse than additive smoothing's at its best α (searched here over log α)."""
+    import scipy.optimize
+
+    from flowsim.bridge.compare import text_surrogate
+    from flowsim.bridge.train import build_data
+    from flowsim.chains import cross_entropy_rate
+
+    config = load_bridge_config(None, [f"data.kind='{corpus}'", "data.vocab_size=1000", f"data.data_dir='{DATA_DIR}'"])
+    assert config.compare.surrogate == "interpolated"  # the default of [compare]
+    data = build_data(config)
+    chain, description = text_surrogate(data.corpus, config.compare)
+    frequencies = np.bincount(data.corpus.train, minlength=1001) / len(data.corpus.train)
+    assert chain.d == 1001 and 0.5 * np.abs(chain.pi - frequencies).sum() < 0.01
+    ids = data.corpus.train  # additive smoothing's counts, independently of flowsim.chains.bigram_counts
+    counts = np.zeros((1001, 1001))
+    np.add.at(counts, (ids[:-1], ids[1:]), 1.0)
+
+    def additive(log_alpha: float) -> float:
+        alpha = np.exp(log_alpha)
+        return cross_entropy_rate((counts + alpha) / (counts + alpha).sum(axis=1, keepdims=True), data.corpus.valid)
+
+    best = scipy.optimize.minimize_scalar(additive, bounds=(np.log(1e-4), np.log(1.0)), method="bounded")
+    assert description["validation_cross_entropy"] <= best.fun
+    assert description["validation_cross_entropy"] == pytest.approx(cross_entropy_rate(chain.P, data.corpus.valid), abs=1e-12)
+
+
+@needs_data
 def test_probe_windows_of_a_rare_word_come_from_the_whole_validation_split():
     corpus = load_corpus("wikitext2", 500, DATA_DIR)
     she = corpus.vocabulary.index("she")

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from flowsim import MarkovChain
+from flowsim.chains import bigram_counts, cross_entropy_rate, fit_unigram_weight, stationary_distribution
 
 
 def test_paper_family_matrix_and_stationarity():
@@ -170,3 +171,46 @@ def test_entropy_rate_is_the_mean_surprise_of_sampled_transitions():
     pairs = chain.sample(200_000, 2, seed=1)
     surprise = -np.log(P[pairs[:, 0], pairs[:, 1]])
     assert abs(surprise.mean() - chain.entropy_rate) < 4 * surprise.std() / np.sqrt(len(surprise))
+
+
+def test_interpolated_bigram_chain_against_a_hand_count_and_its_exact_stationary_law():
+    ids = np.array([1, 2, 0, 1, 3, 0, 1, 2, 0])  # the cat <unk> the dog <unk> the cat <unk>
+    cyclic = bigram_counts(ids, 4, cyclic=True)
+    hand = np.zeros((4, 4))
+    for a, b in zip(ids, np.r_[ids[1:], ids[:1]]):  # read as a cycle: the last token is followed by the first
+        hand[a, b] += 1
+    np.testing.assert_array_equal(cyclic, hand)
+    np.testing.assert_array_equal(bigram_counts(ids, 4), hand - np.eye(4)[ids[-1]][:, None] * np.eye(4)[ids[0]][None, :])
+    frequencies = np.bincount(ids, minlength=4) / len(ids)
+    for weight in (0.3, 1.0):
+        chain = MarkovChain.from_counts_interpolated(cyclic, weight)
+        expected = (1 - weight) * hand / hand.sum(axis=1, keepdims=True) + weight * frequencies[None, :]
+        np.testing.assert_allclose(chain.P, expected, rtol=1e-15, atol=1e-16)
+        np.testing.assert_allclose(chain.pi, frequencies, atol=1e-15)
+        np.testing.assert_allclose(stationary_distribution(chain.P), frequencies, atol=1e-12)  # the solve agrees
+    with pytest.raises(ValueError, match="periodic"):  # unsmoothed, this text cycles the > cat/dog > <unk> > the
+        MarkovChain.from_counts_interpolated(cyclic, 0.0)
+    with pytest.raises(ValueError, match=r"unigram_weight must be a number in \[0, 1\], got 1.5"):
+        MarkovChain.from_counts_interpolated(cyclic, 1.5)
+
+
+def test_a_random_corpus_read_as_a_cycle_keeps_its_frequencies_and_the_fitted_weight_is_the_best_on_a_grid():
+    rng = np.random.default_rng(7)
+    d = 40
+    truth = MarkovChain(P=rng.dirichlet(np.full(d, 0.3), size=d))
+    train, held_out = truth.sample(1, 20_000, seed=1)[0], truth.sample(1, 5_000, seed=2)[0]
+    counts = bigram_counts(train, d, cyclic=True)
+    frequencies = np.bincount(train, minlength=d) / len(train)
+    weight = fit_unigram_weight(counts, held_out)
+    chain = MarkovChain.from_counts_interpolated(counts, weight)
+    np.testing.assert_allclose(chain.pi, frequencies, atol=1e-14)
+    np.testing.assert_allclose(stationary_distribution(chain.P), frequencies, atol=1e-12)
+    surprise = -np.mean([np.log(chain.P[a, b]) for a, b in zip(held_out[:-1], held_out[1:])])  # a plain loop
+    assert abs(cross_entropy_rate(chain.P, held_out) - surprise) < 1e-12
+    grid = np.linspace(0, 1, 2001)[1:]
+    on_grid = [cross_entropy_rate(MarkovChain.from_counts_interpolated(counts, w).P, held_out) for w in grid[::20]]
+    best = grid[::20][int(np.argmin(on_grid))]
+    assert abs(weight - best) <= 0.01 and cross_entropy_rate(chain.P, held_out) <= min(on_grid) + 1e-9
+    unseen = np.array([0, 1, d - 1])
+    with pytest.raises(ValueError, match=f"token {d - 1} occurs in the held-out sequence but never in the counts"):
+        fit_unigram_weight(bigram_counts(np.array([0, 1, 0, 1]), d, cyclic=True), unseen)

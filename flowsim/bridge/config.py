@@ -8,7 +8,7 @@
                qk_rho (1: off), qk_hold, qk_ramp (fractions of the steps); Window Smoothing
                smoothing_a (0: off), smoothing_variant
     [log]      n_checkpoints (log-spaced steps), val_batches, probe_per_type, fold_d
-    [compare]  method (default: Tsit5 on Markov data, JaxRadau on text), rtol, atol, smoothing of the ODE beside the run
+    [compare]  method (default: Tsit5 on Markov data, JaxRadau on text), rtol, atol, the text surrogate's estimator
     device     under [data]: auto | cpu | cuda
 """
 
@@ -105,7 +105,13 @@ class CompareConfig(Section):
     method: Literal[METHODS] | None = key(None, "default: Tsit5 on Markov data, JaxRadau on text")  # type: ignore[valid-type]
     rtol: Positive = key(1e-7, "relative tolerance")
     atol: Positive = key(1e-10, "absolute tolerance")
-    smoothing: float = key(0.1, "text: additive smoothing of the surrogate's bigram counts", ge=0)
+    surrogate: Literal["interpolated", "additive"] = key(
+        "interpolated", "text: the bigram estimator of the surrogate chain: 'interpolated' with the unigram law "
+        "(π is the corpus's token frequencies) or 'additive' smoothing")
+    unigram_weight: float | None = key(
+        None, "text, interpolated: the unigram law's weight in every row (default: the weight of least "
+        "cross-entropy on the validation split)", ge=0, le=1)
+    smoothing: float = key(0.1, "text, additive: the pseudo-count added to every bigram count", ge=0)
 
 
 class BridgeConfig(Sections):
