@@ -29,7 +29,7 @@ MARKER = "surrogate-gap"
 
 
 def three_flows(corpus: str, overrides: list[str], n_windows: int, work: Path) -> tuple[list[dict], dict]:
-    from flowsim.bridge.compare import compare_bridge_run, measured_like_the_run, ode_beside, stage_events
+    from flowsim.bridge.compare import compare_bridge_run, measured_like_the_run, ode_beside
     from flowsim.bridge.config import load_bridge_config
     from flowsim.bridge.train import build_data, train, type_names
     from flowsim.flow import GradientFlow
@@ -38,7 +38,7 @@ def three_flows(corpus: str, overrides: list[str], n_windows: int, work: Path) -
     from flowsim.observables import Observables
     from flowsim.rundir import TRAJECTORY_FILE
     from flowsim.solvers import solve_flow
-    from flowsim.stages import detect_stages
+    from flowsim.stages import detect_stages, stage_events
     from flowsim.trajectory import Trajectory
 
     config = load_bridge_config(f"configs/bridge/{corpus}-d64.toml", overrides)

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from flowsim.bridge.compare import ODE_DIR, compare_bridge_run, stage_events
+from flowsim.bridge.compare import ODE_DIR, compare_bridge_run
 from flowsim.bridge.config import load_bridge_config
 from flowsim.bridge.regime import check_flow_regime
 from flowsim.config import shipped_config
 from flowsim.observables import Observables
-from flowsim.stages import detect_stages, subject_label
+from flowsim.stages import detect_stages, stage_events, subject_label
 
 from report import write_section
 

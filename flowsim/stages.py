@@ -362,3 +362,18 @@ def detect_stages(observables: Observables, thresholds: StageThresholds | None =
     intervals.sort(key=lambda interval: (interval.t_start, STAGE_NAMES.index(interval.stage)))
     cycles = count_cycles(intervals)
     return StageReport(intervals=intervals, cycles=cycles, thresholds=th)
+
+
+def stage_events(report: StageReport) -> dict[tuple, float]:
+    """(stage, query, direction, occurrence) -> time (condensation: its end; others: onset)."""
+    seen: dict[tuple, int] = {}
+    events = {}
+    for interval in report.intervals:
+        if interval.stage == "plateau":
+            continue
+        base = (interval.stage, interval.query, interval.direction)
+        seen[base] = seen.get(base, 0) + 1
+        time = interval.t_end if interval.stage == "condensation" else interval.t_start
+        if time is not None:
+            events[(*base, seen[base])] = float(time)
+    return events

@@ -356,6 +356,12 @@ def test_the_flow_regime_check_tells_a_small_learning_rate_from_a_large_one(tmp_
     report = check_flow_regime(small, tmp_path / "small", progress=False)
     assert report.in_flow_regime, report.table()
     assert {row.series.split("[")[0] for row in report.rows} == {"loss", "attention_entropy", "sv_W0"}
+    ends = [{row["stage"]: row["t_end"] for row in json.loads((tmp_path / "small" / side / "stages.json").read_text())["intervals"]}
+            ["condensation"] for side in ("lr", "lr_half")]  # each run's own label, written when it finished
+    condensation = next(onset for onset in report.onsets if onset.event.startswith("condensation"))
+    assert (condensation.t_lr, condensation.t_half) == pytest.approx(ends, rel=1e-12)
+    assert condensation.shift == pytest.approx(abs(ends[0] - ends[1]) / ends[1]) and condensation.shift < 0.05
+    assert "stage events on both runs" in report.table()
     large = [*base, "optim.lr=5.0", "optim.steps=30"]  # the same horizon in 30 steps
     result = CliRunner().invoke(app, ["bridge", "train", "--check-flow-regime", "--quiet", "--out", str(tmp_path / "large"),
                                       *[item for s in large for item in ("--set", s)]])

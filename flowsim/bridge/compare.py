@@ -39,7 +39,7 @@ from flowsim.observables import MEASURED, OBSERVABLES_NPZ, Observables
 from flowsim.plots import plot_overlay
 from flowsim.rundir import CONFIG_FILE, TRAJECTORY_FILE, read_meta, status_of
 from flowsim.solvers import solve_flow
-from flowsim.stages import StageReport, detect_stages, subject_label
+from flowsim.stages import detect_stages, stage_events, subject_label
 from flowsim.status import Status
 from flowsim.trajectory import Trajectory
 
@@ -59,21 +59,6 @@ class EventRow:
     predicted: float | None
     measured: float | None
     rel_error: float | None
-
-
-def stage_events(report: StageReport) -> dict[tuple, float]:
-    """(stage, query, direction, occurrence) -> time (condensation: its end; others: onset)."""
-    seen: dict[tuple, int] = {}
-    events = {}
-    for interval in report.intervals:
-        if interval.stage == "plateau":
-            continue
-        base = (interval.stage, interval.query, interval.direction)
-        seen[base] = seen.get(base, 0) + 1
-        time = interval.t_end if interval.stage == "condensation" else interval.t_start
-        if time is not None:
-            events[(*base, seen[base])] = float(time)
-    return events
 
 
 def order_agreement(predicted: dict[tuple, float], measured: dict[tuple, float]) -> float | None:

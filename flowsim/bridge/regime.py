@@ -14,6 +14,11 @@ relative error would blow up where an entropy falls to zero, and a series' own r
 where it hardly moves, e.g. a singular value at its noise floor.) The run is in the flow
 regime when every deviation is at most ``tolerance`` (5% by default).
 
+A steep event (a focus whose entropy falls by a nat within a few percent of t) turns a small
+shift in time into a large vertical gap, so the report also gives each stage event labelled on
+both runs (flowsim's detectors) and its shift |t_lr - t_{lr/2}| / t_{lr/2}: the clock on which
+onsets are predicted. The verdict stays the observables' own.
+
     OUT/lr/         the run at lr (a bridge run directory)
     OUT/lr_half/    the run at lr/2 with twice the steps
     OUT/regime.json each series' deviation, the largest, the verdict
@@ -30,6 +35,7 @@ from flowsim.bridge.config import BridgeConfig
 from flowsim.bridge.train import train
 from flowsim.io import write_atomic_json
 from flowsim.observables import Observables
+from flowsim.stages import detect_stages, stage_events, subject_label
 
 REGIME_JSON = "regime.json"
 COMPARED_COLUMNS = ("loss", "attention_entropy", "sv_W0")
@@ -44,10 +50,22 @@ class SeriesDeviation:
 
 
 @dataclass(frozen=True)
+class OnsetShift:
+    event: str  # e.g. "focus q3 #1"
+    t_lr: float
+    t_half: float
+
+    @property
+    def shift(self) -> float:
+        return abs(self.t_lr - self.t_half) / self.t_half
+
+
+@dataclass(frozen=True)
 class RegimeReport:
     lr: float
     tolerance: float
     rows: list[SeriesDeviation]
+    onsets: tuple[OnsetShift, ...] = ()
 
     @property
     def worst(self) -> SeriesDeviation:
@@ -65,6 +83,10 @@ class RegimeReport:
         lines.append(f"lr = {self.lr:g} is {verdict} the flow regime: halving it moves the observables on the "
                      f"t = lr x steps clock by at most {100 * self.worst.deviation:.2f}% of their scale "
                      f"(tolerance {100 * self.tolerance:g}%, worst: {self.worst.series} at t = {self.worst.at_t:.4g})")
+        if self.onsets:
+            worst = max(self.onsets, key=lambda onset: onset.shift)
+            lines.append(f"stage events on both runs: {len(self.onsets)}; the largest shift is {100 * worst.shift:.2f}% "
+                         f"({worst.event}: {worst.t_lr:.4g} at lr, {worst.t_half:.4g} at lr/2)")
         return "\n".join(lines)
 
 
@@ -101,15 +123,25 @@ def observable_deviations(reference: Observables, other: Observables) -> list[Se
     return rows
 
 
+def onset_shifts(reference: Observables, other: Observables) -> tuple[OnsetShift, ...]:
+    """The stage events flowsim's detectors label on both runs, with their times on each (t = lr × steps)."""
+    mine, theirs = stage_events(detect_stages(reference)), stage_events(detect_stages(other))
+    common = sorted(set(mine) & set(theirs), key=lambda event: mine[event])
+    return tuple(OnsetShift(f"{stage} {subject_label(query, direction)} #{occurrence}", mine[event], theirs[event])
+                 for event in common for stage, query, direction, occurrence in [event] if theirs[event] > 0)
+
+
 def check_flow_regime(config: BridgeConfig, out: Path, *, progress: bool = True, tolerance: float = TOLERANCE) -> RegimeReport:
     """Train ``config`` and its halved-lr twin into ``out`` (each resumable) and compare them."""
     out = Path(out)
     train(config, out / "lr", progress=progress)
     train(halved_learning_rate(config), out / "lr_half", progress=progress)
-    rows = observable_deviations(Observables.load(out / "lr"), Observables.load(out / "lr_half"))
+    at_lr, at_half = Observables.load(out / "lr"), Observables.load(out / "lr_half")
+    rows = observable_deviations(at_lr, at_half)
     if not rows:
         raise ValueError("the two runs share no observable series to compare")
-    report = RegimeReport(config.optim.lr, tolerance, rows)
+    report = RegimeReport(config.optim.lr, tolerance, rows, onset_shifts(at_lr, at_half))
     write_atomic_json(out / REGIME_JSON, {"lr": report.lr, "tolerance": tolerance, "in_flow_regime": report.in_flow_regime,
-                                         "worst": asdict(report.worst), "rows": [asdict(row) for row in rows]})
+                                         "worst": asdict(report.worst), "rows": [asdict(row) for row in rows],
+                                         "onsets": [{**asdict(onset), "shift": onset.shift} for onset in report.onsets]})
     return report
