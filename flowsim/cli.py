@@ -344,6 +344,35 @@ def bridge_compare(run_dir: Path = typer.Argument(..., help="A run directory wri
     typer.echo(f"written: {run_dir / BRIDGE_COMPARE_JSON}, {run_dir / OVERLAY_FIGURE}")
 
 
+@bridge_app.command("validate")
+def bridge_validate(
+    corpus: str = typer.Argument(..., help="wikitext2 or tinystories (the shipped d = 1001 example), or a bridge config .toml."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default runs/validate-CORPUS); run again to resume."),
+    set_: List[str] = typer.Option([], "--set", help="Override a key of the bridge config: section.key=TOML-literal."),
+    no_theory: bool = typer.Option(False, "--no-theory", help="Only SGD and the ODE (the theory's rank-r flows are the slowest part)."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+) -> None:
+    """Train SGD, integrate the surrogate's ODE and run the theory from the same start; write the table of events."""
+    from flowsim.config import ConfigError
+    from flowsim.rundir import check_output_dir
+
+    out = out if out is not None else Path("runs") / f"validate-{Path(corpus).stem}"
+    try:
+        check_output_dir(out)
+        from flowsim.bridge.validate import VALIDATE_JSON, VALIDATE_MD, validate
+
+        payload = validate(corpus, out, set_, theory=not no_theory, progress=lambda message: typer.echo(f"flowsim: {message}", err=True),
+                           bars=not quiet)
+    except (ConfigError, ImportError, FileNotFoundError, FloatingPointError, ValueError) as error:
+        _fail(str(error))
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: what is done is saved in {out}; the same command continues", err=True)
+        raise typer.Exit(code=EXIT_INTERRUPTED) from None
+    typer.echo((out / VALIDATE_MD).read_text().rstrip())
+    typer.echo("seconds: " + ", ".join(f"{side} {value:.0f}" for side, value in payload["seconds"].items()))
+    typer.echo(f"written: {out / VALIDATE_JSON}, {out / VALIDATE_MD}, {out / 'sgd' / 'overlay.png'}")
+
+
 @app.command()
 def sweep(
     config: Optional[Path] = typer.Argument(None, help="TOML config; the paper default when omitted."),

@@ -304,6 +304,58 @@ def test_short_text_run_trains_is_labelled_and_meets_its_surrogate(tmp_path, cor
     assert moved["condensation"] < 0.9 * condensation[0].predicted  # a larger start condenses sooner
 
 
+VALIDATE_SMALL = ["data.vocab_size=31", "data.s=16", "data.batch_size=64", "optim.lr=0.5", "optim.steps=300",
+                  "log.n_checkpoints=30", "log.probe_per_type=8", "log.val_batches=1", "log.track=[]", "log.fold_d=4",
+                  "model.m=8", "model.k=8"]
+
+
+@needs_data
+@pytest.mark.slow
+def test_bridge_validate_puts_theory_ode_and_sgd_side_by_side_and_reuses_every_part(tmp_path, monkeypatch):
+    """`flowsim bridge validate` at d = 32: the ODE and SGD columns are compare.json's, the theory's condensation
+    is within 10% of the exact flow's, and a second call recomputes nothing."""
+    from typer.testing import CliRunner
+
+    import flowsim.bridge.compare
+    import flowsim.predictions
+    from flowsim.cli import app
+
+    out = tmp_path / "validate"
+    arguments = ["bridge", "validate", "tinystories", "--out", str(out), "--quiet", "--set", f"data.data_dir='{DATA_DIR}'",
+                 *[item for setting in VALIDATE_SMALL for item in ("--set", setting)]]
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 0, result.output
+    payload = json.loads((out / "validate.json").read_text())
+    assert payload["d"] == 32 and payload["t_end"] == 150 and "interpolated" in payload["surrogate"]
+    compared = {(row["stage"], row["query"], row["direction"], row["occurrence"]): row
+                for row in json.loads((out / "sgd" / "compare.json").read_text())["rows"]}
+    for row in payload["rows"]:
+        key = (row["stage"], row["query"], row["direction"], row["occurrence"])
+        assert (row["ode"], row["sgd"]) == ((compared[key]["predicted"], compared[key]["measured"]) if key in compared
+                                            else (None, None))
+        assert row["query"] is None or 0 <= row["query"] < 4  # a theory query folded into "other" is dropped
+    condensation = next(row for row in payload["rows"] if row["stage"] == "condensation")
+    assert condensation["theory_vs_ode"] < 0.10, condensation
+    assert condensation["theory_vs_sgd"] == pytest.approx(abs(condensation["theory"] - condensation["sgd"]) / condensation["sgd"])
+    assert "| condensation - #1 |" in (out / "validate.md").read_text() and (out / "sgd" / "overlay.png").is_file()
+    with monkeypatch.context() as patched:  # the run, the ODE and the theory are all reused
+        patched.setattr(flowsim.bridge.compare, "solve_flow", lambda *a, **k: pytest.fail("the ODE was integrated again"))
+        patched.setattr(flowsim.predictions, "predict_run", lambda *a, **k: pytest.fail("the theory was run again"))
+        again = CliRunner().invoke(app, arguments)
+    assert again.exit_code == 0, again.output
+    assert json.loads((out / "validate.json").read_text())["rows"] == payload["rows"]
+
+
+def test_bridge_validate_names_a_corpus_it_does_not_know(tmp_path):
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+
+    result = CliRunner().invoke(app, ["bridge", "validate", "shakespeare", "--out", str(tmp_path / "v")])
+    assert result.exit_code != 0 and "CORPUS must be wikitext2, tinystories or a bridge config .toml, got 'shakespeare'" in result.output
+    assert not (tmp_path / "v").exists()
+
+
 def test_a_diverging_run_stops_with_a_clear_error_and_keeps_its_last_good_state(tmp_path):
     config = load_bridge_config(None, ["optim.lr=1e12", "optim.steps=20", "data.batch_size=32", "data.s=8",
                                        "model.init_eps=1.0", "log.n_checkpoints=5", "log.probe_per_type=4"])

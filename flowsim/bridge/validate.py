@@ -1,0 +1,158 @@
+"""From a corpus to the theory beside real pretraining in one call: ``flowsim bridge validate CORPUS``.
+
+Three routes to the same stage events, all from the SGD run's own initial parameters:
+
+* **SGD**: the bridge run of the corpus's shipped one-layer example (``bridge/CORPUS-onelayer.toml``:
+  d = 1001, lr and steps in the flow regime), labelled by flowsim's detectors;
+* **ODE**: the exact mean-field gradient flow of the corpus's bigram surrogate (``flowsim bridge compare``);
+* **theory**: ``predict_run`` on the same surrogate, model and start (Stages I-IV), cut at the run's
+  horizon t = lr × steps, with no integration of the full flow.
+
+Events are keyed as the bridge labels them (stage, the folded type of the query or the direction,
+occurrence); the theory's rows are first occurrences, so they meet occurrence 1. Written to OUT:
+
+    OUT/sgd/            the bridge run directory (resumable), its ODE beside it (compare.json, overlay.png)
+    OUT/theory/         init.npz: the run's start, from which the theory predicts
+    OUT/validate.json   every event on each side, the relative errors against SGD, the settings
+    OUT/validate.md     the same as a markdown table
+
+Cost: the SGD run (O(steps × batch × s × d m)), the ODE (JaxRadau, matrix-free) and the theory's
+rank-r flows; each part is cached, so a second call only reassembles the table.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from flowsim.bridge.compare import compare_bridge_run, ode_beside, text_surrogate
+from flowsim.bridge.config import BridgeConfig, load_bridge_config
+from flowsim.bridge.train import build_data, train
+from flowsim.config import ConfigError, RunConfig, find_config
+from flowsim.io import write_atomic_json, write_atomic_npz, write_atomic_text
+from flowsim.observables import Observables
+from flowsim.rundir import TRAJECTORY_FILE
+from flowsim.stages import detect_stages, stage_events, subject_label
+from flowsim.trajectory import Trajectory
+
+VALIDATE_JSON = "validate.json"
+VALIDATE_MD = "validate.md"
+SIDES = ("theory", "ode", "sgd")
+
+
+def example_config(corpus: str) -> Path:
+    """The shipped d = 1001 example of a corpus, or ``corpus`` itself when it names a bridge config file."""
+    if Path(corpus).suffix == ".toml":
+        return find_config(corpus)
+    if corpus not in ("wikitext2", "tinystories"):
+        raise ConfigError(f"CORPUS must be wikitext2, tinystories or a bridge config .toml, got {corpus!r}")
+    return find_config(f"bridge/{corpus}-onelayer.toml")
+
+
+def theory_config(config: BridgeConfig, run_dir: Path, folder: Path) -> RunConfig:
+    """The surrogate as a flowsim run config (kept in memory: its P is d² numbers): its transition matrix,
+    the bridge model's m and k, the run's initial parameters (written to ``folder``/init.npz) and the
+    run's horizon."""
+    data = build_data(config)
+    chain, _ = text_surrogate(data.corpus, config.compare)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic_npz(folder / "init.npz", Trajectory.load(run_dir / TRAJECTORY_FILE).at(0))
+    t_end = config.optim.lr * config.optim.steps
+    sections = {"chain": {"P": chain.P.tolist()}, "model": {"m": config.model.m, "k": config.model.k},
+                "init": {"file": str(folder / "init.npz")}, "time": {"t_end": t_end}}
+    try:
+        return RunConfig.model_validate(sections)
+    except ValueError as error:
+        raise ConfigError(f"the surrogate as a run config: {error}") from None
+
+
+def theory_events(run_config: RunConfig, fold: np.ndarray, n_types: int,
+                  progress: Callable[[str], None]) -> tuple[dict[tuple, float], dict[tuple, str], str]:
+    """The theory's predicted events keyed as the bridge's (queries folded; "other" dropped), the notes of
+    events it rules out or puts past the horizon, and its constants."""
+    from flowsim.predictions import cached_prediction
+
+    summary = cached_prediction(run_config, progress)
+    events, notes = {}, {}
+    for row in summary.rows:
+        query = None if row.query is None else int(fold[row.query])
+        if query is not None and query >= n_types - 1:
+            continue  # a type folded into "other"
+        key = (row.stage, query, row.direction, 1)
+        if row.predicted is not None:
+            events[key] = float(row.predicted)
+        elif row.note:
+            notes[key] = row.note
+    return events, notes, summary.constants
+
+
+def relative_error(value: float | None, reference: float | None) -> float | None:
+    return None if value is None or reference is None or reference == 0 else abs(value - reference) / reference
+
+
+def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool = True,
+             progress: Callable[[str], None] = lambda message: None, bars: bool = False) -> dict:
+    """Train, integrate the surrogate's ODE, run the theory, and write validate.json and validate.md in ``out``."""
+    out = Path(out)
+    config = load_bridge_config(example_config(corpus), list(overrides))
+    if config.data.kind == "markov" or config.model.kind != "one_layer":
+        raise ConfigError("bridge validate needs a text corpus (data.kind wikitext2 or tinystories) and the "
+                          f"one-layer model, got data.kind = {config.data.kind!r}, model.kind = {config.model.kind!r}")
+    seconds = {}
+    started = time.perf_counter()
+    progress(f"SGD: {config.data.kind}, d = {config.data.vocab_size + 1}, lr = {config.optim.lr:g}, {config.optim.steps} steps")
+    result = train(config, out / "sgd", progress=bars)
+    if result.interrupted:
+        raise KeyboardInterrupt
+    seconds["sgd"] = time.perf_counter() - started
+    started = time.perf_counter()
+    progress("ODE: the surrogate's exact flow from the run's start")
+    compare_bridge_run(out / "sgd", progress=bars)
+    ode, description = ode_beside(out / "sgd")
+    seconds["ode"] = time.perf_counter() - started
+    run = Observables.load(out / "sgd")
+    names = [str(name) for name in run.constants["type_names"]]
+    events = {"sgd": stage_events(detect_stages(run)), "ode": stage_events(detect_stages(ode)), "theory": {}}
+    notes, constants = {}, ""
+    if theory:
+        started = time.perf_counter()
+        progress("theory: Stages I-IV on the surrogate (predict_run)")
+        run_config = theory_config(config, out / "sgd", out / "theory")
+        events["theory"], notes, constants = theory_events(run_config, build_data(config).fold(), len(names), progress)
+        seconds["theory"] = time.perf_counter() - started
+    keys = sorted(set().union(*(events[side] for side in SIDES)) | set(notes),
+                  key=lambda k: (min(events[side].get(k, np.inf) for side in SIDES), str(k)))
+    rows = []
+    for key in keys:
+        stage, query, direction, occurrence = key
+        times = {side: events[side].get(key) for side in SIDES}
+        rows.append({"stage": stage, "query": query, "direction": direction, "occurrence": occurrence,
+                     "token": names[query] if query is not None else "-", **times,
+                     "theory_vs_sgd": relative_error(times["theory"], times["sgd"]),
+                     "ode_vs_sgd": relative_error(times["ode"], times["sgd"]),
+                     "theory_vs_ode": relative_error(times["theory"], times["ode"]), "note": notes.get(key, "")})
+    payload = {"corpus": config.data.kind, "d": config.data.vocab_size + 1, "lr": config.optim.lr,
+               "steps": config.optim.steps, "t_end": config.optim.lr * config.optim.steps, "init_eps": config.model.init_eps,
+               "surrogate": description.get("estimator"), "ode": description, "theory_constants": constants,
+               "seconds": seconds, "rows": rows}
+    write_atomic_json(out / VALIDATE_JSON, payload)
+    write_atomic_text(out / VALIDATE_MD, validation_table(payload))
+    return payload
+
+
+def validation_table(payload: dict) -> str:
+    """validate.json as markdown: one row per event, the three routes and their errors against SGD."""
+    show = lambda value: "–" if value is None else f"{value:.4g}"  # noqa: E731
+    percent = lambda value: "–" if value is None else f"{100 * value:.1f}%"  # noqa: E731
+    lines = [f"{payload['corpus']}, d = {payload['d']}, SGD lr = {payload['lr']:g} × {payload['steps']} steps "
+             f"(t = {payload['t_end']:g}), ε = {payload['init_eps']:g}; surrogate: {payload['surrogate']}", "",
+             "| event | token | theory | ODE | SGD | theory vs SGD | ODE vs SGD | note |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    for row in payload["rows"]:
+        event = f"{row['stage']} {subject_label(row['query'], row['direction'])} #{row['occurrence']}"
+        lines.append(f"| {event} | {row['token']} | {show(row['theory'])} | {show(row['ode'])} | {show(row['sgd'])} | "
+                     f"{percent(row['theory_vs_sgd'])} | {percent(row['ode_vs_sgd'])} | {row['note']} |")
+    return "\n".join(lines) + "\n"
