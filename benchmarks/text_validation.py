@@ -3,13 +3,17 @@ check), the exact flow of its full-vocabulary bigram surrogate beside it, and th
 side by side.
 
     python benchmarks/text_validation.py [--out DIR] [--corpus wikitext2 --corpus tinystories]
-                                         [--set section.key=value ...]
+                                         [--theory] [--set section.key=value ...]
+
+With no --set it runs the shipped d = 1001 examples (README: about 12 and 25 minutes on 2 cores
+with --theory); the d = 64 tables of RESULTS.md set data.vocab_size=63 and the lr.
 
 For each event (condensation's end; the first focus and dilution onsets of the tracked tokens;
 each restart) the table gives the ODE's time, the run's at lr and at lr/2, and the first-order
 extrapolation of the run to lr -> 0, 2 t(lr/2) - t(lr): where SGD's times move linearly with lr,
 that is the flow's time, so the ODE is compared both with the run as trained and with its
-lr -> 0 limit. The loss columns put the surrogate's population loss beside the run's
+lr -> 0 limit. ``--theory`` adds the theory's prediction (``predict_run`` on the same surrogate
+and start, as ``flowsim bridge validate`` makes it) and its error against the run. The loss columns put the surrogate's population loss beside the run's
 validation loss (how far the bigram chain is from the text). The tables go into
 benchmarks/RESULTS.md (section text-validation); every run stays under --out and is resumed
 when the script is run again.
@@ -26,6 +30,8 @@ import numpy as np
 from flowsim.bridge.compare import ODE_DIR, compare_bridge_run
 from flowsim.bridge.config import load_bridge_config
 from flowsim.bridge.regime import check_flow_regime
+from flowsim.bridge.train import build_data
+from flowsim.bridge.validate import theory_config, theory_events
 from flowsim.config import shipped_config
 from flowsim.observables import Observables
 from flowsim.stages import detect_stages, stage_events, subject_label
@@ -44,7 +50,7 @@ def _show(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def corpus_tables(corpus: str, out: Path, overrides: list[str]) -> str:
+def corpus_tables(corpus: str, out: Path, overrides: list[str], theory: bool = False) -> str:
     config = load_bridge_config(shipped_config("bridge") / f"{corpus}-onelayer.toml", overrides)
     started = time.perf_counter()
     regime = check_flow_regime(config, out / corpus, progress=True)
@@ -54,22 +60,41 @@ def corpus_tables(corpus: str, out: Path, overrides: list[str]) -> str:
     rows, agreement, description = compare_bridge_run(run, progress=True)
     compare_seconds = time.perf_counter() - started
     measured_half = stage_events(detect_stages(Observables.load(half)))
+    predicted_by_theory, theory_notes, theory_seconds = {}, {}, 0.0
+    names = [str(name) for name in Observables.load(run).constants["type_names"]]
+    if theory:
+        started = time.perf_counter()
+        predicted_by_theory, theory_notes, _ = theory_events(theory_config(config, run, out / corpus / "theory"),
+                                                             build_data(config).fold(), len(names), print)
+        theory_seconds = time.perf_counter() - started
     lines = [f"### {corpus}", "",
              f"d = {description['surrogate_d']} (vocab_size {config.data.vocab_size} + <unk>), m = k = {config.model.m}, "
              f"s = {config.data.s}, batch {config.data.batch_size}, SGD lr = {config.optim.lr:g} for {config.optim.steps} steps "
              f"(t = {config.optim.lr * config.optim.steps:g}); ODE: {description['ode']}, {description['method']}, "
              f"{description['status']}, solve {description['solve_seconds']:.0f} s; training both runs {train_seconds:.0f} s, "
-             f"compare {compare_seconds:.0f} s (wall, this machine).", "",
+             f"compare {compare_seconds:.0f} s" + (f", theory {theory_seconds:.0f} s" if theory else "") +
+             " (wall, this machine).", "",
              f"Flow regime: {regime.table().splitlines()[-1]}", "",
-             "| event | token | ODE | run lr | run lr/2 | lr -> 0 | ODE vs run | ODE vs lr -> 0 |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for row in rows:
-        key = (row.stage, row.query, row.direction, row.occurrence)
-        half_time = measured_half.get(key)
-        limit = None if row.measured is None or half_time is None else 2 * half_time - row.measured
-        event = f"{row.stage} {subject_label(row.query, row.direction)} #{row.occurrence}"
-        lines.append(f"| {event} | {row.name} | {_show(row.predicted)} | {_show(row.measured)} | {_show(half_time)} | "
-                     f"{_show(limit)} | {_relative(row.predicted, row.measured)} | {_relative(row.predicted, limit)} |")
+             "| event | token | theory | ODE | run lr | run lr/2 | lr -> 0 | theory vs run | ODE vs run | ODE vs lr -> 0 |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    keyed = {(row.stage, row.query, row.direction, row.occurrence): row for row in rows}
+
+    def first_time(key: tuple) -> float:
+        row = keyed.get(key)
+        times = [row.predicted, row.measured] if row is not None else []
+        return min([value for value in [*times, predicted_by_theory.get(key)] if value is not None], default=np.inf)
+
+    for key in sorted(set(keyed) | set(predicted_by_theory) | set(theory_notes), key=lambda k: (first_time(k), str(k))):
+        row = keyed.get(key)
+        ode, measured = (row.predicted, row.measured) if row is not None else (None, None)
+        half_time, by_theory = measured_half.get(key), predicted_by_theory.get(key)
+        limit = None if measured is None or half_time is None else 2 * half_time - measured
+        stage, query, direction, occurrence = key
+        event = f"{stage} {subject_label(query, direction)} #{occurrence}"
+        name = row.name if row is not None else (names[query] if query is not None else "-")
+        shown_theory = _show(by_theory) if by_theory is not None or key not in theory_notes else theory_notes[key]
+        lines.append(f"| {event} | {name} | {shown_theory} | {_show(ode)} | {_show(measured)} | {_show(half_time)} | "
+                     f"{_show(limit)} | {_relative(by_theory, measured)} | {_relative(ode, measured)} | {_relative(ode, limit)} |")
     order = description["focus_order"]
     lines += ["", f"Order agreement of all events: {agreement if agreement is None else round(agreement, 2)}; of the first "
               f"focus onsets: {order['agreement'] if order['agreement'] is None else round(order['agreement'], 2)}. First "
@@ -90,8 +115,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("text-validation"))
     parser.add_argument("--corpus", action="append", choices=["wikitext2", "tinystories"])
     parser.add_argument("--set", action="append", default=[], dest="overrides")
+    parser.add_argument("--theory", action="store_true", help="add the theory's predictions (predict_run on the surrogate)")
     args = parser.parse_args()
-    tables = [corpus_tables(corpus, args.out, args.overrides) for corpus in args.corpus or ["wikitext2", "tinystories"]]
+    tables = [corpus_tables(corpus, args.out, args.overrides, args.theory) for corpus in args.corpus or ["wikitext2", "tinystories"]]
     text = "\n\n".join(["## Text validation (`python benchmarks/text_validation.py`)", *tables])
     print(text)
     write_section(RESULTS, "text-validation", text)
