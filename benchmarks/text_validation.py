@@ -5,8 +5,9 @@ side by side.
     python benchmarks/text_validation.py [--out DIR] [--corpus wikitext2 --corpus tinystories]
                                          [--theory] [--set section.key=value ...]
 
-With no --set it runs the shipped d = 1001 examples (README: about 12 and 25 minutes on 2 cores
-with --theory); the d = 64 tables of RESULTS.md set data.vocab_size=63 and the lr.
+With no --set it runs the shipped d = 1001 examples (`flowsim bridge validate` and the lr/2 twin:
+about 6 and 12 minutes on 2 quiet cores with --theory); the d = 64 tables of RESULTS.md set
+data.vocab_size=63 and the lr.
 
 For each event (condensation's end; the first focus and dilution onsets of the tracked tokens;
 each restart) the table gives the ODE's time, the run's at lr and at lr/2, and the first-order
