@@ -75,7 +75,8 @@ def corpus_tables(corpus: str, out: Path, overrides: list[str], theory: bool = F
              f"{description['status']}, solve {description['solve_seconds']:.0f} s; training both runs {train_seconds:.0f} s, "
              f"compare {compare_seconds:.0f} s" + (f", theory {theory_seconds:.0f} s" if theory else "") +
              " (wall, this machine).", "",
-             f"Flow regime: {regime.table().splitlines()[-1]}", "",
+             "Flow regime: " + " ".join(line for line in regime.table().splitlines() if line.startswith(("lr = ", "stage events"))),
+             "",
              "| event | token | theory | ODE | run lr | run lr/2 | lr -> 0 | theory vs run | ODE vs run | ODE vs lr -> 0 |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     keyed = {(row.stage, row.query, row.direction, row.occurrence): row for row in rows}
