@@ -1,6 +1,7 @@
 """Which part of the ODE-vs-SGD gap on text is the bigram surrogate's, and which is SGD's.
 
-    python benchmarks/surrogate_gap.py [--corpus wikitext2] [--windows 4096] [--set key=value ...] [--out benchmarks/RESULTS.md]
+    python benchmarks/surrogate_gap.py [--corpus wikitext2] [--size d64|onelayer] [--windows 4096] [--set key=value ...]
+                                       [--out benchmarks/RESULTS.md]
 
 Three flows from one initial point (the SGD run's own), on the t = lr × steps clock, measured with the
 run's probe set and labelled by the same detectors:
@@ -8,7 +9,8 @@ run's probe set and labelled by the same detectors:
 1. the surrogate: the mean-field flow of the training split's bigram chain (`flowsim bridge compare`'s ODE);
 2. the text: the exact full-batch gradient flow of the training loss on N fixed windows of the training
    split (``flowsim.losses.make_window_loss``), the flow SGD follows as lr -> 0 on that sample;
-3. the SGD run of ``configs/bridge/CORPUS-d64.toml`` (its steps set by ``--set optim.steps=...``).
+3. the SGD run of ``configs/bridge/CORPUS-d64.toml`` (its steps set by ``--set optim.steps=...``), or with
+   ``--size onelayer`` of the d = 1001 example ``CORPUS-onelayer.toml``.
 
 Surrogate against text is the surrogate's error (the text is not a bigram chain, and the mean-field loss
 is not the loss at context length s); text against SGD is SGD's (a finite lr, and fresh batches instead
@@ -28,7 +30,7 @@ from report import write_section
 MARKER = "surrogate-gap"
 
 
-def three_flows(corpus: str, overrides: list[str], n_windows: int, work: Path) -> tuple[list[dict], dict]:
+def three_flows(corpus: str, overrides: list[str], n_windows: int, work: Path, size: str = "d64") -> tuple[list[dict], dict]:
     from flowsim.bridge.compare import compare_bridge_run, measured_like_the_run, ode_beside
     from flowsim.bridge.config import load_bridge_config
     from flowsim.bridge.train import build_data, train, type_names
@@ -41,7 +43,7 @@ def three_flows(corpus: str, overrides: list[str], n_windows: int, work: Path) -
     from flowsim.stages import detect_stages, stage_events
     from flowsim.trajectory import Trajectory
 
-    config = load_bridge_config(f"configs/bridge/{corpus}-d64.toml", overrides)
+    config = load_bridge_config(f"configs/bridge/{corpus}-{size}.toml", overrides)
     run_dir = work / corpus
     started = time.perf_counter()
     train(config, run_dir, progress=True)
@@ -100,17 +102,19 @@ def table(corpus: str, rows: list[dict], final: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", default="wikitext2", choices=("wikitext2", "tinystories"))
+    parser.add_argument("--size", default="d64", choices=("d64", "onelayer"), help="the d = 64 or the d = 1001 example")
     parser.add_argument("--windows", type=int, default=4096, help="training windows of the full-batch text flow")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="bridge config override (repeatable)")
     parser.add_argument("--work", type=Path, default=Path("runs/surrogate-gap"), help="where the SGD run is kept")
     parser.add_argument("--out", type=Path, default=None, help="write the table into this markdown file (its own section)")
     args = parser.parse_args()
-    rows, final = three_flows(args.corpus, args.overrides, args.windows, args.work)
+    rows, final = three_flows(args.corpus, args.overrides, args.windows, args.work, args.size)
     text = table(args.corpus, rows, final)
     print(text)
     if args.out is not None:
         command = "python benchmarks/surrogate_gap.py " + " ".join(sys.argv[1:])
-        write_section(args.out, f"{MARKER}-{args.corpus}", f"## Surrogate against text against SGD\n\nProduced by `{command}`.\n\n{text}")
+        marker = f"{MARKER}-{args.corpus}" + ("" if args.size == "d64" else f"-{args.size}")
+        write_section(args.out, marker, f"## Surrogate against text against SGD\n\nProduced by `{command}`.\n\n{text}")
 
 
 if __name__ == "__main__":
