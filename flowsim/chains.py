@@ -111,6 +111,16 @@ def stationary_distribution(P: np.ndarray, members: np.ndarray | None = None) ->
     return pi / pi.sum()
 
 
+def _as_counts(counts) -> np.ndarray:
+    """Bigram counts as a float (d, d) array, or a ValueError naming the problem."""
+    counts = _as_finite_array("counts", counts, 2)
+    if counts.shape[0] != counts.shape[1]:
+        raise ValueError(f"counts must be square (d x d), got shape {counts.shape}")
+    if np.any(counts < 0):
+        raise ValueError(f"counts must be >= 0, got {counts.min():g}")
+    return counts
+
+
 def bigram_counts(ids: np.ndarray, d: int, cyclic: bool = False) -> np.ndarray:
     """c[i, j] = the number of positions where token i is followed by token j, as a float (d, d) array.
 
@@ -228,11 +238,7 @@ class MarkovChain:
     def from_counts(cls, counts, smoothing: float = 0.0, start: StartLaw = "stationary") -> "MarkovChain":
         """The chain P[i, j] = (c_ij + α) / Σ_j' (c_ij' + α) of bigram counts c (d x d) with
         additive smoothing α >= 0; π its stationary law. O(d²) to build, O(d³) for π."""
-        counts = _as_finite_array("counts", counts, 2)
-        if counts.shape[0] != counts.shape[1]:
-            raise ValueError(f"counts must be square (d x d), got shape {counts.shape}")
-        if np.any(counts < 0):
-            raise ValueError(f"counts must be >= 0, got {counts.min():g}")
+        counts = _as_counts(counts)
         if not (np.isfinite(smoothing) and smoothing >= 0):
             raise ValueError(f"smoothing must be a number >= 0, got {smoothing!r}")
         totals = counts.sum(axis=1) + smoothing * counts.shape[1]
@@ -273,9 +279,7 @@ class MarkovChain:
         ``bigram_counts(ids, d, cyclic=True)`` gives) π is exactly the frequencies n / N for every w:
         Σ_i (n_i/N) P[i, j] = (1 - w) Σ_i c_ij / N + w n_j / N = n_j / N. A token that never occurs
         (n_i = 0) gets the unigram row and π_i = 0. O(d²), no linear solve on closed-walk counts."""
-        counts = _as_finite_array("counts", counts, 2)
-        if counts.shape[0] != counts.shape[1] or np.any(counts < 0):
-            raise ValueError(f"counts must be a square array of counts >= 0, got shape {counts.shape}")
+        counts = _as_counts(counts)
         if not (np.isfinite(unigram_weight) and 0 <= unigram_weight <= 1):
             raise ValueError(f"unigram_weight must be a number in [0, 1], got {unigram_weight!r}")
         n = counts.sum(axis=1)
