@@ -5,9 +5,8 @@ side by side.
     python benchmarks/text_validation.py [--out DIR] [--corpus wikitext2 --corpus tinystories]
                                          [--theory] [--set section.key=value ...]
 
-With no --set it runs the shipped d = 1001 examples (`flowsim bridge validate` and the lr/2 twin:
-about 6 and 12 minutes on 2 quiet cores with --theory); the d = 64 tables of RESULTS.md set
-data.vocab_size=63 and the lr.
+With no --set it runs the shipped d = 1001 examples (what `flowsim bridge validate` runs, and the lr/2
+twin beside each); the d = 64 tables of RESULTS.md set data.vocab_size=63 and the lr.
 
 For each event (condensation's end; the first focus and dilution onsets of the tracked tokens;
 each restart) the table gives the ODE's time, the run's at lr and at lr/2, and the first-order
@@ -31,11 +30,10 @@ import numpy as np
 from flowsim.bridge.compare import ODE_DIR, compare_bridge_run
 from flowsim.bridge.config import load_bridge_config
 from flowsim.bridge.regime import check_flow_regime
-from flowsim.bridge.train import build_data
-from flowsim.bridge.validate import theory_config, theory_events
+from flowsim.bridge.validate import theory_events
 from flowsim.config import shipped_config
 from flowsim.observables import Observables
-from flowsim.stages import detect_stages, stage_events, subject_label
+from flowsim.stages import detect_stages, event_label, stage_events
 
 from report import write_section
 
@@ -65,8 +63,7 @@ def corpus_tables(corpus: str, out: Path, overrides: list[str], theory: bool = F
     names = [str(name) for name in Observables.load(run).constants["type_names"]]
     if theory:
         started = time.perf_counter()
-        predicted_by_theory, theory_notes, _ = theory_events(theory_config(config, run, out / corpus / "theory"),
-                                                             build_data(config).fold(), len(names), print)
+        predicted_by_theory, theory_notes, _ = theory_events(config, run, out / corpus / "theory", print)
         theory_seconds = time.perf_counter() - started
     lines = [f"### {corpus}", "",
              f"d = {description['surrogate_d']} (vocab_size {config.data.vocab_size} + <unk>), m = k = {config.model.m}, "
@@ -91,11 +88,10 @@ def corpus_tables(corpus: str, out: Path, overrides: list[str], theory: bool = F
         ode, measured = (row.predicted, row.measured) if row is not None else (None, None)
         half_time, by_theory = measured_half.get(key), predicted_by_theory.get(key)
         limit = None if measured is None or half_time is None else 2 * half_time - measured
-        stage, query, direction, occurrence = key
-        event = f"{stage} {subject_label(query, direction)} #{occurrence}"
+        query = key[1]
         name = row.name if row is not None else (names[query] if query is not None else "-")
         shown_theory = _show(by_theory) if by_theory is not None or key not in theory_notes else theory_notes[key]
-        lines.append(f"| {event} | {name} | {shown_theory} | {_show(ode)} | {_show(measured)} | {_show(half_time)} | "
+        lines.append(f"| {event_label(key)} | {name} | {shown_theory} | {_show(ode)} | {_show(measured)} | {_show(half_time)} | "
                      f"{_show(limit)} | {_relative(by_theory, measured)} | {_relative(ode, measured)} | {_relative(ode, limit)} |")
     order = description["focus_order"]
     lines += ["", f"Order agreement of all events: {agreement if agreement is None else round(agreement, 2)}; of the first "

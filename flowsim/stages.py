@@ -377,3 +377,9 @@ def stage_events(report: StageReport) -> dict[tuple, float]:
         if time is not None:
             events[(*base, seen[base])] = float(time)
     return events
+
+
+def event_label(event: tuple) -> str:
+    """How tables name a ``stage_events`` key: e.g. "focus q3 #1", "restart σ1 #2"."""
+    stage, query, direction, occurrence = event
+    return f"{stage} {subject_label(query, direction)} #{occurrence}"

@@ -61,6 +61,11 @@ class EventRow:
     rel_error: float | None
 
 
+def relative_error(value: float | None, reference: float | None) -> float | None:
+    """|value - reference| / reference (None when either is missing or the reference is 0)."""
+    return None if value is None or reference is None or reference == 0 else abs(value - reference) / reference
+
+
 def order_agreement(predicted: dict[tuple, float], measured: dict[tuple, float]) -> float | None:
     """The fraction of pairs of common events ordered alike (None with fewer than two)."""
     common = sorted(set(predicted) & set(measured), key=str)
@@ -215,8 +220,8 @@ def compare_bridge_run(run_dir: Path, progress: bool = False) -> tuple[list[Even
     for key in sorted(set(predicted) | set(measured), key=lambda k: (min(predicted.get(k, np.inf), measured.get(k, np.inf)), str(k))):
         stage, query, direction, occurrence = key
         p, m = predicted.get(key), measured.get(key)
-        error = None if p is None or m is None or m == 0 else abs(p - m) / m
-        rows.append(EventRow(stage, query, direction, occurrence, names[query] if query is not None else "-", p, m, error))
+        rows.append(EventRow(stage, query, direction, occurrence, names[query] if query is not None else "-", p, m,
+                             relative_error(p, m)))
     agreement = order_agreement(predicted, measured)
     description["focus_order"] = focus_order(predicted, measured, names, measured_observables.constants["pi"])
     payload = {"rows": [asdict(row) for row in rows], "order_agreement": agreement, **description}

@@ -35,7 +35,7 @@ from flowsim.bridge.config import BridgeConfig
 from flowsim.bridge.train import train
 from flowsim.io import write_atomic_json
 from flowsim.observables import Observables
-from flowsim.stages import detect_stages, stage_events, subject_label
+from flowsim.stages import detect_stages, event_label, stage_events
 
 REGIME_JSON = "regime.json"
 COMPARED_COLUMNS = ("loss", "attention_entropy", "sv_W0")
@@ -127,8 +127,7 @@ def onset_shifts(reference: Observables, other: Observables) -> tuple[OnsetShift
     """The stage events flowsim's detectors label on both runs, with their times on each (t = lr × steps)."""
     mine, theirs = stage_events(detect_stages(reference)), stage_events(detect_stages(other))
     common = sorted(set(mine) & set(theirs), key=lambda event: mine[event])
-    return tuple(OnsetShift(f"{stage} {subject_label(query, direction)} #{occurrence}", mine[event], theirs[event])
-                 for event in common for stage, query, direction, occurrence in [event] if theirs[event] > 0)
+    return tuple(OnsetShift(event_label(event), mine[event], theirs[event]) for event in common if theirs[event] > 0)
 
 
 def check_flow_regime(config: BridgeConfig, out: Path, *, progress: bool = True, tolerance: float = TOLERANCE) -> RegimeReport:

@@ -28,14 +28,14 @@ from typing import Callable
 
 import numpy as np
 
-from flowsim.bridge.compare import compare_bridge_run, ode_beside, text_surrogate
+from flowsim.bridge.compare import compare_bridge_run, relative_error, text_surrogate
 from flowsim.bridge.config import BridgeConfig, load_bridge_config
-from flowsim.bridge.train import build_data, train
+from flowsim.bridge.train import DataSource, build_data, train
 from flowsim.config import ConfigError, RunConfig, find_config
 from flowsim.io import write_atomic_json, write_atomic_npz, write_atomic_text
 from flowsim.observables import Observables
 from flowsim.rundir import TRAJECTORY_FILE
-from flowsim.stages import detect_stages, stage_events, subject_label
+from flowsim.stages import event_label
 from flowsim.trajectory import Trajectory
 
 VALIDATE_JSON = "validate.json"
@@ -52,11 +52,10 @@ def example_config(corpus: str) -> Path:
     return find_config(f"bridge/{corpus}-onelayer.toml")
 
 
-def theory_config(config: BridgeConfig, run_dir: Path, folder: Path) -> RunConfig:
+def theory_config(config: BridgeConfig, data: DataSource, run_dir: Path, folder: Path) -> RunConfig:
     """The surrogate as a flowsim run config (kept in memory: its P is d² numbers): its transition matrix,
     the bridge model's m and k, the run's initial parameters (written to ``folder``/init.npz) and the
     run's horizon."""
-    data = build_data(config)
     chain, _ = text_surrogate(data.corpus, config.compare)
     folder.mkdir(parents=True, exist_ok=True)
     write_atomic_npz(folder / "init.npz", Trajectory.load(run_dir / TRAJECTORY_FILE).at(0))
@@ -69,28 +68,28 @@ def theory_config(config: BridgeConfig, run_dir: Path, folder: Path) -> RunConfi
         raise ConfigError(f"the surrogate as a run config: {error}") from None
 
 
-def theory_events(run_config: RunConfig, fold: np.ndarray, n_types: int,
+def theory_events(config: BridgeConfig, run_dir: Path, folder: Path,
                   progress: Callable[[str], None]) -> tuple[dict[tuple, float], dict[tuple, str], str]:
-    """The theory's predicted events keyed as the bridge's (queries folded; "other" dropped), the notes of
-    events it rules out or puts past the horizon, and its constants."""
+    """The theory's prediction for a bridge run (``theory_config``, cached by ``cached_prediction``): its events
+    keyed as the bridge's (queries folded; types folded into "other" dropped), the notes of events it rules
+    out or puts past the horizon, and its constants."""
     from flowsim.predictions import cached_prediction
 
-    summary = cached_prediction(run_config, progress)
+    data = build_data(config)
+    fold = data.fold()
+    other = int(fold.max())  # the folded type "other"
+    summary = cached_prediction(theory_config(config, data, run_dir, folder), progress)
     events, notes = {}, {}
     for row in summary.rows:
         query = None if row.query is None else int(fold[row.query])
-        if query is not None and query >= n_types - 1:
-            continue  # a type folded into "other"
+        if query == other:
+            continue
         key = (row.stage, query, row.direction, 1)
         if row.predicted is not None:
             events[key] = float(row.predicted)
         elif row.note:
             notes[key] = row.note
     return events, notes, summary.constants
-
-
-def relative_error(value: float | None, reference: float | None) -> float | None:
-    return None if value is None or reference is None or reference == 0 else abs(value - reference) / reference
 
 
 def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool = True,
@@ -110,30 +109,27 @@ def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool 
     seconds["sgd"] = time.perf_counter() - started
     started = time.perf_counter()
     progress("ODE: the surrogate's exact flow from the run's start")
-    compare_bridge_run(out / "sgd", progress=bars)
-    ode, description = ode_beside(out / "sgd")
+    compared, _, description = compare_bridge_run(out / "sgd", progress=bars)
     seconds["ode"] = time.perf_counter() - started
-    run = Observables.load(out / "sgd")
-    names = [str(name) for name in run.constants["type_names"]]
-    events = {"sgd": stage_events(detect_stages(run)), "ode": stage_events(detect_stages(ode)), "theory": {}}
-    notes, constants = {}, ""
+    keyed = {(row.stage, row.query, row.direction, row.occurrence): row for row in compared}
+    names = [str(name) for name in Observables.load(out / "sgd").constants["type_names"]]
+    by_theory, notes, constants = {}, {}, ""
     if theory:
         started = time.perf_counter()
         progress("theory: Stages I-IV on the surrogate (predict_run)")
-        run_config = theory_config(config, out / "sgd", out / "theory")
-        events["theory"], notes, constants = theory_events(run_config, build_data(config).fold(), len(names), progress)
+        by_theory, notes, constants = theory_events(config, out / "sgd", out / "theory", progress)
         seconds["theory"] = time.perf_counter() - started
-    keys = sorted(set().union(*(events[side] for side in SIDES)) | set(notes),
-                  key=lambda k: (min(events[side].get(k, np.inf) for side in SIDES), str(k)))
     rows = []
-    for key in keys:
+    for key in set(keyed) | set(by_theory) | set(notes):
         stage, query, direction, occurrence = key
-        times = {side: events[side].get(key) for side in SIDES}
+        ode, sgd = (keyed[key].predicted, keyed[key].measured) if key in keyed else (None, None)
+        times = {"theory": by_theory.get(key), "ode": ode, "sgd": sgd}
         rows.append({"stage": stage, "query": query, "direction": direction, "occurrence": occurrence,
                      "token": names[query] if query is not None else "-", **times,
-                     "theory_vs_sgd": relative_error(times["theory"], times["sgd"]),
-                     "ode_vs_sgd": relative_error(times["ode"], times["sgd"]),
-                     "theory_vs_ode": relative_error(times["theory"], times["ode"]), "note": notes.get(key, "")})
+                     "theory_vs_sgd": relative_error(times["theory"], sgd), "ode_vs_sgd": relative_error(ode, sgd),
+                     "theory_vs_ode": relative_error(times["theory"], ode), "note": notes.get(key, "")})
+    first = lambda row: min([row[side] for side in SIDES if row[side] is not None], default=np.inf)  # noqa: E731
+    rows.sort(key=lambda row: (first(row), str((row["stage"], row["query"], row["direction"], row["occurrence"]))))
     payload = {"corpus": config.data.kind, "d": config.data.vocab_size + 1, "lr": config.optim.lr,
                "steps": config.optim.steps, "t_end": config.optim.lr * config.optim.steps, "init_eps": config.model.init_eps,
                "surrogate": description.get("estimator"), "ode": description, "theory_constants": constants,
@@ -152,7 +148,7 @@ def validation_table(payload: dict) -> str:
              "| event | token | theory | ODE | SGD | theory vs SGD | ODE vs SGD | note |",
              "|---|---|---:|---:|---:|---:|---:|---|"]
     for row in payload["rows"]:
-        event = f"{row['stage']} {subject_label(row['query'], row['direction'])} #{row['occurrence']}"
+        event = event_label((row["stage"], row["query"], row["direction"], row["occurrence"]))
         lines.append(f"| {event} | {row['token']} | {show(row['theory'])} | {show(row['ode'])} | {show(row['sgd'])} | "
                      f"{percent(row['theory_vs_sgd'])} | {percent(row['ode_vs_sgd'])} | {row['note']} |")
     return "\n".join(lines) + "\n"
