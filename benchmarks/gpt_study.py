@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/gpt-study"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value for every run")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the markdown file whose gpt-study sections are written")
     args = parser.parse_args()
     study_file = args.out / "study.json"
     study = json.loads(study_file.read_text()) if study_file.is_file() else {}  # other corpora from earlier runs
@@ -108,9 +109,9 @@ def main() -> None:
         write_atomic_json(study_file, study)
         table = corpus_table(corpus, results)
         print(table)
-        write_section(RESULTS, f"gpt-study-{corpus}", table)  # one section per corpus: each can be rerun alone
+        write_section(args.results, f"gpt-study-{corpus}", table)  # one section per corpus: each can be rerun alone
     config = load_bridge_config(CONFIGS / f"{args.variants[0]}.toml", args.overrides)
-    write_section(RESULTS, "gpt-study", "\n\n".join([
+    write_section(args.results, "gpt-study", "\n\n".join([
         "## GPT study (`python benchmarks/gpt_study.py`)",
         f"{config.model.n_layer} layers, width {config.model.d_model}, {config.model.n_head} heads, contexts of "
         f"{config.data.s}, batch {config.data.batch_size}, {config.optim.name} lr {config.optim.lr:g} for "

@@ -3,7 +3,8 @@ check), the exact flow of its full-vocabulary bigram surrogate beside it, and th
 side by side.
 
     python benchmarks/text_validation.py [--out DIR] [--corpus wikitext2 --corpus tinystories]
-                                         [--theory] [--set section.key=value ...]
+                                         [--theory] [--also-lr FACTOR ...] [--results FILE]
+                                         [--set section.key=value ...]
 
 With no --set it runs the shipped d = 1001 examples (what `flowsim bridge validate` runs, and the lr/2
 twin beside each); the d = 64 tables of RESULTS.md set data.vocab_size=63 and the lr.
@@ -12,10 +13,11 @@ For each event (condensation's end; the first focus and dilution onsets of the t
 each restart) the table gives the ODE's time, the run's at lr and at lr/2, and the first-order
 extrapolation of the run to lr -> 0, 2 t(lr/2) - t(lr): where SGD's times move linearly with lr,
 that is the flow's time, so the ODE is compared both with the run as trained and with its
-lr -> 0 limit. ``--theory`` adds the theory's prediction (``predict_run`` on the same surrogate
+lr -> 0 limit. ``--also-lr 2`` trains one more run at 2 lr (steps / 2, the same horizon) and adds its
+column. ``--theory`` adds the theory's prediction (``predict_run`` on the same surrogate
 and start, as ``flowsim bridge validate`` makes it) and its error against the run. The loss columns put the surrogate's population loss beside the run's
 validation loss (how far the bigram chain is from the text). The tables go into
-benchmarks/RESULTS.md (section text-validation); every run stays under --out and is resumed
+benchmarks/RESULTS.md (section text-validation; ``--results`` names another file); every run stays under --out and is resumed
 when the script is run again.
 """
 
@@ -24,12 +26,14 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
 from flowsim.bridge.compare import ODE_DIR, compare_bridge_run
-from flowsim.bridge.config import load_bridge_config
+from flowsim.bridge.config import BridgeConfig, load_bridge_config
 from flowsim.bridge.regime import check_flow_regime
+from flowsim.bridge.train import train
 from flowsim.bridge.validate import theory_events
 from flowsim.config import shipped_config
 from flowsim.observables import Observables
@@ -49,10 +53,23 @@ def _show(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def corpus_tables(corpus: str, out: Path, overrides: list[str], theory: bool = False) -> str:
+def scaled_learning_rate(config: BridgeConfig, factor: float) -> BridgeConfig:
+    """The same run at factor × lr with steps / factor: the same horizon t = lr × steps."""
+    steps = round(config.optim.steps / factor)
+    if steps < 1 or not np.isclose(steps * factor, config.optim.steps):
+        raise ValueError(f"--also-lr {factor:g}: {config.optim.steps} steps / {factor:g} is not a whole number of steps")
+    return config.model_copy(update={"optim": config.optim.model_copy(update={"lr": config.optim.lr * factor, "steps": steps})})
+
+
+def corpus_tables(corpus: str, out: Path, overrides: list[str], theory: bool = False, also_lr: Sequence[float] = ()) -> str:
     config = load_bridge_config(shipped_config("bridge") / f"{corpus}-onelayer.toml", overrides)
     started = time.perf_counter()
     regime = check_flow_regime(config, out / corpus, progress=True)
+    measured_also = {}
+    for factor in also_lr:
+        folder = out / corpus / f"lr_times_{factor:g}"
+        train(scaled_learning_rate(config, factor), folder, progress=True)
+        measured_also[factor] = stage_events(detect_stages(Observables.load(folder)))
     train_seconds = time.perf_counter() - started
     run, half = out / corpus / "lr", out / corpus / "lr_half"
     started = time.perf_counter()
@@ -74,8 +91,9 @@ def corpus_tables(corpus: str, out: Path, overrides: list[str], theory: bool = F
              " (wall, this machine).", "",
              "Flow regime: " + " ".join(line for line in regime.table().splitlines() if line.startswith(("lr = ", "stage events"))),
              "",
-             "| event | token | theory | ODE | run lr | run lr/2 | lr -> 0 | theory vs run | ODE vs run | ODE vs lr -> 0 |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| event | token | theory | ODE | run lr | run lr/2 | " + "".join(f"run {f:g} lr | " for f in also_lr)
+             + "lr -> 0 | theory vs run | ODE vs run | ODE vs lr -> 0 |",
+             "|---|---|---:|---:|---:|---:|" + "---:|" * len(also_lr) + "---:|---:|---:|---:|"]
     keyed = {(row.stage, row.query, row.direction, row.occurrence): row for row in rows}
 
     def first_time(key: tuple) -> float:
@@ -92,7 +110,7 @@ def corpus_tables(corpus: str, out: Path, overrides: list[str], theory: bool = F
         name = row.name if row is not None else (names[query] if query is not None else "-")
         shown_theory = _show(by_theory) if by_theory is not None or key not in theory_notes else theory_notes[key]
         lines.append(f"| {event_label(key)} | {name} | {shown_theory} | {_show(ode)} | {_show(measured)} | {_show(half_time)} | "
-                     f"{_show(limit)} | {_relative(by_theory, measured)} | {_relative(ode, measured)} | {_relative(ode, limit)} |")
+                     + "".join(f"{_show(measured_also[f].get(key))} | " for f in also_lr) + f"{_show(limit)} | {_relative(by_theory, measured)} | {_relative(ode, measured)} | {_relative(ode, limit)} |")
     order = description["focus_order"]
     lines += ["", f"Order agreement of all events: {agreement if agreement is None else round(agreement, 2)}; of the first "
               f"focus onsets: {order['agreement'] if order['agreement'] is None else round(order['agreement'], 2)}. First "
@@ -114,11 +132,15 @@ def main() -> None:
     parser.add_argument("--corpus", action="append", choices=["wikitext2", "tinystories"])
     parser.add_argument("--set", action="append", default=[], dest="overrides")
     parser.add_argument("--theory", action="store_true", help="add the theory's predictions (predict_run on the surrogate)")
+    parser.add_argument("--also-lr", type=float, action="append", default=[], metavar="FACTOR",
+                        help="one more run at FACTOR × lr (steps / FACTOR), as a column (repeatable)")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the markdown file whose text-validation section is written")
     args = parser.parse_args()
-    tables = [corpus_tables(corpus, args.out, args.overrides, args.theory) for corpus in args.corpus or ["wikitext2", "tinystories"]]
+    tables = [corpus_tables(corpus, args.out, args.overrides, args.theory, args.also_lr)
+              for corpus in args.corpus or ["wikitext2", "tinystories"]]
     text = "\n\n".join(["## Text validation (`python benchmarks/text_validation.py`)", *tables])
     print(text)
-    write_section(RESULTS, "text-validation", text)
+    write_section(args.results, "text-validation", text)
 
 
 if __name__ == "__main__":

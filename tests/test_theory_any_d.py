@@ -297,14 +297,23 @@ def test_a_prediction_does_not_move_with_the_horizon():
     dilution onset of both. At a horizon of 900 the rank-3 flow starts past it (σ2 passes at t = 980): it is
     followed only until the detectors can confirm the events before 900 (where at 4000 it is followed until it
     reaches the Bayes loss), and those they place alike on its trajectory and on a cut of it are the long
-    horizon's to CONFIRM_RTOL (the others are marked unsettled)."""
+    horizon's to CONFIRM_RTOL (the others are marked unsettled). Condensation is the exception: it is read on the
+    run's save grid, as the detectors read the run, and that reading moves with the horizon; at each horizon it is
+    the exact flow's to 0.1%."""
     import theory.cycles as cycles
+    from theory.accuracy import measured_stages
 
-    shortest, short, long = (predict_run(load_config(None, [f"time.t_end={t_end}"])) for t_end in (900, 1500, 4000))
+    configs = [load_config(None, [f"time.t_end={t_end}"]) for t_end in (900, 1500, 4000)]
+    shortest, short, long = (predict_run(config) for config in configs)
+    for prediction, config in zip((short, long), configs[1:]):
+        measured = measured_stages(config).of("condensation")[0].t_end
+        assert prediction.rows[0].stage == "condensation" and prediction.rows[0].predicted == pytest.approx(measured, rel=1e-3)
     later = {(row.stage, row.query, row.direction): row for row in long.rows}
     compared = 0
     for row in short.rows:
         key = (row.stage, row.query, row.direction)
+        if row.stage == "condensation":
+            continue
         if row.predicted is not None:
             assert later[key].predicted == pytest.approx(row.predicted, rel=1e-9), (row, later[key])
             compared += 1
@@ -321,8 +330,8 @@ def test_a_prediction_does_not_move_with_the_horizon():
         assert (restart_short.rule, restart_short.t_settle, restart_short.t_integrated) == (
             restart_long.rule, restart_long.t_settle, restart_long.t_integrated)
 
-    timed = [row for row in shortest.rows if row.predicted is not None and UNSETTLED not in row.note]
-    assert len(timed) >= 4
+    timed = [row for row in shortest.rows if row.predicted is not None and UNSETTLED not in row.note and row.stage != "condensation"]
+    assert len(timed) >= 3
     for row in timed:
         assert later[(row.stage, row.query, row.direction)].predicted == pytest.approx(row.predicted, rel=cycles.CONFIRM_RTOL)
     *within, past = shortest.cycles.restarts()

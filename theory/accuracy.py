@@ -47,7 +47,10 @@ def random_family(n: int, seed: int = 0, dims: tuple[int, ...] = (3, 4, 5), min_
 
 @dataclass(frozen=True)
 class ChainAccuracy:
-    """Predicted and measured onsets on one chain (None where a side has no such event)."""
+    """Predicted and measured onsets on one chain (None where a side has no such event).
+
+    ``condensation`` and ``focus`` hold ``predict_run``'s rows (the rank-one flow from θ(0)); ``orbits`` the
+    asymptotic times of Stage I's orbit and Stage II's focus orbit, which they approach as ε -> 0."""
 
     pi: list[float]
     lam: float | None  # None: a general transition matrix
@@ -56,17 +59,22 @@ class ChainAccuracy:
     condensation: tuple[float, float | None]  # (predicted, measured) end of condensation
     focus: tuple[float | None, float | None]  # (predicted, measured) onset of the first query's focus
     restart_measured: float | None  # the first σ1 restart of the measured flow (it can interrupt a focus)
+    orbits: tuple[float, float | None]  # Stage I's condensation end, Stage II's first focus
 
     @staticmethod
     def error(pair: tuple[float | None, float | None]) -> float | None:
         predicted, measured = pair
         return None if predicted is None or measured is None else abs(predicted - measured) / measured
 
+    def orbit_errors(self) -> tuple[float | None, float | None]:
+        """The relative errors of Stage I's and Stage II's asymptotic times against the flow."""
+        return (self.error((self.orbits[0], self.condensation[1])), self.error((self.orbits[1], self.focus[1])))
+
 
 def chain_accuracy(pi: list[float], lam: float, eps: float, seed: int = 0, horizon_factor: float = 2.0,
                    n_save: int = 600) -> ChainAccuracy:
     """Predict condensation and the first focus, then integrate the exact flow (m = k = 8, mean field) to
-    ``horizon_factor`` × the predicted focus (or, where the theory predicts none, × the end of the focus
+    ``horizon_factor`` × Stage II's predicted focus (or, where it predicts none, × the end of the focus
     orbit's linear phase) on ``n_save`` log-spaced times and detect its stages."""
     return overrides_accuracy([f"chain.pi={pi}", f"chain.lam={lam}"], eps, seed, horizon_factor, n_save, pi, lam)
 
@@ -79,27 +87,32 @@ def transition_accuracy(P: np.ndarray, eps: float, seed: int = 0, horizon_factor
 
 def overrides_accuracy(chain_overrides: list[str], eps: float, seed: int, horizon_factor: float, n_save: int,
                        pi: list[float] | None = None, lam: float | None = None) -> ChainAccuracy:
-    """Condensation and first focus, predicted and measured, for the chain of ``chain_overrides``."""
+    """Condensation and first focus, predicted (``predict_run``'s rows) and measured, for the chain of
+    ``chain_overrides``; the horizon comes from Stage II's orbit, which needs no rank-one flow."""
     overrides = chain_overrides + [f"init.eps={eps}", f"init.seed={seed}"]
     prepared = prepare(load_config(None, overrides))
     chain = prepared.chain
     condensation = predict_condensation(chain.pi, chain.P, prepared.params0, eps)
     focus = predict_focus(MeanFieldChain(chain.pi, chain.P), prepared.params0, condensation, prepared.model.k)
     first = focus.order[0]
-    predicted_focus = focus.t_onset.get(first)
+    orbit_focus = focus.t_onset.get(first)
     # no focus predicted: run past the end of the orbit's linear phase, where its entropy settles
     linear_phase_end = focus.t_shift + np.log(1.0 / focus.orbit.delta) / focus.mu2
-    t_end = horizon_factor * predicted_focus if predicted_focus is not None else min(horizon_factor * linear_phase_end,
-                                                                                       HORIZON_CAP)
-    report = measured_stages(flow_config(overrides, eps, t_end, n_save))
+    t_end = horizon_factor * orbit_focus if orbit_focus is not None else min(horizon_factor * linear_phase_end,
+                                                                             HORIZON_CAP)
+    config = flow_config(overrides, eps, t_end, n_save)
+    rows = predict_run(config).rows
+    predicted = {(row.stage, row.query): row.predicted for row in rows if row.stage in ("condensation", "focus")}
+    report = measured_stages(config)
     condensed = report.of("condensation")
     focused = report.of("focus", first)
     restarts = [i.t_start for i in report.of("restart") if i.direction == 1]
     return ChainAccuracy(
         [float(x) for x in chain.pi] if pi is None else pi, lam, eps, t_end,
-        (condensation.t_end, condensed[0].t_end if condensed else None),
-        (predicted_focus, focused[0].t_start if focused else None),
+        (predicted[("condensation", None)], condensed[0].t_end if condensed else None),
+        (predicted.get(("focus", first)), focused[0].t_start if focused else None),
         restarts[0] if restarts else None,
+        (condensation.t_end, orbit_focus),
     )
 
 

@@ -2,8 +2,11 @@
 
 Rows (stage names as in stages.json):
 
-* condensation: the time condensation completes (the detector's t_end), Stage I;
-* focus, first query: its onset (t_start), Stage II;
+* condensation: the time condensation completes (the detector's t_end) and
+* focus, first query: its onset (t_start), both read by the detectors on the rank-one flow from θ(0)
+  (below), which carries every order in ε along the rank-one manifold; Stage I's orbit and Stage II's
+  focus orbit give the same times as ε -> 0 (their constants and asymptotic times are in ``constants``),
+  and Stage II's time is the row where the rank-one flow shows no focus before the confirmed horizon;
 * restart, direction r = 1, 2, ...: the time σ_r(W0) passes the detector's threshold (t_start),
   Stage IV, from the transverse equation on the rank-r manifold (``theory.restart``: the
   settled-point formula, or the crossing itself when the restart comes before the flow settles);
@@ -33,7 +36,7 @@ import numpy as np
 
 from flowsim.config import ConfigError, RunConfig
 from flowsim.experiment import prepare
-from flowsim.stages import StageReport, StageThresholds, subject_label
+from flowsim.stages import StageReport, StageThresholds, detect_condensation, smooth_in_log_time, subject_label
 from theory.cycles import POINTS_PER_DECADE, CyclePrediction, dilution_mechanisms, predict_cycles
 from theory.focus import FocusPrediction, predict_focus
 from theory.origin import CondensationPrediction, predict_condensation
@@ -67,10 +70,13 @@ class Prediction:
 
     def constants(self) -> str:
         c, f, dilutions = self.condensation, self.focus, self.cycles.dilutions()
-        return (f"μ1 = {c.mu1:.6g} (condensation: log(1/ε)/μ1 = {c.leading_order:.4g}, O(1) correction {c.correction:+.4g}; "
-                f"unstable amplitude a0 = {c.a0:.4g})\n"
+        first = f.order[0]
+        orbit_focus = f"; the focus orbit puts q{first}'s onset at {f.t_onset[first]:.4g}" if first in f.t_onset else ""
+        return (f"μ1 = {c.mu1:.6g} (condensation on Stage I's orbit: log(1/ε)/μ1 = {c.leading_order:.4g}, O(1) correction "
+                f"{c.correction:+.4g}, end {c.t_end:.4g}; unstable amplitude a0 = {c.a0:.4g})\n"
                 f"μ2 = {f.mu2:.6g} at the condensed point (h = {f.h:+.4g}; attention amplitude {f.a_attn0:.4g}); "
-                f"queries focus in the order {f.order}, on token {f.order[0]}"
+                f"queries focus in the order {f.order}, on token {first}{orbit_focus}\n"
+                "the rows' condensation and first focus are the rank-one flow's from θ(0) (every order in ε)"
                 + "".join(f"\n{restart_line(restart)}" for restart in self.cycles.restarts())
                 + "".join(f"\npredicted {i.stage} of q{i.query}: {i.evidence}\n  {mechanism}"
                           for i, mechanism in zip(dilutions, dilution_mechanisms(self.cycles, dilutions))))
@@ -139,26 +145,67 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     progress("Stages III-IV: the rank-r flows, their transverse equations and restarts, until every event before "
              f"t = {t_end:g} is confirmed")
     cycles = predict_cycles(chain, prepared.flow, prepared.model, prepared.params0, condensation.alpha, t_end, progress=progress)
-    rows = [timed_row(Row("condensation", None, None, condensation.t_end), t_end)]
-    rows += [timed_row(Row("focus", query, None, t), t_end) for query, t in focus.t_onset.items()]
-    chained_focus = [i for i in cycles.report.of("focus", focus.order[0]) if i.t_start <= cycles.confirmed_through]
-    if not focus.t_onset and not chained_focus:  # a focus of the first query that only the chained flow sees is its row
-        drop = focus.orbit.entropy[0] - focus.orbit.entropy.min()
-        rows.append(Row("focus", focus.order[0], None, None, note=f"no focus: on the focus orbit the entropy falls only "
-                                                                  f"{drop:.3g} nats (a focus needs {StageThresholds().focus_drop:g})"))
+    rows = [timed_row(condensation_row(condensation, cycles, prepared.times), t_end), first_focus_row(focus, cycles, t_end)]
     rows += [restart_row(restart, t_end) for restart in cycles.restarts()]
     for stage in ("focus", "dilution"):
         for query in focus.order:
-            found = [i for i in cycles.report.of(stage, query) if i.t_start <= cycles.confirmed_through]
-            unsettled = cycles.confirmation.unsettled.get((stage, query))
-            if stage == "focus" and query in focus.t_onset:
+            if stage == "focus" and query == focus.order[0]:
                 continue
+            found = confirmed_events(cycles, stage, query)
+            unsettled = cycles.confirmation.unsettled.get((stage, query))
             row = timed_row(Row(stage, query, None, found[0].t_start), t_end) if found else Row(stage, query, None, None)
             if unsettled:  # its onset depends on the trajectory's far future: shown with how it moved
                 row = replace(row, note="; ".join(filter(None, [row.note, f"{UNSETTLED}: {unsettled}"])))
             if found or unsettled:
                 rows.append(row)
     return Prediction(rows, condensation, focus, cycles, t_end)
+
+
+def confirmed_events(cycles: CyclePrediction, stage: str, query: int) -> list:
+    """The chained prediction's intervals of (stage, query) whose onset its detectors confirmed."""
+    return [i for i in cycles.report.of(stage, query) if i.t_start <= cycles.confirmed_through]
+
+
+def condensation_row(condensation: CondensationPrediction, cycles: CyclePrediction, times: np.ndarray,
+                     thresholds: StageThresholds | None = None) -> Row:
+    """Condensation's end as the detectors will read it on the run's save ``times``: σ0(W0) of the rank-one flow
+    from θ(0), interpolated in log-log onto them; Stage I's orbit where no condensation is read there.
+
+    Stage I's orbit has no attention, so its σ0 grows to the attention-free scale, while the flow's σ0 levels off
+    lower once the focus follows. The detectors end condensation at a fraction of where σ0 flattens, by a slope
+    test over a window; where σ0 overshoots and then keeps growing slowly that test can pass on one grid and not
+    on another, so the row reads σ0 on the grid the run is read on. O(T d m²) for σ0 on the prediction's T times."""
+    th = StageThresholds() if thresholds is None else thresholds
+    saved = cycles.trajectory.t > 0
+    t_saved = cycles.trajectory.t[saved]
+    sigma0 = np.linalg.norm(np.asarray(cycles.trajectory.params["W0"])[saved], ord=2, axis=(1, 2))
+    t = np.asarray(times, dtype=float)
+    t = t[t > 0]
+    on_run = np.exp(np.interp(np.log(t), np.log(t_saved), np.log(sigma0)))
+    found = detect_condensation(t, smooth_in_log_time(t, on_run, th.smoothing_decades), th) if len(t) >= 3 else None
+    if found is not None:
+        return Row("condensation", None, None, found.t_end)
+    return Row("condensation", None, None, condensation.t_end, note="Stage I's orbit (the rank-one flow does not "
+                                                                       "condense on the run's save times)")
+
+
+def first_focus_row(focus: FocusPrediction, cycles: CyclePrediction, t_end: float) -> Row:
+    """The first query's focus onset on the rank-one flow; Stage II's focus orbit where that flow shows none
+    before the confirmed horizon; a row saying why where neither does."""
+    first = focus.order[0]
+    found = confirmed_events(cycles, "focus", first)
+    unsettled = cycles.confirmation.unsettled.get(("focus", first))
+    if found:
+        row = timed_row(Row("focus", first, None, found[0].t_start), t_end)
+    elif first in focus.t_onset:
+        row = timed_row(Row("focus", first, None, focus.t_onset[first], note="Stage II's focus orbit"), t_end)
+    else:
+        drop = focus.orbit.entropy[0] - focus.orbit.entropy.min()
+        row = Row("focus", first, None, None, note=f"no focus: on the focus orbit the entropy falls only {drop:.3g} nats "
+                                                   f"(a focus needs {StageThresholds().focus_drop:g})")
+    if unsettled:
+        row = replace(row, note="; ".join(filter(None, [row.note, f"{UNSETTLED}: {unsettled}"])))
+    return row
 
 
 def timed_row(row: Row, t_end: float) -> Row:
