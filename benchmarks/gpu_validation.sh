@@ -14,7 +14,7 @@
 # Usage: bash benchmarks/gpu_validation.sh [OUT]        (default runs/gpu-validation)
 # Environment: GPU_CHECK_BUDGET (seconds, default 450), GPU_CHECK_DEVICE (default cuda), GPU_CHECK_RUNS (the run
 # directories, default OUT-runs), GPU_CHECK_TEXT and GPU_CHECK_GPT (extra `--set` overrides for each part, e.g. a
-# small vocabulary and few steps to try the script on a CPU: see tests/test_packaging.py).
+# small vocabulary and few steps to try the script on a CPU, as tests/test_bridge.py does).
 # Output in OUT: summary.md (the tables, with the measured times), tinystories-overlay.png, wikitext2-overlay.png,
 # gpt-study.json and log.txt.
 set -uo pipefail

@@ -502,3 +502,29 @@ def test_the_window_loss_is_the_torch_batch_loss_over_all_windows():
         np.testing.assert_allclose(np.asarray(gradient[name]), parameter.grad.numpy(), rtol=1e-9, atol=1e-12)
     with pytest.raises(ValueError, match="window tokens must lie in 0 .. 4, got 0 .. 5"):
         make_window_loss(model, np.full((3, 4), 5) - np.eye(3, 4, dtype=int) * 5)
+
+
+@pytest.mark.slow
+@needs_data
+def test_the_device_check_script_runs_end_to_end_within_its_budget(tmp_path):
+    """benchmarks/gpu_validation.sh on this CPU at a tiny size (d = 32, t = 8; a 2-layer GPT of width 16): both
+    corpora at three learning rates beside their ODE, the GPT study, and the few small files it promises."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_validation.sh"
+    env = {**os.environ, "GPU_CHECK_DEVICE": "cpu", "GPU_CHECK_BUDGET": "400", "FLOWSIM_DATA_DIR": str(DATA_DIR),
+           "GPU_CHECK_TEXT": "--set data.vocab_size=31 --set log.track=[] --set optim.steps=64",
+           "GPU_CHECK_GPT": "--set model.n_layer=2 --set model.d_model=16 --set model.n_head=2 --set optim.steps=20 "
+                            "--set data.vocab_size=31"}
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(script), str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert sorted(path.name for path in out.iterdir()) == ["gpt-study.json", "log.txt", "summary.md",
+                                                           "tinystories-overlay.png", "wikitext2-overlay.png"]
+    summary = (out / "summary.md").read_text()
+    assert summary.count("| run lr | run lr/2 | run 2 lr |") == 2 and "### tinystories" in summary and "### wikitext2" in summary
+    assert "gpt-mlp" in summary and "no table" not in summary
+    assert set(json.loads((out / "gpt-study.json").read_text())) == {"tinystories"}
+    assert "cut at" not in (out / "log.txt").read_text().split("--- ")[0]
