@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, NamedTuple, Sequence, TypeVar
 
 import numpy as np
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 try:  # Python 3.11+
     import tomllib
@@ -100,13 +100,24 @@ class ModelConfig(Section):
     ffn_width: PositiveInt = key(16, "two_layer: the feed-forward block's hidden width")
 
 
+MIN_INIT_EPS = 1e-75  # ε⁴, the scale of the attention logits at the start, stays above float64's smallest normal
+
+
 class InitConfig(Section):
     """The initial point."""
 
-    eps: float = key(1e-3, "initial scale ε: every weight drawn from N(0, ε²); far above 1 the flow starts saturated",
-                     gt=0, le=1e3)
+    eps: float = key(1e-3, "initial scale ε: every weight drawn from N(0, ε²); far above 1 the flow starts saturated, "
+                           "and below 1e-75 the attention logits (order ε⁴) underflow float64", gt=0, le=1e3)
     seed: int = key(0, "seed of the initial draw", ge=0)
     file: str | None = key(None, "an .npz with W0, W_Q, W_K, W1 (and W_V) to start from instead of the draw")
+
+    @field_validator("eps")
+    @classmethod
+    def _eps_does_not_underflow(cls, eps: float) -> float:
+        if eps < MIN_INIT_EPS:
+            raise ValueError(f"init.eps = {eps!r} is invalid: below {MIN_INIT_EPS:g} the attention logits, of order ε⁴ at "
+                             "the start, underflow float64")
+        return eps
 
 
 class LossConfig(Section):

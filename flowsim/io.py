@@ -49,7 +49,7 @@ class DamagedFileError(ValueError):
 
     def __init__(self, path: Path, reason: str, remedy: str):
         super().__init__(f"{path} is damaged ({reason}): {remedy}")
-        self.path = Path(path)
+        self.path, self.reason = Path(path), reason
 
 
 def _strict(value):

@@ -35,6 +35,7 @@ import hashlib
 import io
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import threading
@@ -107,10 +108,17 @@ def parse_grid(entries: Sequence[str]) -> dict[str, list]:
     return grid
 
 
+MAX_SWEEP_ROWS = 100_000  # each row is a run directory's worth of files: a larger grid is a typo more often than a plan
+
+
 def expand_grid(grid: dict[str, list], seeds: int) -> list[RunSpec]:
     """Every combination of the grid's values, for seeds 0 .. seeds-1, in grid order."""
     if not isinstance(seeds, int) or seeds < 1:
         raise ConfigError(f"--seeds must be a positive integer, got {seeds!r}")
+    size = seeds * math.prod(len(values) for values in grid.values())
+    if size > MAX_SWEEP_ROWS:
+        raise ConfigError(f"the sweep has {size} rows ({' × '.join(str(len(v)) for v in grid.values())} grid points × "
+                          f"{seeds} seeds); at most {MAX_SWEEP_ROWS} are allowed: split it into several sweeps")
     specs = []
     for combination in itertools.product(*grid.values()):
         values = dict(zip(grid, combination))
@@ -196,6 +204,34 @@ def _flat(settings: dict, prefix: str = "") -> dict:
     return flat
 
 
+NUMBER_COLUMNS = ("final_loss", *(column for extra in MODEL_COLUMNS.values() for column in extra if column != "cycles"),
+                  *COST_COLUMNS)
+
+
+def row_problem(row: object) -> str | None:
+    """Why the content of a row file is not a sweep row (None where it is one)."""
+    if not isinstance(row, dict):
+        return f"it holds a JSON {type(row).__name__}, not an object"
+    for key in ("name", "status"):
+        if not isinstance(row.get(key), str):
+            return f"its {key} is {row.get(key)!r}, expected a string"
+    for key in NUMBER_COLUMNS:
+        value = row.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"its {key} is {value!r}, expected a number or null"
+    return None
+
+
+def read_row(path: Path) -> dict:
+    """A row file, checked (``row_problem``); DamagedFileError names the file and what is wrong with it."""
+    remedy = "run the sweep again with --force-new to recompute it"
+    row = read_json(path, remedy)
+    problem = row_problem(row)
+    if problem is not None:
+        raise DamagedFileError(path, f"not a sweep row: {problem}", remedy)
+    return row
+
+
 def stale_rows(config_path: str | None, base_overrides: tuple[str, ...], specs: list[RunSpec], out: Path) -> dict[str, str]:
     """The rows already in ``out`` that were made with other settings than ``specs`` give now:
     {row name: the keys that differ, old -> new}."""
@@ -205,11 +241,12 @@ def stale_rows(config_path: str | None, base_overrides: tuple[str, ...], specs: 
         if not path.is_file():
             continue
         try:
-            recorded = read_json(path).get("config")
-        except DamagedFileError:
-            recorded = None
+            recorded = read_row(path).get("config")
+        except DamagedFileError as error:
+            stale[spec.name] = f"the row is damaged ({error.reason})"
+            continue
         if not isinstance(recorded, dict):
-            stale[spec.name] = "the row records no configuration (damaged, or from an older flowsim)"
+            stale[spec.name] = "the row records no configuration (from an older flowsim)"
             continue
         old, new = _flat(recorded), _flat(resolved_settings(load_config(config_path, (*base_overrides, *spec.overrides))))
         value = lambda settings, key: settings.get(key, "(unset)")  # noqa: E731
@@ -308,7 +345,10 @@ def write_table(out: Path, specs: list[RunSpec], grid_keys: Sequence[str]) -> li
     for spec in specs:
         path = out / "rows" / f"{spec.name}.json"
         if path.is_file():
-            rows.append(read_json(path))
+            try:
+                rows.append(read_row(path))
+            except DamagedFileError as error:
+                raise ConfigError(str(error)) from None
     kinds = {model_kind(row) for row in rows}
     columns = ["name", *grid_keys, *COMMON_COLUMNS,
                *[column for kind, extra in MODEL_COLUMNS.items() if kind in kinds for column in extra], *COST_COLUMNS]
@@ -391,7 +431,7 @@ def _run_sweep_locked(grid, specs, out, config_text, base, seeds, backend, worke
     stale = stale_rows(config_text, base, specs, out)
     if stale and not force_new:
         first = next(iter(stale))
-        raise ConfigError(f"--out {str(out)!r} holds {len(stale)} rows made with other settings (e.g. {first}: "
+        raise ConfigError(f"--out {str(out)!r} holds {len(stale)} rows it cannot reuse, made with other settings or damaged (e.g. {first}: "
                           f"{stale[first]}); use a new --out, or --force-new to recompute them")
     done = {spec.name for spec in specs if (out / "rows" / f"{spec.name}.json").is_file() and spec.name not in stale}
     pending = [spec for spec in specs if spec.name not in done]

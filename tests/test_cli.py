@@ -1,6 +1,7 @@
 """The command line: exit codes, one-line errors, what each command writes."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -117,7 +118,7 @@ def test_a_sweep_resumed_with_other_settings_is_refused(tmp_path):
     assert _invoke(*base).exit_code == 0
     before = {path.name: path.read_text() for path in (tmp_path / "sweep" / "rows").iterdir()}
     line = _one_error_line(_invoke(*base, "--set", "time.t_end=40.0"))
-    assert "2 rows made with other settings" in line and "time.t_end: 30.0 -> 40.0" in line
+    assert "2 rows it cannot reuse, made with other settings or damaged" in line and "time.t_end: 30.0 -> 40.0" in line
     assert {path.name: path.read_text() for path in (tmp_path / "sweep" / "rows").iterdir()} == before  # untouched
     assert _invoke(*base).exit_code == 0  # the same settings resume (nothing to run)
     assert _invoke(*base, "--set", "time.t_end=40.0", "--force-new").exit_code == 0
@@ -346,3 +347,34 @@ def test_compare_runs_tabulates_one_layer_runs_and_overlays_them(tmp_path):
     assert "1 to 4 one-layer runs, got 5" in _one_error_line(too_many)
     nowhere = _invoke("compare-runs", str(tmp_path / "small"), "--figure", str(tmp_path / "missing" / "a.png"))
     assert "--figure" in _one_error_line(nowhere) and "missing" in _one_error_line(nowhere)
+
+
+def test_an_underflowing_initial_scale_a_uniform_pi_and_a_huge_sweep_are_one_line_each(tmp_path, monkeypatch):
+    """ε whose ε⁴ underflows float64, π uniform in `predict` (μ1 = 0) and 2 × 10⁸ sweep rows: one line, exit 2,
+    nothing written."""
+    line = _one_error_line(_invoke("run", "--set", "init.eps=1e-300", "--out", str(tmp_path / "tiny")))
+    assert "init.eps = 1e-300" in line and "underflow" in line and not (tmp_path / "tiny").exists()
+    assert _invoke("run", "--set", "init.eps=1e-70", "--out", str(tmp_path / "small"), *[x for s in SMALL for x in ("--set", s)],
+                   "--quiet").exit_code == 0
+    monkeypatch.setenv("FLOWSIM_PREDICTION_CACHE", "off")
+    line = _one_error_line(_invoke("predict", "--set", "chain.pi=[0.25, 0.25, 0.25, 0.25]"))
+    assert "π is uniform" in line and "μ1" in line
+    line = _one_error_line(_invoke("sweep", "--grid", "time.t_end=[20, 30]", "--seeds", "100000000", "--out", str(tmp_path / "big")))
+    assert "200000000 rows" in line and not (tmp_path / "big").exists()
+
+
+def test_a_damaged_sweep_row_is_named_and_recomputed_only_on_request(tmp_path):
+    """A row file whose final_loss is not a number, or that holds a JSON array, is reported by name with what is
+    wrong, is never copied into sweep.csv, and --force-new recomputes it."""
+    out = tmp_path / "sweep"
+    base = ["sweep", "--grid", "chain.lam=[0.3, 0.5]", "--out", str(out), *[item for s in SMALL for item in ("--set", s)]]
+    assert _invoke(*base).exit_code == 0
+    first, second = sorted((out / "rows").iterdir())
+    row = json.loads(first.read_text())
+    first.write_text(json.dumps({**row, "final_loss": "abc"}))
+    second.write_text("[1, 2]")
+    line = _one_error_line(_invoke(*base))
+    assert "final_loss is 'abc', expected a number" in line and "--force-new" in line
+    assert "abc" not in (out / "sweep.csv").read_text()
+    assert _invoke(*base, "--force-new").exit_code == 0
+    assert all(isinstance(json.loads(path.read_text())["final_loss"], float) for path in (out / "rows").iterdir())

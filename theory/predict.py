@@ -41,7 +41,7 @@ from theory.cycles import POINTS_PER_DECADE, CyclePrediction, dilution_mechanism
 from theory.focus import FocusPrediction, predict_focus
 from theory.origin import CondensationPrediction, predict_condensation
 from theory.restart import REACH_LIMIT, RestartPrediction, RuleName
-from theory.mean_field import MeanFieldChain
+from theory.mean_field import MeanFieldChain, origin_rate
 
 NOT_MEASURED, NOT_PREDICTED = "predicted, not measured", "measured, not predicted"
 AFTER_HORIZON = "after the horizon"
@@ -135,6 +135,9 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     if np.any(source.pi <= 0):
         raise ConfigError(f"predictions need every token to have π > 0, got min π = {source.pi.min():g} "
                           f"(token {int(np.argmin(source.pi))})")
+    if origin_rate(source.pi) < 1e-12 * np.linalg.norm(source.pi):  # μ1 = ‖π‖ ‖π - u‖
+        raise ConfigError(f"no condensation to predict: π is uniform (d = {len(source.pi)}), so μ1 = ‖π‖ ‖π - u‖ = 0 "
+                          "and the origin has no unstable direction")
     eps = config.init.eps if config.init.file is None else float(np.sqrt(np.mean(np.asarray(prepared.params0["W0"]) ** 2)))
     chain = MeanFieldChain(source.pi, source.P)
     t_end = float(config.time.t_end)
