@@ -98,8 +98,9 @@ def summary_figure(observables: Observables, title: str = "", stages: StageRepor
 
 
 def _grid_values(rows: list[dict], key: str) -> list:
-    """The distinct values of a grid key: numbers in numeric order, anything else (model.ffn = 'glu') as text."""
-    values = {row[key] for row in rows}
+    """The distinct values of a grid key: numbers in numeric order, anything else (model.ffn = 'glu', chain.pi = [...])
+    in the order of their text."""
+    values = list({repr(row[key]): row[key] for row in rows}.values())  # lists are values too, and unhashable
     numeric = all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in values)
     return sorted(values) if numeric else sorted(values, key=str)
 

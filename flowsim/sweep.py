@@ -132,8 +132,10 @@ ROW_NAME_LIMIT = 100  # longer readable names (a π of many entries) become a ha
 
 
 def row_name(values: dict, seed: int) -> str:
-    """``key=value_..._seed=N`` when short enough for a file name, else ``grid-<12 hex of the values>_seed=N``."""
-    readable = ("_".join(f"{key}={value}" for key, value in values.items()) + f"_seed={seed}").replace("/", "-")
+    """``key=value_..._seed=N`` when short enough for a file name, else ``grid-<12 hex of the values>_seed=N``. A file
+    name holds no "/": it is written %2F (and "%" as %25), so that two paths never share a name."""
+    readable = ("_".join(f"{key}={value}" for key, value in values.items()) + f"_seed={seed}").replace("%", "%25")
+    readable = readable.replace("/", "%2F")
     if len(readable.encode()) <= ROW_NAME_LIMIT:
         return readable
     digest = hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]

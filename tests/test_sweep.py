@@ -251,3 +251,16 @@ def test_the_table_has_the_columns_of_the_models_it_holds(tmp_path):
         with open(tmp_path / kind / "sweep.csv") as file:
             header = next(csv.reader(file))
         assert present in header and absent not in header, header
+
+
+def test_row_names_never_collide_and_a_list_valued_axis_is_swept(tmp_path):
+    """Two init files whose paths differ only by '/' and '-' get two rows; a grid over π (a list per value) runs,
+    writes its table and draws its phase diagram."""
+    specs = sweep.expand_grid({"init.file": ["/p/x-y.npz", "/p/x/y.npz"]}, 1)
+    assert len({spec.name for spec in specs}) == 2 and all("/" not in spec.name for spec in specs)
+    out = tmp_path / "pi"
+    result = CliRunner().invoke(app, ["sweep", "--grid", "chain.pi=[[0.5, 0.5], [0.6, 0.4]]", "--set", "time.t_end=20",
+                                      "--set", "time.n_linear=21", "--set", "time.n_log=5", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(path.read_text()) for path in sorted((out / "rows").iterdir())]
+    assert [row["chain.pi"] for row in rows] == [[0.5, 0.5], [0.6, 0.4]] and (out / "phase_diagram.png").stat().st_size > 0
