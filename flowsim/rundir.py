@@ -124,10 +124,22 @@ def folder_lock(folder: Path, what: str = "run directory"):
         os.close(handle)  # closing the descriptor releases the lock
 
 
+META_TEXT_FIELDS = ("status_name", "message", "started", "finished")
+
+
 def read_meta(run_dir: Path) -> dict:
-    """meta.json of a run directory ({} when it has none); a damaged one raises DamagedFileError."""
+    """meta.json of a run directory ({} when it has none); a damaged one (not JSON, not an object, a text field
+    that is not text) raises DamagedFileError."""
     path = Path(run_dir) / META_FILE
-    return read_json(path, LOST_RUN) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    meta = read_json(path, LOST_RUN)
+    if not isinstance(meta, dict):
+        raise DamagedFileError(path, f"a JSON {type(meta).__name__}, not an object", LOST_RUN)
+    for key in META_TEXT_FIELDS:
+        if key in meta and not isinstance(meta[key], str):
+            raise DamagedFileError(path, f"its {key} is {meta[key]!r}, expected text", LOST_RUN)
+    return meta
 
 
 def check_output_dir(out: Path, flag: str = "--out") -> None:

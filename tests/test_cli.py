@@ -378,3 +378,16 @@ def test_a_damaged_sweep_row_is_named_and_recomputed_only_on_request(tmp_path):
     assert "abc" not in (out / "sweep.csv").read_text()
     assert _invoke(*base, "--force-new").exit_code == 0
     assert all(isinstance(json.loads(path.read_text())["final_loss"], float) for path in (out / "rows").iterdir())
+
+
+@pytest.mark.parametrize("damage", ["[1, 2]", "status_name"])
+def test_a_meta_json_of_the_wrong_shape_is_one_line_in_every_command(tmp_path, damage):
+    """meta.json that is a JSON array, or whose status_name is a number: stages, resume and compare each say which
+    file is damaged and how, in one line."""
+    run_dir = tmp_path / "run"
+    assert _invoke("run", "--out", str(run_dir), "--quiet", *[x for s in SMALL for x in ("--set", s)]).exit_code == 0
+    meta = run_dir / "meta.json"
+    meta.write_text(damage if damage.startswith("[") else json.dumps({**json.loads(meta.read_text()), "status_name": 3}))
+    for command in (["stages", str(run_dir)], ["run", "--resume", str(run_dir)], ["compare", str(run_dir)]):
+        line = _one_error_line(_invoke(*command))
+        assert "meta.json is damaged" in line and ("list" in line or "status_name is 3" in line), (command, line)
