@@ -63,7 +63,7 @@ def cached_prediction(config: RunConfig, progress: Callable[[str], None] = lambd
     """``predict_run``'s rows and constants, from the cache when the same prediction was made before."""
     folder = prediction_cache_dir()
     path = None if folder is None else folder / f"{prediction_key(config)}.json"
-    if path is not None and path.exists():
+    if path is not None and path.is_file():  # an entry that is a folder is not a cached prediction
         try:
             summary = PredictionSummary.from_json(read_json(path))
             progress(f"prediction read from the cache ({path})")

@@ -391,3 +391,14 @@ def test_a_meta_json_of_the_wrong_shape_is_one_line_in_every_command(tmp_path, d
     for command in (["stages", str(run_dir)], ["run", "--resume", str(run_dir)], ["compare", str(run_dir)]):
         line = _one_error_line(_invoke(*command))
         assert "meta.json is damaged" in line and ("list" in line or "status_name is 3" in line), (command, line)
+
+
+def test_a_prediction_cache_entry_that_is_a_folder_is_passed_over(tmp_path, monkeypatch):
+    """The cache entry's name taken by a folder: predict computes, prints its table, and says it did not cache."""
+    from flowsim.config import load_config
+    from flowsim.predictions import prediction_key
+
+    monkeypatch.setenv("FLOWSIM_PREDICTION_CACHE", str(tmp_path))
+    (tmp_path / f"{prediction_key(load_config(None, ['time.t_end=300']))}.json").mkdir()
+    result = _invoke("predict", "--set", "time.t_end=300")
+    assert result.exit_code == 0 and "condensation" in result.output and "prediction not cached" in result.output, result.output
