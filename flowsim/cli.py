@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import sys
 import warnings
@@ -441,7 +442,17 @@ def version() -> None:
 
 
 def main() -> None:
-    app(prog_name="flowsim")
+    try:
+        app(prog_name="flowsim")
+    except OSError as error:  # a path the file system cannot even look up, wherever a command met it
+        if error.errno not in (errno.ENAMETOOLONG, errno.ELOOP):
+            raise
+        shown = str(error.filename)
+        shown = shown if len(shown) <= 80 else f"{shown[:40]}...{shown[-20:]} ({len(shown.encode())} bytes)"
+        why = ("a file or folder name holds at most 255 bytes and a path 4095" if error.errno == errno.ENAMETOOLONG
+               else "it runs through a loop of symbolic links")
+        typer.echo(f"flowsim: error: {shown}: {error.strerror}: {why}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

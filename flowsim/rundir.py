@@ -142,9 +142,28 @@ def read_meta(run_dir: Path) -> dict:
     return meta
 
 
+NAME_MAX, PATH_MAX = 255, 4096  # bytes, as Linux's file systems hold them
+
+
+def check_path_length(path: Path, flag: str) -> None:
+    """ValueError where a part of ``path`` or the whole of it is longer than a file system holds."""
+    too_long = next((part for part in Path(path).parts if len(part.encode()) > NAME_MAX), None)
+    if too_long is not None:
+        raise ValueError(f"{flag}: the name {too_long[:40]!r}... is {len(too_long.encode())} bytes long; a file or folder "
+                         f"name holds at most {NAME_MAX}")
+    if len(str(Path(path).absolute()).encode()) >= PATH_MAX:
+        raise ValueError(f"{flag}: the path is {len(str(Path(path).absolute()).encode())} bytes long; a path holds at "
+                         f"most {PATH_MAX - 1}")
+
+
 def check_output_dir(out: Path, flag: str = "--out") -> None:
-    """An output folder must be a folder or not exist yet (ValueError naming it otherwise)."""
+    """An output folder must be a folder or not exist yet, and a name the file system can hold (ValueError naming
+    it otherwise)."""
     out = Path(out)
+    check_path_length(out, flag)
+    if out.is_symlink() and not out.exists():
+        raise ValueError(f"{flag} {str(out)!r} is a symbolic link to nothing (a missing target, or a loop of links); "
+                         "remove it or choose another folder")
     if out.exists() and not out.is_dir():
         raise ValueError(f"{flag} {str(out)!r} is a file, not a folder; choose a folder")
     for parent in out.parents:

@@ -402,3 +402,19 @@ def test_a_prediction_cache_entry_that_is_a_folder_is_passed_over(tmp_path, monk
     (tmp_path / f"{prediction_key(load_config(None, ['time.t_end=300']))}.json").mkdir()
     result = _invoke("predict", "--set", "time.t_end=300")
     assert result.exit_code == 0 and "condensation" in result.output and "prediction not cached" in result.output, result.output
+
+
+def test_paths_the_file_system_cannot_hold_and_dangling_links_are_one_line(tmp_path):
+    """--out as a link to nothing or a loop of links, a name over 255 bytes, a path over 4095 bytes (as --out, in
+    every command that writes), and an over-long input path (through the console entry point): one line, exit 2."""
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing" / "x")
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    long_name, long_path = tmp_path / ("a" * 300), tmp_path.joinpath(*["b" * 200] * 25)
+    for out, expected in ((tmp_path / "dangling", "symbolic link to nothing"), (tmp_path / "loop1", "symbolic link to nothing"),
+                          (long_name, "300 bytes long"), (long_path, "a path holds at most 4095")):
+        for command in (["run", "--set", "time.t_end=5"], ["sweep", "--grid", "time.t_end=[5, 6]"], ["figures", "--tiny"]):
+            assert expected in _one_error_line(_invoke(*command, "--out", str(out))), (command, out)
+    done = run_cli("stages", str(long_name), cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "File name too long" in done.stderr and "at most 255 bytes" in done.stderr
