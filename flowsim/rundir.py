@@ -124,6 +124,14 @@ def folder_lock(folder: Path, what: str = "run directory"):
         os.close(handle)  # closing the descriptor releases the lock
 
 
+def discard_unused_folder(folder: Path) -> None:
+    """Remove ``folder`` where it holds nothing but its lock file: one a command made and then refused to use."""
+    folder = Path(folder)
+    if folder.is_dir() and {path.name for path in folder.iterdir()} <= {LOCK_FILE}:
+        (folder / LOCK_FILE).unlink(missing_ok=True)
+        folder.rmdir()
+
+
 META_TEXT_FIELDS = ("status_name", "message", "started", "finished")
 
 

@@ -54,7 +54,7 @@ from flowsim.config import ConfigError, load_config
 from flowsim.experiment import law_of, prepare, stages_apply, stages_of
 from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
 from flowsim.observables import compute_observables
-from flowsim.rundir import check_output_dir, folder_lock, library_versions
+from flowsim.rundir import check_output_dir, discard_unused_folder, folder_lock, library_versions
 from flowsim.status import Status
 from flowsim.solvers import solve_flow, solve_flow_batch
 from flowsim.specialisation import summarise
@@ -420,9 +420,15 @@ def run_sweep(
         check_output_dir(out)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    with folder_lock(out, "sweep folder"):
-        return _run_sweep_locked(grid, specs, out, config_text, base, seeds, backend, workers, scheduler, batch,
-                                 force_new, progress)
+    made_here = not out.exists()
+    try:
+        with folder_lock(out, "sweep folder"):
+            return _run_sweep_locked(grid, specs, out, config_text, base, seeds, backend, workers, scheduler, batch,
+                                     force_new, progress)
+    except ConfigError:
+        if made_here:  # a configuration refused before any row was written leaves no folder behind
+            discard_unused_folder(out)
+        raise
 
 
 def _run_sweep_locked(grid, specs, out, config_text, base, seeds, backend, workers, scheduler, batch, force_new,

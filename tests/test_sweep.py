@@ -264,3 +264,18 @@ def test_row_names_never_collide_and_a_list_valued_axis_is_swept(tmp_path):
     assert result.exit_code == 0, result.output
     rows = [json.loads(path.read_text()) for path in sorted((out / "rows").iterdir())]
     assert [row["chain.pi"] for row in rows] == [[0.5, 0.5], [0.6, 0.4]] and (out / "phase_diagram.png").stat().st_size > 0
+
+
+def test_a_refused_sweep_leaves_no_folder_behind_but_keeps_an_existing_one(tmp_path):
+    """A bad run configuration or --batch 0 is one line, and the --out it would have made does not exist
+    afterwards; a folder that existed before (with its rows) is left as it was."""
+    for extra in (["--set", "init.eps=-1"], ["--batch", "0"]):
+        out = tmp_path / f"refused{len(extra[1])}"
+        result = CliRunner().invoke(app, ["sweep", "--grid", "time.t_end=[5, 6]", *extra, "--out", str(out)])
+        assert result.exit_code == 2 and not out.exists(), (extra, result.output)
+    kept = tmp_path / "kept"
+    small = ["--set", "time.n_linear=6", "--set", "time.n_log=3"]
+    assert CliRunner().invoke(app, ["sweep", "--grid", "time.t_end=[5, 6]", *small, "--out", str(kept)]).exit_code == 0
+    before = sorted(path.name for path in (kept / "rows").iterdir())
+    assert CliRunner().invoke(app, ["sweep", "--grid", "time.t_end=[5, 6]", *small, "--batch", "0", "--out", str(kept)]).exit_code == 2
+    assert sorted(path.name for path in (kept / "rows").iterdir()) == before
