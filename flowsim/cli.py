@@ -114,8 +114,10 @@ def stages(run_dir: Path = typer.Argument(..., help="A run directory written by 
     """Label the stages of a run (condensation, focus, dilution, restart, plateau) and print them."""
     from flowsim.config import ConfigError
     from flowsim.experiment import label_run, partial_note
+    from flowsim.rundir import check_not_in_use
 
     try:
+        check_not_in_use(run_dir)  # its stages.json would go stale as the run goes on
         report = label_run(run_dir)
         note = partial_note(run_dir)
     except (FileNotFoundError, ConfigError, ValueError) as error:
@@ -149,11 +151,12 @@ def compare(run_dir: Path = typer.Argument(..., help="A run directory written by
     """Put predicted stage onsets beside the detected ones; writes compare.json in the run directory."""
     from flowsim.config import ConfigError
     from flowsim.experiment import check_labelable, partial_note
-    from flowsim.rundir import load_run
+    from flowsim.rundir import check_not_in_use, load_run
     from flowsim.predictions import COMPARE_JSON, compare_run
     from theory.predict import table
 
     try:
+        check_not_in_use(run_dir)  # its compare.json would go stale as the run goes on
         check_labelable(run_dir)
         load_run(run_dir)  # every file checked before the (slower) predictions
         note = partial_note(run_dir)

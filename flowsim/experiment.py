@@ -31,6 +31,7 @@ from flowsim.rundir import (
     SOLVER_STATE_FILE,
     SUMMARY_FIGURE,
     TRAJECTORY_FILE,
+    check_not_in_use,
     folder_lock,
     library_versions,
     load_run,
@@ -400,6 +401,7 @@ def resume_run(run_dir: Path, *, progress: bool = True) -> tuple[FlowResult, boo
     run: JaxRadau from its saved loop state, gradient descent from its last saved step).
     Raises ConfigError when there is nothing to resume."""
     run_dir = Path(run_dir)
+    check_not_in_use(run_dir)  # a run still being written names its writer, whatever it has written so far
     run = load_run(run_dir)
     status = run.status_name
     if status not in RESUMABLE:

@@ -95,6 +95,31 @@ class FolderInUseError(ConfigError):
     """Another live process writes the folder (``folder_lock``)."""
 
 
+def _holder(recorded: bytes) -> str:
+    """The lock file's record of its holder, as a reader sees it."""
+    try:
+        who = json.loads(recorded.decode(errors="replace"))
+        return f"pid {who.get('pid')} on {who.get('host')}, since {who.get('since')}"
+    except (ValueError, AttributeError):
+        return "another process"
+
+
+def check_not_in_use(folder: Path, what: str = "run directory") -> None:
+    """FolderInUseError, naming the holder, where another process holds ``folder``'s lock (``folder_lock``); the
+    check takes a shared lock for a moment, so it creates nothing and waits for nothing."""
+    path = Path(folder) / LOCK_FILE
+    if not path.is_file():
+        return
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        raise FolderInUseError(f"the {what} {str(folder)!r} is in use by another flowsim process "
+                               f"({_holder(os.read(handle, 4096))}); wait for it to finish") from None
+    finally:
+        os.close(handle)
+
+
 @contextlib.contextmanager
 def folder_lock(folder: Path, what: str = "run directory"):
     """Hold an exclusive lock on ``folder`` (an flock on FOLDER/.flowsim.lock, which records the holder's pid,
@@ -106,13 +131,8 @@ def folder_lock(folder: Path, what: str = "run directory"):
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        holder = os.read(handle, 4096).decode(errors="replace")
+        by = _holder(os.read(handle, 4096))
         os.close(handle)
-        try:
-            who = json.loads(holder)
-            by = f"pid {who.get('pid')} on {who.get('host')}, since {who.get('since')}"
-        except ValueError:
-            by = "another process"
         raise FolderInUseError(f"the {what} {str(folder)!r} is in use by another flowsim process ({by}); "
                                "wait for it to finish, or choose another folder") from None
     try:

@@ -418,3 +418,21 @@ def test_paths_the_file_system_cannot_hold_and_dangling_links_are_one_line(tmp_p
     done = run_cli("stages", str(long_name), cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "File name too long" in done.stderr and "at most 255 bytes" in done.stderr
+
+
+def test_a_folder_another_process_writes_is_named_with_its_holder_and_left_untouched(tmp_path):
+    """While a run directory's lock is held (by a writer that may not have written its trajectory yet), resume,
+    stages and compare each name the holder (pid, host, since) in one line and write nothing."""
+    from flowsim.rundir import folder_lock
+
+    finished = tmp_path / "finished"
+    assert _invoke("run", "--out", str(finished), "--quiet", *[x for s in SMALL for x in ("--set", s)]).exit_code == 0
+    (finished / "stages.json").unlink()
+    starting = tmp_path / "starting"  # a writer that has only taken its lock so far
+    for folder in (finished, starting):
+        with folder_lock(folder):
+            before = sorted(path.name for path in folder.iterdir())
+            for command in (["run", "--resume", str(folder)], ["stages", str(folder)], ["compare", str(folder)]):
+                line = _one_error_line(_invoke(*command))
+                assert "in use by another flowsim process (pid " in line and " since " in line, (command, line)
+            assert sorted(path.name for path in folder.iterdir()) == before
