@@ -21,6 +21,7 @@ from flowsim.experiment import execute_run, observables_of_run
 from flowsim.observables import Observables
 from flowsim.rundir import CONFIG_FILE, META_FILE, load_run
 from flowsim.stages import StageReport, detect_stages
+from flowsim.status import Status
 
 TINY = ("time.t_end=150.0", "time.n_linear=16", "time.n_log=30")  # condensation and the first focus
 ONSET_TIMES = ("time.t_end=400.0", "time.n_linear=41", "time.n_log=200")  # past the first focus for ε >= 1e-6
@@ -66,7 +67,12 @@ def flowsim_run(cache: Path, overrides: Sequence[str] = (), config_path: Path | 
             return run_dir
     if run_dir.exists():
         shutil.rmtree(run_dir)  # an interrupted computation: start it again
-    execute_run(config, run_dir, progress=False)
+    result = execute_run(config, run_dir, progress=False)
+    if result.status == Status.INTERRUPTED:  # SIGINT: no figure is drawn from a cut-short run
+        raise KeyboardInterrupt
+    if result.status != Status.FINISHED:
+        raise FigureInputError(f"the run {run_dir} stopped with status {result.status_name!r} ({result.message}) at "
+                               f"t = {result.t_reached:.6g}")
     return run_dir
 
 

@@ -267,6 +267,9 @@ def figures(
         build_figures(out, cache, only, tiny=tiny, report=typer.echo)
     except (ValueError, FigureInputError) as error:
         _fail(str(error))
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: the figures built so far are in {out}; the same command computes the rest", err=True)
+        raise typer.Exit(code=EXIT_INTERRUPTED) from None
     typer.echo(f"written: {out}")
 
 

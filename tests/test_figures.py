@@ -105,3 +105,22 @@ def test_a_figure_without_its_inputs_is_named_and_the_others_are_still_built(bui
         build_figures(tmp_path / "out", tmp_path / "cache", only=[TEXT_FIGURE, "fig06_embedding_norms"], tiny=True,
                       report=lambda line: None)
     assert (tmp_path / "out" / "fig06_embedding_norms.png").stat().st_size > 10_000
+
+
+def test_an_interrupted_run_draws_no_figure_and_the_next_build_completes_it(built, tmp_path, monkeypatch):
+    """A stop request during a figure's run (SIGINT) ends the build with KeyboardInterrupt before anything is drawn
+    from the cut-short run; the same build afterwards runs it to its end and draws the figure from that."""
+    from flowsim.interrupts import StopRequest
+    from flowsim.rundir import read_meta
+
+    root, _ = built
+    cache = tmp_path / "cache"
+    with monkeypatch.context() as patched:
+        patched.setattr(StopRequest, "__call__", lambda self: True)  # as if SIGINT came at the first poll
+        with pytest.raises(KeyboardInterrupt):
+            build_figures(tmp_path / "out", cache, only=["fig06_embedding_norms"], tiny=True, report=lambda line: None)
+    assert not (tmp_path / "out" / "fig06_embedding_norms.png").exists()
+    assert [read_meta(run)["status_name"] for run in cache.iterdir()] == ["interrupted"]
+    build_figures(tmp_path / "out", cache, only=["fig06_embedding_norms"], tiny=True, report=lambda line: None)
+    assert (tmp_path / "out" / "fig06_embedding_norms.png").stat().st_size > 10_000
+    assert [read_meta(run)["status_name"] for run in cache.iterdir()] == ["finished"]
