@@ -3,6 +3,7 @@ change together), and how a figure is saved (PNG, PDF and a caption line)."""
 
 from __future__ import annotations
 
+import io
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from cycler import cycler  # noqa: E402
 
-from flowsim.io import write_atomic_bytes# noqa: E402
+from flowsim.io import write_atomic_bytes  # noqa: E402
 
 # Okabe-Ito colours, each with its own dash pattern so lines stay distinct in greyscale
 COLOURS = ("#000000", "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#999999")
@@ -57,9 +58,9 @@ def save_figure(figure, out: Path, name: str, caption: str, data: dict[str, np.n
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for suffix in ("png", "pdf"):
-        temporary = out / f".{name}.tmp.{suffix}"
-        figure.savefig(temporary)
-        temporary.replace(out / f"{name}.{suffix}")
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format=suffix)
+        write_atomic_bytes(out / f"{name}.{suffix}", buffer.getvalue())
     plt.close(figure)
     write_atomic_bytes(out / f"{name}.txt", (caption + "\n").encode())
     return FigureResult(name, out / f"{name}.png", out / f"{name}.pdf", caption, data)

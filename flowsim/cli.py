@@ -23,6 +23,17 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code=code)
 
 
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
+def _fail_writing(error: OSError, kept: str) -> None:
+    """One line for a write the file system refused (a full disk, a quota, a read-only folder), exit 1."""
+    if error.errno not in FULL_DISK_ERRNOS:
+        raise error
+    _fail(f"{error.strerror.lower()} while writing {error.filename or 'an output'}: {kept}; make room and run the "
+          "same command again to continue", code=1)
+
+
 def _progress(message: str) -> None:
     typer.echo(f"flowsim: {message} ...", err=True)
 
@@ -292,6 +303,7 @@ def bridge_train(
     from flowsim.rundir import check_output_dir, new_run_dir
 
     made: Path | None = None  # a folder this command made, removed again if the run fails before writing to it
+    run_dir = out
     try:
         if out is not None:
             check_output_dir(out)  # before the bridge's import: a wrong --out is named with or without torch
@@ -313,6 +325,8 @@ def bridge_train(
         if made is not None and made.is_dir() and not any(made.iterdir()):
             made.rmdir()  # the folder made for this run holds nothing: leave no trace
         _fail(str(error))
+    except OSError as error:
+        _fail_writing(error, f"the run as of its last checkpoint is kept in {run_dir or 'runs'}")
     if check_flow_regime:
         typer.echo(report.table())
         typer.echo(f"written: {run_dir / REGIME_JSON}")
@@ -404,6 +418,9 @@ def sweep(
                          progress=lambda message: typer.echo(f"flowsim: {message}", err=True))
     except (ConfigError, ValueError) as error:
         _fail(str(error))
+    except OSError as error:
+        written = len(list((out / "rows").glob("*.json"))) if (out / "rows").is_dir() else 0
+        _fail_writing(error, f"the {written} rows written are kept in {out / 'rows'}")
     except KeyboardInterrupt:
         written = len(list((out / "rows").glob("*.json"))) if (out / "rows").is_dir() else 0
         typer.echo(f"interrupted: {written} rows are written in {out / 'rows'}; the same command continues with the "

@@ -41,7 +41,7 @@ from flowsim.rundir import (
     write_config,
     write_meta,
 )
-from flowsim.solvers import FlowResult, ResumePoint, solve_flow
+from flowsim.solvers import FlowResult, ResumePoint, SolverStats, solve_flow
 from flowsim.status import Status
 from flowsim.tasks import InductionTask, SequenceLaw
 from flowsim.stages import StageReport, detect_stages
@@ -338,7 +338,7 @@ def changed_keys(old: dict, new: dict) -> str:
 
 def _write_run(config: RunConfig, run_dir: Path, progress: bool, prepared: PreparedRun, resume: ResumePoint | None,
                history: list | None, checkpoints: list) -> FlowResult:
-    chain, model = prepared.chain, prepared.model
+    chain = prepared.chain
     write_config(run_dir, config.to_toml())
     meta = {
         "status_name": Status.RUNNING.label,
@@ -379,6 +379,13 @@ def _write_run(config: RunConfig, run_dir: Path, progress: bool, prepared: Prepa
     save(result, final=True)
     if result.status == Status.INTERRUPTED:
         return result  # observables, stages and figure come when the run is resumed, or on request
+    _write_outputs(config, run_dir, prepared, result, meta)
+    return result
+
+
+def _write_outputs(config: RunConfig, run_dir: Path, prepared: PreparedRun, result: FlowResult, meta: dict) -> None:
+    """Observables, stages and the summary figure of a run that ended, then meta.json, last: every output is there."""
+    chain, model = prepared.chain, prepared.model
     observables = compute_observables(result.trajectory, model, chain.pi, prepared.flow, law_of(chain))
     _save_observables(observables, run_dir)
     stages = stages_of(result, model, observables)
@@ -387,7 +394,25 @@ def _write_run(config: RunConfig, run_dir: Path, progress: bool, prepared: Prepa
     if len(result.trajectory) > 1:
         title = f"{model_description(config)}\n{chain.describe()}, {config.solver.method}, {result.status_name}"
         plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=title, stages=stages, bayes_loss=bayes_loss(config, chain))
-    write_meta(run_dir, {**meta, **result.summary(), "n_saved": len(result.trajectory)})  # last: every output is there
+    write_meta(run_dir, {**meta, **result.summary(), "n_saved": len(result.trajectory)})
+
+
+def _complete_outputs(config: RunConfig, run_dir: Path, prepared: PreparedRun, run) -> FlowResult:
+    """A run whose trajectory reached its last save time but whose outputs were not all written (the disk filled,
+    or a signal came, after the last checkpoint): its observables, stages, figure and meta.json, from the
+    trajectory as saved, with the solver statistics meta.json recorded at that checkpoint."""
+    recorded = run.meta
+    stats = SolverStats(**{name: recorded.get(name, 0 if name in ("n_steps", "wall_time_s") else None)
+                           for name in ("n_steps", "n_rejected", "nfev", "njev", "nlu", "wall_time_s")},
+                        compile_seconds=recorded.get("compile_seconds", 0.0), solve_seconds=recorded.get("solve_seconds", 0.0))
+    result = FlowResult(Status.FINISHED, "reached the last save time (its outputs written by a resume)",
+                        recorded.get("method", config.solver.method), float(run.trajectory.t[-1]), stats, run.trajectory)
+    with folder_lock(run_dir):
+        try:
+            _write_outputs(config, run_dir, prepared, result,
+                           {**recorded, "finished": _dt.datetime.now().isoformat(timespec="seconds")})
+        except OSError as error:
+            raise _record_lost_outputs(run_dir, error) from error
     return result
 
 
@@ -415,6 +440,8 @@ def resume_run(run_dir: Path, *, progress: bool = True) -> tuple[FlowResult, boo
         raise ConfigError(f"--resume {str(run_dir)!r}: config.toml was edited after the run started ({changed}); "
                           "the rest of the trajectory would belong to another flow. Restore it, or start a new run")
     prepared = prepare(config)
+    if run.trajectory.t[-1] >= prepared.times[-1]:  # solved to the end: only outputs written after it are missing
+        return _complete_outputs(config, run_dir, prepared, run), True
     method = config.solver.method
     radau_state = None
     if method == "JaxRadau" and (run_dir / SOLVER_STATE_FILE).is_file():

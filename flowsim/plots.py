@@ -4,6 +4,7 @@ the sweep's phase diagram."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -12,6 +13,7 @@ matplotlib.use("Agg")  # files only: runs happen on machines without a screen
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from flowsim.io import write_atomic_bytes  # noqa: E402
 from flowsim.observables import Observables  # noqa: E402
 from flowsim.stages import StageReport  # noqa: E402
 from flowsim.status import Status  # noqa: E402
@@ -30,12 +32,12 @@ def plot_run_summary(observables: Observables, path: Path, title: str = "", stag
 
 
 def _save(figure, path: Path) -> Path:
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp.png")
-    figure.savefig(temporary, dpi=110)
+    """The figure as a PNG, written atomically (``io.write_atomic_bytes``: no partial file, no temporary left)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
     plt.close(figure)
-    temporary.replace(path)
-    return path
+    write_atomic_bytes(Path(path), buffer.getvalue())
+    return Path(path)
 
 
 def summary_figure(observables: Observables, title: str = "", stages: StageReport | None = None,

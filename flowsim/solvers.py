@@ -506,7 +506,15 @@ class JaxRadau(Method):
     def check_saved_state(self, arrays: dict[str, np.ndarray], problem: Problem) -> stiff.RadauState:
         """A saved loop state (``FlowResult.radau_state``) for this problem, or a ValueError naming what is wrong."""
         batch, size = problem.thetas0.shape
-        return _radau_state_from_arrays(arrays, batch, size, _save_slots(len(problem.times), size), self.is_large(size))
+        state = _radau_state_from_arrays(arrays, batch, size, _save_slots(len(problem.times), size), self.is_large(size))
+        t, start, end = np.asarray(state.t), float(problem.times[0]), float(problem.times[-1])
+        if not np.all(np.isfinite(t)) or np.any(t < start) or np.any(t > end):
+            raise ValueError(f"the saved JaxRadau state is at t = {t.tolist()}, outside the run's save times [{start:g}, "
+                             f"{end:g}]: the file was altered")
+        if not (np.all(np.isfinite(np.asarray(state.y))) and np.all(np.asarray(state.h) > 0)):
+            raise ValueError("the saved JaxRadau state holds a non-finite point or a step size that is not positive: "
+                             "the file was altered")
+        return state
 
     def start(self, problem: Problem, state: stiff.RadauState | None = None) -> RadauRun:
         """Compile (once per structure) and start, or continue the loop ``state``."""

@@ -528,3 +528,32 @@ def test_the_device_check_script_runs_end_to_end_within_its_budget(tmp_path):
     assert "gpt-mlp" in summary and "no table" not in summary
     assert set(json.loads((out / "gpt-study.json").read_text())) == {"tinystories"}
     assert "cut at" not in (out / "log.txt").read_text().split("--- ")[0]
+
+
+def test_a_full_disk_during_bridge_training_is_one_line_and_the_run_continues_later(tmp_path, monkeypatch):
+    """ENOSPC on the first checkpoint of a small Markov run: one line naming the file, exit 1; the same command
+    afterwards trains the run to its end."""
+    import errno
+
+    from typer.testing import CliRunner
+
+    import flowsim.bridge.train as bridge_train
+    from flowsim.cli import app
+
+    real = bridge_train.write_atomic_bytes
+
+    def full(path, *args, **kwargs):
+        if str(path).endswith(CHECKPOINT_FILE):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, *args, **kwargs)
+
+    command = ["bridge", "train", "--quiet", "--out", str(tmp_path / "run"), "--set", "optim.steps=40", "--set",
+               "data.batch_size=16", "--set", "data.s=8", "--set", "log.probe_per_type=4"]
+    with monkeypatch.context() as patched:
+        patched.setattr(bridge_train, "write_atomic_bytes", full)
+        result = CliRunner().invoke(app, command)
+    last = result.output.strip().splitlines()[-1]
+    assert result.exit_code == 1 and last.startswith("flowsim: error: no space left on device while writing "), result.output
+    assert CHECKPOINT_FILE in last and "make room and run the same command again" in last
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 0 and json.loads((tmp_path / "run" / "meta.json").read_text())["status_name"] == "finished", result.output

@@ -215,9 +215,16 @@ def test_an_init_file_with_nan_entries_is_refused_before_a_folder_is_made(tmp_pa
 
 
 def _as_interrupted(run_dir) -> None:
-    """Mark a finished run as one whose process stopped early (what --resume continues)."""
+    """Make a finished run one whose process stopped halfway (what --resume continues): its first half of the
+    trajectory, and meta.json saying "interrupted"."""
+    from flowsim.trajectory import Trajectory
+
+    whole = Trajectory.load(run_dir / "trajectory.npz")
+    half = len(whole) // 2
+    Trajectory(t=whole.t[:half], loss=whole.loss[:half], params={name: value[:half] for name, value in whole.params.items()}
+               ).save(run_dir / "trajectory.npz")
     meta = json.loads((run_dir / "meta.json").read_text())
-    (run_dir / "meta.json").write_text(json.dumps({**meta, "status_name": "interrupted"}))
+    (run_dir / "meta.json").write_text(json.dumps({**meta, "status_name": "interrupted", "t_reached": float(whole.t[half - 1])}))
 
 
 def test_a_resume_after_the_config_was_edited_is_refused_naming_the_keys(tmp_path):
@@ -436,3 +443,84 @@ def test_a_folder_another_process_writes_is_named_with_its_holder_and_left_untou
                 line = _one_error_line(_invoke(*command))
                 assert "in use by another flowsim process (pid " in line and " since " in line, (command, line)
             assert sorted(path.name for path in folder.iterdir()) == before
+
+
+@pytest.mark.parametrize("tampered_t", [1e9, -1.0, float("nan")])
+def test_a_solver_state_whose_time_was_altered_is_refused_and_the_folder_kept(tmp_path, monkeypatch, tampered_t):
+    """A JaxRadau loop state saved by an interrupted run, its t altered (past the horizon, before the start, NaN):
+    the resume is one line naming the state, and meta.json, config.toml and trajectory.npz are as they were."""
+    from flowsim.interrupts import StopRequest
+
+    run_dir = tmp_path / "run"
+    with monkeypatch.context() as patched:
+        patched.setattr(StopRequest, "__call__", lambda self: True)  # SIGINT at the first poll: the state is saved
+        execute_run(load_config(None, SMALL), run_dir, progress=False)
+    state = dict(np.load(run_dir / "solver_state.npz"))
+    state["t"] = np.full_like(state["t"], tampered_t)
+    np.savez(run_dir / "solver_state.npz", **state)
+    files = {name: (run_dir / name).read_bytes() for name in ("meta.json", "config.toml", "trajectory.npz")}
+    line = _one_error_line(_invoke("run", "--resume", str(run_dir)))
+    assert "the saved JaxRadau state is at t =" in line and "altered" in line, line
+    assert {name: (run_dir / name).read_bytes() for name in files} == files
+
+
+def test_a_full_disk_in_a_sweep_is_one_line_that_keeps_the_rows_written(tmp_path, monkeypatch):
+    """ENOSPC on the second row file (workers = 1, in this process): one line naming the file and the rows kept,
+    exit 1; the first row is intact, and the same command afterwards finishes the sweep."""
+    import errno
+
+    from flowsim import sweep
+
+    real, calls = sweep.write_atomic_json, []
+
+    def full_on_the_second_row(path, *args, **kwargs):
+        if "rows" in str(path):
+            calls.append(path)
+            if len(calls) == 2:
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, *args, **kwargs)
+
+    out = tmp_path / "sweep"
+    base = ["sweep", "--grid", "chain.lam=[0.3, 0.5]", "--batch", "1", "--out", str(out), *[x for s in SMALL for x in ("--set", s)]]
+    with monkeypatch.context() as patched:
+        patched.setattr(sweep, "write_atomic_json", full_on_the_second_row)
+        result = _invoke(*base)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and lines[-1].startswith("flowsim: error: no space left on device while writing "), result.output
+    assert "the 1 rows written are kept" in lines[-1] and len(list((out / "rows").iterdir())) == 1
+    assert _invoke(*base).exit_code == 0 and len(list((out / "rows").iterdir())) == 2
+
+
+def test_a_run_whose_last_meta_write_failed_is_finished_by_its_resume(tmp_path, monkeypatch):
+    """The disk fills at the final meta.json writes (the run's and its failure record's): meta.json still says
+    "running". `stages` labels it, and `--resume` writes the missing outputs and meta.json "finished" from the
+    complete trajectory without solving again; no temporary file is left."""
+    import errno
+
+    import flowsim.experiment as experiment
+
+    run_dir = tmp_path / "run"
+    real = experiment.write_meta
+
+    def full_after_the_solve(folder, meta):
+        if meta.get("status_name") != "running":
+            raise OSError(errno.ENOSPC, "No space left on device", str(folder / "meta.json"))
+        return real(folder, meta)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(experiment, "write_meta", full_after_the_solve)
+        with pytest.raises(experiment.OutputWriteError, match="disk full"):
+            execute_run(load_config(None, SMALL), run_dir, progress=False)
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["status_name"] == "running"
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # the writer's process has ended, as it would have after its error
+    (run_dir / "meta.json").write_text(json.dumps({**meta, "pid": gone.pid, "process_start": -1}))
+    trajectory = (run_dir / "trajectory.npz").read_bytes()
+    assert _invoke("stages", str(run_dir)).exit_code == 0
+    result = _invoke("run", "--resume", str(run_dir))
+    assert result.exit_code == 0 and "its outputs written by a resume" in result.output, result.output
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["status_name"] == "finished" and meta["t_reached"] == 30.0
+    assert (run_dir / "trajectory.npz").read_bytes() == trajectory and (run_dir / "summary.png").stat().st_size > 0
+    assert not [path.name for path in run_dir.iterdir() if path.name.startswith(".") and path.name != ".flowsim.lock"]
