@@ -1,7 +1,6 @@
 """The command line: exit codes, one-line errors, what each command writes."""
 
 import json
-import os
 import subprocess
 import sys
 
