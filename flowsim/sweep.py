@@ -52,6 +52,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from flowsim.config import ConfigError, load_config
 from flowsim.experiment import law_of, prepare, stages_apply, stages_of
+from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
 from flowsim.observables import compute_observables
 from flowsim.rundir import check_output_dir, discard_unused_folder, folder_lock, library_versions
@@ -142,23 +143,33 @@ def row_name(values: dict, seed: int) -> str:
     return f"grid-{digest}_seed={seed}"
 
 
-def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: list[RunSpec], out: str) -> list[dict]:
+def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: list[RunSpec], out: str,
+              should_stop: Callable[[], bool] | None = None) -> list[dict]:
     """Integrate, observe and label ``specs``; write and return one row each.
 
     A chunk (``chunk_specs``) shares its flow structure, solver settings and save times,
-    so with the JaxRadau method it is integrated as one batch.
+    so with the JaxRadau method it is integrated as one batch. ``should_stop`` is polled by the solves (each
+    chunk of their work under a second or so); once it says stop, the rows of the runs that finished are
+    written and KeyboardInterrupt is raised: an interrupted run has no row, and the sweep computes it again.
     """
     configs = [load_config(config_path, (*base_overrides, *spec.overrides)) for spec in specs]
     prepared = [prepare(config) for config in configs]
     solver = configs[0].solver
     if solver.method == "JaxRadau":
         results = solve_flow_batch([p.flow for p in prepared], [p.params0 for p in prepared], prepared[0].times,
-                                   rtol=solver.rtol, atol=solver.atol, max_steps=solver.max_steps)
+                                   rtol=solver.rtol, atol=solver.atol, max_steps=solver.max_steps, should_stop=should_stop)
     else:
-        results = [solve_flow(p.flow, p.params0, p.times, method=c.solver.method, rtol=c.solver.rtol, atol=c.solver.atol,
-                              max_steps=c.solver.max_steps, lr=c.solver.lr) for p, c in zip(prepared, configs)]
+        results = []
+        for p, c in zip(prepared, configs):
+            results.append(solve_flow(p.flow, p.params0, p.times, method=c.solver.method, rtol=c.solver.rtol,
+                                      atol=c.solver.atol, max_steps=c.solver.max_steps, lr=c.solver.lr,
+                                      should_stop=should_stop))
+            if results[-1].status == Status.INTERRUPTED:
+                break
     rows = []
     for spec, config, run, result in zip(specs, configs, prepared, results):
+        if result.status == Status.INTERRUPTED:
+            continue
         row = {"name": spec.name, **spec.values, "seed": spec.seed, "status": result.status_name,
                "final_loss": float(result.trajectory.loss[-1]), **{f"onset_{stage}": None for stage in STAGES},
                "end_condensation": None,
@@ -188,6 +199,8 @@ def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: l
             row["end_condensation"], row["cycles"] = report.end_of_condensation(), report.cycles
         write_atomic_json(Path(out) / "rows" / f"{spec.name}.json", row, indent=1)
         rows.append(row)
+    if any(result.status == Status.INTERRUPTED for result in results):
+        raise KeyboardInterrupt
     return rows
 
 
@@ -307,9 +320,10 @@ def exit_with_parent(parent: int) -> None:
 
 
 def _run_local(tasks, workers: int, on_rows: Callable[[list[dict]], None]) -> None:
-    if workers == 1:
-        for task in tasks:
-            on_rows(run_chunk(*task))
+    if workers == 1:  # in this process: SIGINT/SIGTERM stop the solve in progress within about a second
+        with stop_requests() as stop:
+            for task in tasks:
+                on_rows(run_chunk(*task, should_stop=stop))
         return
     # spawn: a forked child of a process that has started JAX's threads can deadlock.
     with _worker_environment(), concurrent.futures.ProcessPoolExecutor(
