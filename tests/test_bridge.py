@@ -557,3 +557,28 @@ def test_a_full_disk_during_bridge_training_is_one_line_and_the_run_continues_la
     assert CHECKPOINT_FILE in last and "make room and run the same command again" in last
     result = CliRunner().invoke(app, command)
     assert result.exit_code == 0 and json.loads((tmp_path / "run" / "meta.json").read_text())["status_name"] == "finished", result.output
+
+
+def test_a_bridge_run_whose_summary_could_not_be_written_is_not_called_finished(tmp_path, monkeypatch):
+    """The disk fills while the summary figure is written: meta.json does not say "finished", and the same command
+    afterwards writes the figure and then says so."""
+    import errno
+
+    from typer.testing import CliRunner
+
+    import flowsim.plots as plots
+    from flowsim.cli import app
+
+    def full(observables, path, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    command = ["bridge", "train", "--quiet", "--out", str(tmp_path / "run"), "--set", "optim.steps=40", "--set",
+               "data.batch_size=16", "--set", "data.s=8", "--set", "log.probe_per_type=4"]
+    with monkeypatch.context() as patched:
+        patched.setattr(plots, "plot_run_summary", full)
+        assert CliRunner().invoke(app, command).exit_code == 1
+    assert json.loads((tmp_path / "run" / "meta.json").read_text())["status_name"] != "finished"
+    assert not (tmp_path / "run" / "summary.png").exists()
+    assert CliRunner().invoke(app, command).exit_code == 0
+    assert json.loads((tmp_path / "run" / "meta.json").read_text())["status_name"] == "finished"
+    assert (tmp_path / "run" / "summary.png").stat().st_size > 0

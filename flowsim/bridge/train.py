@@ -317,8 +317,10 @@ def _train_locked(config: BridgeConfig, run_dir: Path, data: DataSource, device,
     if stop():
         save(Status.INTERRUPTED)
         return TrainResult(run_dir, step, False, log, interrupted=True)
-    save(Status.FINISHED if finished else Status.STEP_LIMIT)  # stopped before its steps: resumable
+    save(Status.RUNNING)  # the last checkpoint; meta.json says how the run ended only once every output is written
     write_outputs(run_dir, config, data, probe.pi, log, rows, params)
+    ended = Status.FINISHED if finished else Status.STEP_LIMIT  # stopped before its steps: resumable
+    write_meta(run_dir, {**meta, "status_name": ended.label, "steps_done": step, "steps": config.optim.steps})
     return TrainResult(run_dir, step, finished, log)
 
 
