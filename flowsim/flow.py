@@ -138,7 +138,8 @@ class DepthSmoothing:
         if self.variant not in SMOOTHING_VARIANTS:
             raise ValueError(f"flow.smoothing_variant must be one of {SMOOTHING_VARIANTS}, got {self.variant!r}")
         if not self.stacks or any(len(stack) < 2 for stack in self.stacks):
-            raise ValueError("depth smoothing needs repeated blocks: stacks of at least two same-role groups")
+            raise ValueError(f"flow.smoothing_a = {self.a!r}: depth smoothing needs repeated blocks, stacks of at least "
+                             "two same-role groups")
 
     @classmethod
     def from_config(cls, flow: FlowConfig, repeated_blocks: tuple[tuple[str, ...], ...], model_kind: str) -> "DepthSmoothing | None":

@@ -49,7 +49,8 @@ def test_rows_equal_independent_runs_and_resume_recomputes_only_missing_rows(tmp
     stamps = {path.name: path.stat().st_mtime_ns for path in (out / "rows").glob("*.json")}
     computed = []
     original = sweep.run_chunk
-    monkeypatch.setattr(sweep, "run_chunk", lambda *task: computed.extend(spec.name for spec in task[2]) or original(*task))
+    monkeypatch.setattr(sweep, "run_chunk", lambda *task, **options: computed.extend(spec.name for spec in task[2])
+                        or original(*task, **options))
     result = CliRunner().invoke(app, arguments)
     assert result.exit_code == 0, result.output
     assert computed == ["chain.lam=0.3_seed=1"]
