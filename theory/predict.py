@@ -6,7 +6,8 @@ Rows (stage names as in stages.json):
 * focus, first query: its onset (t_start), both read by the detectors on the rank-one flow from θ(0)
   (below), which carries every order in ε along the rank-one manifold; Stage I's orbit and Stage II's
   focus orbit give the same times as ε -> 0 (their constants and asymptotic times are in ``constants``),
-  and Stage II's time is the row where the rank-one flow shows no focus before the confirmed horizon;
+  and Stage II's time is the row where the rank-one flow shows no focus before the confirmed horizon.
+  Condensation is read on the run's save times (``condensation_row``), as the detectors will read the run;
 * restart, direction r = 1, 2, ...: the time σ_r(W0) passes the detector's threshold (t_start),
   Stage IV, from the transverse equation on the rank-r manifold (``theory.restart``: the
   settled-point formula, or the crossing itself when the restart comes before the flow settles);
