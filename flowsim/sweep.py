@@ -326,11 +326,20 @@ def _run_local(tasks, workers: int, on_rows: Callable[[list[dict]], None]) -> No
                 on_rows(run_chunk(*task, should_stop=stop))
         return
     # spawn: a forked child of a process that has started JAX's threads can deadlock.
-    with _worker_environment(), concurrent.futures.ProcessPoolExecutor(
+    with stop_requests() as stop, _worker_environment(), concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("spawn"), initializer=exit_with_parent,
             initargs=(os.getpid(),)) as pool:
-        for future in concurrent.futures.as_completed([pool.submit(run_chunk, *task) for task in tasks]):
-            on_rows(future.result())
+        pending = {pool.submit(run_chunk, *task) for task in tasks}
+        while pending:
+            done, pending = concurrent.futures.wait(pending, timeout=PARENT_POLL_SECONDS,
+                                                    return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                on_rows(future.result())
+            if stop():  # SIGINT/SIGTERM to the sweep: its workers stop now, and write no row after it
+                for process in list(pool._processes.values()):
+                    process.terminate()
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise KeyboardInterrupt
 
 
 def _run_dask(tasks, workers: int, scheduler: str | None, on_rows: Callable[[list[dict]], None]) -> None:

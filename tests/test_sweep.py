@@ -304,3 +304,33 @@ def test_sigint_stops_a_sweep_inside_a_long_solve_keeping_its_finished_rows(tmp_
     assert process.returncode == 130, stderr.decode()
     assert b"interrupted: 1 rows are written" in stderr
     assert [path.name for path in (tmp_path / "sweep" / "rows").iterdir()] == ["time.t_end=20_seed=0.json"]
+
+
+def test_sigterm_to_a_sweep_with_worker_processes_stops_them_and_no_row_comes_after(tmp_path):
+    """SIGTERM to a sweep with two worker processes, once its first row is written: exit 130, the workers are gone
+    and no row file appears afterwards."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    out = tmp_path / "sweep"
+    command = [sys.executable, "-m", "flowsim.cli", "sweep", "--grid", "time.t_end=[20, 30, 40, 50, 60, 70, 80, 90]",
+               "--set", "loss.kind='monte_carlo'", "--set", "loss.mc_samples=4000", "--set", "solver.method='Tsit5'",
+               "--batch", "1", "--workers", "2", "--out", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    while not (out / "rows").is_dir() or not any((out / "rows").iterdir()):
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.2)
+    workers = psutil.Process(process.pid).children(recursive=True)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr.decode()
+    written = sorted(path.name for path in (out / "rows").iterdir())
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, alive
+    time.sleep(2)
+    assert sorted(path.name for path in (out / "rows").iterdir()) == written and len(written) < 8
