@@ -112,8 +112,8 @@ def focus_orbit_start(chain: MeanFieldChain, delta: float) -> tuple[ReducedState
 
 # the focus orbit's equations (2d + 2) from which it is integrated by RKC at RKC_RTOL instead of LSODA at rtol 1e-10:
 # LSODA turns stiff as attention sharpens and then refreshes an exact Jacobian (2d + 2 Hessian-vector products,
-# minutes at d = 1001) every few steps. RKC is second order: at d = 1001 rtol 1e-8 took 81 s, 1e-7 34 s; at d = 6
-# 1e-7 puts the entropy's halfway fall 9e-6 (relative) from LSODA's, 1e-6 4e-5 (rows print 4 digits)
+# minutes at d = 1001) every few steps. RKC is second order; 1e-7 is the loosest tolerance that keeps the entropy's
+# halfway fall within 1e-5 of LSODA's (rows print 4 digits); times in benchmarks/MEASUREMENTS.md
 RKC_FROM_EQUATIONS, RKC_RTOL = 400, 1e-7
 
 

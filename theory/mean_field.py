@@ -87,9 +87,8 @@ class FactoredGradients:
 class MeanFieldChain:
     """The mean-field loss of one chain (π, P) and its gradient in the maps, in closed form."""
 
-    # vocabulary sizes from which ``factored`` runs compiled: at d = 1001 the in-place numpy form takes 30 ms at rank 1,
-    # the compiled one 11 ms (XLA fuses the softmaxes' passes); at d = 64 a prediction took 56-104 s with it against
-    # 61-77 s without (numpy's and XLA's threads contend on two cores at such sizes)
+    # vocabulary sizes from which ``factored`` runs compiled: XLA fuses the softmaxes' passes, which pays at large d,
+    # while at small d numpy's and XLA's threads contend on two cores (benchmarks/MEASUREMENTS.md)
     COMPILED_FROM = 256
 
     def __init__(self, pi: np.ndarray, P: np.ndarray):

@@ -62,11 +62,11 @@ OPTIMUM_GAP = 1e-6  # a loss within this (relative) of the Bayes loss: the flow 
 FIRST_SPAN = 64.0  # the reduced flow is followed over t_start + FIRST_SPAN × 2^j, j = 0, 1, ...
 REACH_LIMIT = 1e6  # ... until its rate converges, or this far
 SAMPLES_PER_SPAN = 48  # rate evaluations per doubling
-# the rank-r flows' tolerances (their states are O(1) once condensed); at d = 64 rtol 1e-6 moved 3 of 104 rows in
-# their 4th digit against 1e-8 and took 173 s instead of 287 s (benchmarks/MEASUREMENTS.md)
+# the rank-r flows' tolerances (their states are O(1) once condensed); rtol 1e-6 moves a few rows in their 4th digit
+# against 1e-8, at a fraction of the cost (benchmarks/MEASUREMENTS.md)
 REDUCED_RTOL, REDUCED_ATOL = 1e-6, 1e-12
-# the full-rank flow opens no direction: it only shows the detectors the trajectory past the last crossing. At d = 64
-# rtol 1e-4 left every row's prediction as at 1e-6 (two unsettled notes moved by 0.1) and took 26 s instead of 49 s
+# the full-rank flow opens no direction: it only shows the detectors the trajectory past the last crossing, and at
+# rtol 1e-4 every row's prediction is as at 1e-6 (benchmarks/MEASUREMENTS.md)
 FULL_RANK_RTOL = 1e-4
 # a rank-r flow that can cross is solved in this many pieces per doubling, so that it stops soon after the rule for its
 # crossing is known (at d = 64 ranks 2-7 were followed 1.0-1.6x as far as their rules needed, in whole doublings)
@@ -244,8 +244,8 @@ def settle_time(path: ReducedPath, rate_of: Callable[[np.ndarray], float]) -> fl
 
 TRANSVERSE_RTOL = 1e-9  # the transverse equation's relative tolerance, and its absolute one times Z's initial scale
 # ... where the rank only shows the detectors the trajectory (it starts past the horizon, its path solved at
-# FULL_RANK_RTOL): at d = 1001 rank 3 to t = 2050 took 70 s instead of 116 s at 1e-9 (61 s of which the transverse
-# equation), and the saved parameters moved by at most 1e-4 (W0's entries reach 4.6), below the path's own tolerance
+# FULL_RANK_RTOL): the saved parameters move by at most 1e-4 against 1e-9 (W0's entries reach 4.6), below the path's
+# own tolerance, for a good part of the cost (benchmarks/MEASUREMENTS.md)
 SHOWN_TRANSVERSE_RTOL = 1e-6
 
 
