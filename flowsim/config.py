@@ -294,6 +294,14 @@ def find_config(path: Path | str) -> Path:
     return shipped if shipped.is_file() else path
 
 
+def flat_settings(tree: dict, prefix: str = "") -> dict:
+    """Nested settings as {"section.key": value} (tables within a key, like flow.rates, flattened further)."""
+    flat = {}
+    for key, value in tree.items():
+        flat.update(flat_settings(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return flat
+
+
 def load_config(path: Path | str | None = None, overrides: Sequence[str] = (), schema: type[Schema] = RunConfig) -> Schema:
     """Read a TOML file (or start from the defaults) and apply ``section.key=value`` overrides.
     A relative path that is not a file here names a shipped config (``find_config``)."""

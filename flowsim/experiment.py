@@ -16,7 +16,7 @@ import numpy as np
 
 from flowsim.budget import check_memory
 from flowsim.chains import MarkovChain
-from flowsim.config import ConfigError, RunConfig, load_config
+from flowsim.config import ConfigError, RunConfig, flat_settings, load_config
 from flowsim.flow import DepthSmoothing, GradientFlow, RateSchedule
 from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, file_digest, read_npz, write_atomic_bytes, write_atomic_npz
@@ -325,13 +325,7 @@ def config_digest(config: RunConfig) -> str:
 
 def changed_keys(old: dict, new: dict) -> str:
     """"section.key: old -> new" for every key whose value differs between two resolved configurations."""
-    def flat(tree: dict, prefix: str = "") -> dict:
-        items = {}
-        for key, value in tree.items():
-            items.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
-        return items
-
-    before, after = flat(old), flat(new)
+    before, after = flat_settings(old), flat_settings(new)
     keys = sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))
     return ", ".join(f"{key}: {before.get(key)!r} -> {after.get(key)!r}" for key in keys) or "the recorded config is missing"
 

@@ -50,7 +50,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 
-from flowsim.config import ConfigError, load_config
+from flowsim.config import ConfigError, flat_settings, load_config
 from flowsim.experiment import law_of, prepare, stages_apply, stages_of
 from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
@@ -209,16 +209,6 @@ def resolved_settings(config) -> dict:
     return tomllib.loads(config.to_toml())
 
 
-def _flat(settings: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in settings.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 NUMBER_COLUMNS = ("final_loss", *(column for extra in MODEL_COLUMNS.values() for column in extra if column != "cycles"),
                   *COST_COLUMNS)
 
@@ -263,7 +253,7 @@ def stale_rows(config_path: str | None, base_overrides: tuple[str, ...], specs: 
         if not isinstance(recorded, dict):
             stale[spec.name] = "the row records no configuration (from an older flowsim)"
             continue
-        old, new = _flat(recorded), _flat(resolved_settings(load_config(config_path, (*base_overrides, *spec.overrides))))
+        old, new = flat_settings(recorded), flat_settings(resolved_settings(load_config(config_path, (*base_overrides, *spec.overrides))))
         value = lambda settings, key: settings.get(key, "(unset)")  # noqa: E731
         differing = sorted(key for key in old.keys() | new.keys() if value(old, key) != value(new, key))
         if differing:
