@@ -64,3 +64,19 @@ def _release_compiled_code():
     import jax
 
     jax.clear_caches()
+
+
+def interrupt_once(command: list[str], ready, signal_number: int) -> tuple[int, bytes]:
+    """Start ``command`` (unbuffered), read its stderr until ``ready(stderr so far)``, send ``signal_number``, and
+    return its exit status and the rest of its stderr (the whole of it)."""
+    import subprocess
+
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    progress = b""
+    while not ready(progress):
+        chunk = os.read(process.stderr.fileno(), 4096)
+        assert chunk, f"{command[3:5]} ended before it was interrupted: {progress.decode(errors='replace')}"
+        progress += chunk
+    process.send_signal(signal_number)
+    _, rest = process.communicate(timeout=60)
+    return process.returncode, progress + rest

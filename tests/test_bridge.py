@@ -443,23 +443,18 @@ def test_a_corpus_too_small_or_not_utf8_is_refused_naming_it_and_leaving_no_fold
 
 
 def test_sigint_stops_a_bridge_run_which_the_same_command_continues(tmp_path):
-    import os
     import signal
-    import subprocess
     import sys
+
+    from conftest import interrupt_once
 
     command = [sys.executable, "-m", "flowsim.cli", "bridge", "train", "--out", str(tmp_path / "run"),
                "--set", "optim.steps=200000", "--set", "data.batch_size=16", "--set", "data.s=8", "--set", "log.probe_per_type=4"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    progress = b""
-    # training has begun: the bar, labelled with the optimiser, the data and lr, counts steps
-    while b"sgd on markov, lr = 0.1:" not in progress or b"step/s" not in progress and b"s/step" not in progress:
-        chunk = os.read(process.stderr.fileno(), 4096)
-        assert chunk, f"the run ended before training: {progress.decode(errors='replace')}"
-        progress += chunk
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130, stderr.decode()
+    def training(progress: bytes) -> bool:  # the bar, labelled with the optimiser, the data and lr, counts steps
+        return b"sgd on markov, lr = 0.1:" in progress and (b"step/s" in progress or b"s/step" in progress)
+
+    returncode, stderr = interrupt_once(command, training, signal.SIGINT)
+    assert returncode == 130, stderr.decode()
     assert b"interrupted at step" in stderr and f"--out {tmp_path / 'run'} continues it".encode() in stderr
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     assert meta["status_name"] == "interrupted" and 0 <= meta["steps_done"] < 200000  # the signal may come before step 1

@@ -285,23 +285,16 @@ def test_a_refused_sweep_leaves_no_folder_behind_but_keeps_an_existing_one(tmp_p
 def test_sigint_stops_a_sweep_inside_a_long_solve_keeping_its_finished_rows(tmp_path):
     """SIGINT while the second row's long Tsit5 solve runs (in the sweep's own process): the sweep stops within
     seconds, exit 130, the first row kept and no row for the interrupted run; the same command would continue."""
-    import os
     import signal
-    import subprocess
     import sys
+
+    from conftest import interrupt_once
 
     command = [sys.executable, "-m", "flowsim.cli", "sweep", "--grid", "time.t_end=[20, 100000]", "--set",
                "loss.kind='monte_carlo'", "--set", "loss.mc_samples=2000", "--set", "solver.method='Tsit5'", "--batch", "1",
                "--out", str(tmp_path / "sweep")]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    progress = b""
-    while b"1/2 runs done" not in progress:
-        chunk = os.read(process.stderr.fileno(), 4096)
-        assert chunk, f"the sweep ended early: {progress.decode(errors='replace')}"
-        progress += chunk
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130, stderr.decode()
+    returncode, stderr = interrupt_once(command, lambda progress: b"1/2 runs done" in progress, signal.SIGINT)
+    assert returncode == 130, stderr.decode()
     assert b"interrupted: 1 rows are written" in stderr
     assert [path.name for path in (tmp_path / "sweep" / "rows").iterdir()] == ["time.t_end=20_seed=0.json"]
 
