@@ -150,7 +150,7 @@ def large_vocabularies(args) -> None:
                     f"| {time.perf_counter() - began:.0f} |")
             lines.append(line)
             print(line, flush=True)
-    text = [f"## Theory accuracy at larger vocabularies (`python benchmarks/theory_accuracy.py --large"
+    text = ["## Theory accuracy at larger vocabularies (`python benchmarks/theory_accuracy.py --large"
             + "".join(f" --eps {eps:g}" for eps in args.eps or []) + "`)", "",
             f"Seeded chains at d = {', '.join(map(str, args.dims))} ({args.per_size} of the paper family with π ~ Dirichlet(1) "
             f"floored at 0.2/d, {args.per_size} general P with Dirichlet rows floored at 0.1/d) and the bigram surrogates of "
@@ -187,11 +187,17 @@ def main() -> None:
     started = time.perf_counter()
     by_eps: dict[float, list[ChainAccuracy]] = {}
     restarts_by_eps: dict[float, list[RestartAccuracy]] = {}
+    failures: list[str] = []  # a prediction that fails is named, and its chain left out of that ε's tables
     for eps in epsilons:
         by_eps[eps], restarts_by_eps[eps] = [], []
         for index, (pi, lam) in enumerate(family):
-            row = chain_accuracy(pi, lam, eps)
-            restart = restart_accuracy(pi, lam, eps, t_cap=2e5)
+            try:
+                row = chain_accuracy(pi, lam, eps)
+                restart = restart_accuracy(pi, lam, eps, t_cap=2e5)
+            except (RuntimeError, ValueError) as error:
+                failures.append(f"ε = {eps:g}, chain {index} (π = {pi}, λ = {lam:.4g}): {type(error).__name__}: {error}")
+                print(failures[-1], flush=True)
+                continue
             by_eps[eps].append(row)
             restarts_by_eps[eps].append(restart)
             print(f"ε = {eps:g} chain {index}: condensation {_percent(ChainAccuracy.error(row.condensation))}, "
@@ -209,13 +215,20 @@ def main() -> None:
     for eps in epsilons:
         cycles_by_eps[eps] = []
         for index, (pi, lam) in enumerate(family):
-            cycles_by_eps[eps].append(cycle_accuracy(pi, lam, eps, restarts=5.0))
+            try:
+                cycles_by_eps[eps].append(cycle_accuracy(pi, lam, eps, restarts=5.0))
+            except (RuntimeError, ValueError) as error:
+                failures.append(f"ε = {eps:g}, chain {index}, later events: {type(error).__name__}: {error}")
+                print(failures[-1], flush=True)
+                continue
             print(f"ε = {eps:g} chain {index}: " + ", ".join(
                 f"{row.stage} {row.query if row.direction is None else 'σ%d' % row.direction} {_percent(row.rel_error)}"
                 for row in cycles_by_eps[eps][-1].rows if row.rel_error is not None), flush=True)
     text += ["", "### Later events: the chained rank-r prediction to 5 × the predicted σ1 restart (at most t = 20000)", "",
              cycles_table(cycles_by_eps), "",
              f"{time.perf_counter() - started:.0f} s in all."]
+    if failures:
+        text += ["", "Predictions that failed (left out of the tables):", "", *(f"- {failure}" for failure in failures)]
     write_section(args.out, "theory-accuracy", "\n".join(text))
     print(summary_table(by_eps, restarts_by_eps))
     print(cycles_table(cycles_by_eps))
