@@ -30,9 +30,9 @@ from typing import Sequence
 
 import numpy as np
 
-from flowsim.bridge.compare import ODE_DIR, compare_bridge_run
-from flowsim.bridge.config import BridgeConfig, load_bridge_config
-from flowsim.bridge.regime import check_flow_regime
+from flowsim.bridge.compare import ODE_DIR, compare_bridge_run, relative_error
+from flowsim.bridge.config import load_bridge_config
+from flowsim.bridge.regime import check_flow_regime, scaled_learning_rate
 from flowsim.bridge.train import train
 from flowsim.bridge.validate import theory_events
 from flowsim.config import shipped_config
@@ -46,19 +46,12 @@ TOP = 5  # the focus onsets of the most frequent tokens the targets name
 
 
 def _relative(a: float | None, b: float | None) -> str:
-    return "-" if a is None or b is None or b == 0 else f"{100 * abs(a - b) / b:.1f}%"
+    error = relative_error(a, b)
+    return "-" if error is None else f"{100 * error:.1f}%"
 
 
 def _show(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
-
-
-def scaled_learning_rate(config: BridgeConfig, factor: float) -> BridgeConfig:
-    """The same run at factor × lr with steps / factor: the same horizon t = lr × steps."""
-    steps = round(config.optim.steps / factor)
-    if steps < 1 or not np.isclose(steps * factor, config.optim.steps):
-        raise ValueError(f"--also-lr {factor:g}: {config.optim.steps} steps / {factor:g} is not a whole number of steps")
-    return config.model_copy(update={"optim": config.optim.model_copy(update={"lr": config.optim.lr * factor, "steps": steps})})
 
 
 def corpus_tables(corpus: str, out: Path, overrides: list[str], theory: bool = False, also_lr: Sequence[float] = ()) -> str:

@@ -419,11 +419,9 @@ def sweep(
     except (ConfigError, ValueError) as error:
         _fail(str(error))
     except OSError as error:
-        written = len(list((out / "rows").glob("*.json"))) if (out / "rows").is_dir() else 0
-        _fail_writing(error, f"the {written} rows written are kept in {out / 'rows'}")
+        _fail_writing(error, f"the {_rows_written(out)} rows written are kept in {out / 'rows'}")
     except KeyboardInterrupt:
-        written = len(list((out / "rows").glob("*.json"))) if (out / "rows").is_dir() else 0
-        typer.echo(f"interrupted: {written} rows are written in {out / 'rows'}; the same command continues with the "
+        typer.echo(f"interrupted: {_rows_written(out)} rows are written in {out / 'rows'}; the same command continues with the "
                    "rest", err=True)
         raise typer.Exit(code=EXIT_INTERRUPTED) from None
     failed = [row["name"] for row in rows if row["status"] != Status.FINISHED.label]
@@ -432,6 +430,11 @@ def sweep(
     if failed:
         typer.echo(f"runs that did not finish: {', '.join(failed)}", err=True)
         raise typer.Exit(code=1)
+
+
+def _rows_written(out: Path) -> int:
+    """How many row files a sweep folder holds."""
+    return len(list((out / "rows").glob("*.json"))) if (out / "rows").is_dir() else 0
 
 
 @app.command("config")
@@ -472,8 +475,10 @@ def main() -> None:
             raise
         shown = str(error.filename)
         shown = shown if len(shown) <= 80 else f"{shown[:40]}...{shown[-20:]} ({len(shown.encode())} bytes)"
-        why = ("a file or folder name holds at most 255 bytes and a path 4095" if error.errno == errno.ENAMETOOLONG
-               else "it runs through a loop of symbolic links")
+        from flowsim.rundir import NAME_MAX, PATH_MAX
+
+        why = (f"a file or folder name holds at most {NAME_MAX} bytes and a path {PATH_MAX - 1}"
+               if error.errno == errno.ENAMETOOLONG else "it runs through a loop of symbolic links")
         typer.echo(f"flowsim: error: {shown}: {error.strerror}: {why}", err=True)
         sys.exit(2)
 

@@ -107,7 +107,7 @@ class InitConfig(Section):
     """The initial point."""
 
     eps: float = key(1e-3, "initial scale ε: every weight drawn from N(0, ε²); far above 1 the flow starts saturated, "
-                           "and below 1e-75 the attention logits (order ε⁴) underflow float64", gt=0, le=1e3)
+                           f"and below {MIN_INIT_EPS:g} the attention logits (order ε⁴) underflow float64", gt=0, le=1e3)
     seed: int = key(0, "seed of the initial draw", ge=0)
     file: str | None = key(None, "an .npz with W0, W_Q, W_K, W1 (and W_V) to start from instead of the draw")
 

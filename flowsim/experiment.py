@@ -396,9 +396,9 @@ def _complete_outputs(config: RunConfig, run_dir: Path, prepared: PreparedRun, r
     or a signal came, after the last checkpoint): its observables, stages, figure and meta.json, from the
     trajectory as saved, with the solver statistics meta.json recorded at that checkpoint."""
     recorded = run.meta
-    stats = SolverStats(**{name: recorded.get(name, 0 if name in ("n_steps", "wall_time_s") else None)
-                           for name in ("n_steps", "n_rejected", "nfev", "njev", "nlu", "wall_time_s")},
-                        compile_seconds=recorded.get("compile_seconds", 0.0), solve_seconds=recorded.get("solve_seconds", 0.0))
+    stats = SolverStats(n_steps=recorded.get("n_steps", 0), wall_time_s=recorded.get("wall_time_s", 0.0),
+                        compile_seconds=recorded.get("compile_seconds", 0.0), solve_seconds=recorded.get("solve_seconds", 0.0),
+                        **{name: recorded.get(name) for name in ("n_rejected", "nfev", "njev", "nlu")})  # None: not counted
     result = FlowResult(Status.FINISHED, "reached the last save time (its outputs written by a resume)",
                         recorded.get("method", config.solver.method), float(run.trajectory.t[-1]), stats, run.trajectory)
     with folder_lock(run_dir):

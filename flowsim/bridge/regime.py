@@ -90,10 +90,19 @@ class RegimeReport:
         return "\n".join(lines)
 
 
-def halved_learning_rate(config: BridgeConfig) -> BridgeConfig:
-    """The same run at lr/2 with twice the steps: the same horizon t = lr × steps."""
-    optim = config.optim.model_copy(update={"lr": config.optim.lr / 2, "steps": 2 * config.optim.steps})
+def scaled_learning_rate(config: BridgeConfig, factor: float) -> BridgeConfig:
+    """The same run at factor × lr with steps / factor: the same horizon t = lr × steps (ValueError where
+    steps / factor is not a whole number)."""
+    steps = round(config.optim.steps / factor)
+    if steps < 1 or not np.isclose(steps * factor, config.optim.steps):
+        raise ValueError(f"lr × {factor:g}: {config.optim.steps} steps / {factor:g} is not a whole number of steps")
+    optim = config.optim.model_copy(update={"lr": config.optim.lr * factor, "steps": steps})
     return config.model_copy(update={"optim": optim})
+
+
+def halved_learning_rate(config: BridgeConfig) -> BridgeConfig:
+    """The same run at lr/2 with twice the steps."""
+    return scaled_learning_rate(config, 0.5)
 
 
 def _series(observables: Observables) -> dict[str, np.ndarray]:
