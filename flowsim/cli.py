@@ -410,7 +410,7 @@ def sweep(
     """Run a grid of configurations x seeds, label every run's stages, and write a table and a phase diagram."""
     from flowsim.config import ConfigError
     from flowsim.status import Status
-    from flowsim.sweep import parse_grid, run_sweep, summary_table
+    from flowsim.sweep import ClusterLost, parse_grid, run_sweep, summary_table
 
     try:
         rows = run_sweep(config, parse_grid(grid), seeds, out, base_overrides=set_, backend=backend, workers=workers,
@@ -418,13 +418,16 @@ def sweep(
                          progress=lambda message: typer.echo(f"flowsim: {message}", err=True))
     except (ConfigError, ValueError) as error:
         _fail(str(error))
+    except ClusterLost as error:
+        _fail(f"{error} ({_rows_written(out)} rows are written in {out / 'rows'})", code=1)
     except OSError as error:
         _fail_writing(error, f"the {_rows_written(out)} rows written are kept in {out / 'rows'}")
     except KeyboardInterrupt:
         typer.echo(f"interrupted: {_rows_written(out)} rows are written in {out / 'rows'}; the same command continues with the "
                    "rest", err=True)
         raise typer.Exit(code=EXIT_INTERRUPTED) from None
-    failed = [row["name"] for row in rows if row["status"] != Status.FINISHED.label]
+    failed = [row["name"] + (f" ({row['reason']})" if "reason" in row else "") for row in rows
+              if row["status"] != Status.FINISHED.label]
     typer.echo(summary_table(rows))
     typer.echo(f"{len(rows)} rows: {out / 'sweep.csv'}, {out / 'phase_diagram.png'}")
     if failed:

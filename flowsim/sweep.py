@@ -35,6 +35,7 @@ import hashlib
 import io
 import itertools
 import json
+import logging
 import math
 import multiprocessing
 import os
@@ -151,8 +152,20 @@ def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: l
     so with the JaxRadau method it is integrated as one batch. ``should_stop`` is polled by the solves (each
     chunk of their work under a second or so); once it says stop, the rows of the runs that finished are
     written and KeyboardInterrupt is raised: an interrupted run has no row, and the sweep computes it again.
+    A run whose finished row for its configuration is already written (a chunk retried after its worker died
+    wrote it on the first attempt) is not computed again: its row is returned as it is.
     """
     configs = [load_config(config_path, (*base_overrides, *spec.overrides)) for spec in specs]
+    written = {spec.name: row for spec, config in zip(specs, configs)
+               if (row := finished_row(Path(out) / "rows" / f"{spec.name}.json", config)) is not None}
+    to_run = [(spec, config) for spec, config in zip(specs, configs) if spec.name not in written]
+    computed = {row["name"]: row for row in _compute_rows(to_run, out, should_stop)} if to_run else {}
+    return [written.get(spec.name) or computed[spec.name] for spec in specs]
+
+
+def _compute_rows(runs: list[tuple[RunSpec, object]], out: str, should_stop: Callable[[], bool] | None) -> list[dict]:
+    """``run_chunk``'s work on the (spec, config) pairs it has to compute."""
+    specs, configs = [spec for spec, _ in runs], [config for _, config in runs]
     prepared = [prepare(config) for config in configs]
     solver = configs[0].solver
     if solver.method == "JaxRadau":
@@ -202,6 +215,18 @@ def run_chunk(config_path: str | None, base_overrides: tuple[str, ...], specs: l
     if any(result.status == Status.INTERRUPTED for result in results):
         raise KeyboardInterrupt
     return rows
+
+
+def finished_row(path: Path, config) -> dict | None:
+    """The row at ``path`` if it is a finished row of exactly ``config`` (one a lost worker's attempt wrote before it
+    died), else None: a missing, damaged, stale or lost row is computed again."""
+    try:
+        row = read_row(path) if path.is_file() else None
+    except DamagedFileError:
+        return None
+    if row is None or row["status"] == WORKER_DIED or row.get("config") != resolved_settings(config):
+        return None
+    return row
 
 
 def resolved_settings(config) -> dict:
@@ -332,21 +357,79 @@ def _run_local(tasks, workers: int, on_rows: Callable[[list[dict]], None]) -> No
                 raise KeyboardInterrupt
 
 
+class ClusterLost(RuntimeError):
+    """The Dask scheduler could not be reached, or was lost during the sweep (the rows written are kept)."""
+
+
 def _run_dask(tasks, workers: int, scheduler: str | None, on_rows: Callable[[list[dict]], None]) -> None:
+    """The chunks on a Dask cluster. A worker that dies is replaced and its chunk run again by the scheduler (up to
+    its ``allowed-failures``); a chunk that kills its workers every time is split into its runs, and a run that
+    still does so gets a row saying so (``worker_died_row``) while the others finish. Losing the scheduler raises
+    ClusterLost."""
     try:
-        from distributed import Client, LocalCluster, as_completed
+        from distributed import CancelledError, Client, KilledWorker, LocalCluster, as_completed
     except ImportError:
         raise ConfigError("--backend dask needs the 'distributed' package: pip install 'flowsim[dask]'") from None
+    where = "the sweep's LocalCluster" if scheduler is None else f"the Dask scheduler at {scheduler}"
     with contextlib.ExitStack() as stack:
+        client_log = logging.getLogger("distributed.client")
+        client_log.addFilter(quiet := _WithoutTracebacks())
+        stack.callback(client_log.removeFilter, quiet)
         if scheduler is None:
             cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                                        env=WORKER_THREAD_ENV, dashboard_address=None))
             client = stack.enter_context(Client(cluster))
         else:
-            client = stack.enter_context(Client(scheduler))
-        futures = [client.submit(run_chunk, *task, pure=False) for task in tasks]
-        for future in as_completed(futures):
-            on_rows(future.result())
+            try:
+                client = stack.enter_context(Client(scheduler))
+            except OSError as error:
+                raise ClusterLost(f"cannot reach {where}: {error}") from None
+        submitted = {}
+
+        def submit(task) -> object:
+            future = client.submit(run_chunk, *task, pure=False)
+            submitted[future.key] = task
+            return future
+
+        queue = as_completed([submit(task) for task in tasks])
+        for future in queue:
+            config_path, base, specs, out = submitted[future.key]
+            try:
+                rows = future.result()
+            except KilledWorker as error:
+                if len(specs) > 1:  # which run kills its workers: each on its own
+                    for spec in specs:
+                        queue.add(submit((config_path, base, [spec], out)))
+                    continue
+                rows = [worker_died_row(config_path, base, specs[0], out, error)]
+            except (CancelledError, OSError) as error:
+                raise ClusterLost(f"lost {where} during the sweep ({getattr(error, 'reason', None) or error}); the rows "
+                                  "written are kept, and the same command, once the scheduler is back, computes the rest") from None
+            on_rows(rows)
+
+
+class _WithoutTracebacks(logging.Filter):
+    """Drops Dask's logged tracebacks of its own shutdown once the scheduler is lost; its one-line messages stay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.exc_info is None
+
+
+WORKER_DIED = "worker_died"  # a row's status where every worker that ran it died (out of memory, killed)
+
+
+def worker_died_row(config_path: str | None, base_overrides: tuple[str, ...], spec: RunSpec, out: str,
+                    error) -> dict:
+    """The row, written, of a run whose workers all died (``error``: Dask's KilledWorker) running it: no results, the reason, and its configuration
+    (the sweep run again computes it again)."""
+    config = load_config(config_path, (*base_overrides, *spec.overrides))
+    row = {"name": spec.name, **spec.values, "seed": spec.seed, "status": WORKER_DIED,
+           "reason": f"each of the {error.allowed_failures + 1} workers that ran it died, the last at "
+                     f"{error.last_worker.address} (out of memory, or killed: see the workers' logs)",
+           "final_loss": None, **{f"onset_{stage}": None for stage in STAGES}, "end_condensation": None, "cycles": None,
+           "n_steps": None, "solve_seconds": None, "config": resolved_settings(config)}
+    write_atomic_json(Path(out) / "rows" / f"{spec.name}.json", row, indent=1)
+    return row
 
 
 def model_kind(row: dict) -> str:
@@ -454,7 +537,8 @@ def _run_sweep_locked(grid, specs, out, config_text, base, seeds, backend, worke
         first = next(iter(stale))
         raise ConfigError(f"--out {str(out)!r} holds {len(stale)} rows it cannot reuse, made with other settings or damaged (e.g. {first}: "
                           f"{stale[first]}); use a new --out, or --force-new to recompute them")
-    done = {spec.name for spec in specs if (out / "rows" / f"{spec.name}.json").is_file() and spec.name not in stale}
+    done = {spec.name for spec in specs if (out / "rows" / f"{spec.name}.json").is_file() and spec.name not in stale
+            and read_row(out / "rows" / f"{spec.name}.json")["status"] != WORKER_DIED}
     pending = [spec for spec in specs if spec.name not in done]
     chunks = chunk_specs(config_text, base, pending, batch)  # validates every run's configuration
     meta = {"config": config_text, "overrides": list(base), "grid": grid, "seeds": seeds, "backend": backend,

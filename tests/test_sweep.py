@@ -327,3 +327,38 @@ def test_sigterm_to_a_sweep_with_worker_processes_stops_them_and_no_row_comes_af
     assert not alive, alive
     time.sleep(2)
     assert sorted(path.name for path in (out / "rows").iterdir()) == written and len(written) < 8
+
+
+class KILLED:
+    """What a row needs of Dask's KilledWorker."""
+
+    allowed_failures = 3
+    last_worker = type("Worker", (), {"address": "tcp://10.0.0.1:4000"})
+
+
+def test_a_chunk_run_again_computes_only_its_runs_without_a_finished_row(tmp_path, monkeypatch):
+    """A chunk retried after its worker died skips the runs whose finished row for the same configuration is written,
+    and computes again a run whose row says its workers died, or was made with other settings."""
+    small = ("time.n_linear=6", "time.n_log=3")
+    specs = sweep.expand_grid({"time.t_end": [5, 6, 7]}, 1)
+    out = tmp_path / "sweep"
+    first = sweep.run_chunk(None, small, specs[:1], str(out))[0]
+    stamp = (out / "rows" / f"{specs[0].name}.json").stat().st_mtime_ns
+    sweep.worker_died_row(None, small, specs[1], str(out), KILLED)
+    sweep.run_chunk(None, (*small, "chain.lam=0.4"), specs[2:], str(out))  # the same run under another setting
+    computed = []
+    original = sweep._compute_rows
+    monkeypatch.setattr(sweep, "_compute_rows", lambda runs, *rest: computed.extend(spec.name for spec, _ in runs)
+                        or original(runs, *rest))
+    rows = sweep.run_chunk(None, small, specs, str(out))
+    assert computed == [specs[1].name, specs[2].name]
+    assert rows[0] == first and (out / "rows" / f"{specs[0].name}.json").stat().st_mtime_ns == stamp
+    assert [row["status"] for row in rows] == ["finished"] * 3
+    # the sweep run again runs the chunk of a row whose workers died, and no other
+    sweep.worker_died_row(None, small, specs[1], str(out), KILLED)
+    chunks = []
+    original_chunk = sweep.run_chunk
+    monkeypatch.setattr(sweep, "run_chunk", lambda *task, **options: chunks.append([s.name for s in task[2]])
+                        or original_chunk(*task, **options))
+    rows = sweep.run_sweep(None, {"time.t_end": [5, 6, 7]}, 1, out, base_overrides=small)
+    assert chunks == [[specs[1].name]] and [row["status"] for row in rows] == ["finished"] * 3
