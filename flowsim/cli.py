@@ -15,6 +15,15 @@ import typer
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True, rich_markup_mode=None,
                   help="flowsim: exact gradient flows of small Transformers on Markov chains.")
 EXIT_INTERRUPTED = 130  # as a shell reports a process stopped by SIGINT
+_interrupt_reported = False  # a command said what its interruption kept (else ``main`` says it was interrupted)
+
+
+def _stop_interrupted(message: str) -> None:
+    """Say what an interrupted command kept and exit 130."""
+    global _interrupt_reported
+    _interrupt_reported = True
+    typer.echo(message, err=True)
+    raise typer.Exit(code=EXIT_INTERRUPTED)
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -104,9 +113,8 @@ def _report_run(result, run_dir: Path) -> None:
     from flowsim.status import Status
 
     if result.status == Status.INTERRUPTED:
-        typer.echo(f"interrupted at t = {result.t_reached:.6g} ({len(result.trajectory)} points saved in {run_dir}); "
-                   f"continue with: flowsim run --resume {run_dir}", err=True)
-        raise typer.Exit(code=EXIT_INTERRUPTED)
+        _stop_interrupted(f"interrupted at t = {result.t_reached:.6g} ({len(result.trajectory)} points saved in {run_dir}); "
+                          f"continue with: flowsim run --resume {run_dir}")
     if (run_dir / "stages.txt").is_file():
         typer.echo((run_dir / "stages.txt").read_text().rstrip())
     stats = result.stats
@@ -279,8 +287,7 @@ def figures(
     except (ValueError, FigureInputError) as error:
         _fail(str(error))
     except KeyboardInterrupt:
-        typer.echo(f"interrupted: the figures built so far are in {out}; the same command computes the rest", err=True)
-        raise typer.Exit(code=EXIT_INTERRUPTED) from None
+        _stop_interrupted(f"interrupted: the figures built so far are in {out}; the same command computes the rest")
     typer.echo(f"written: {out}")
 
 
@@ -334,9 +341,8 @@ def bridge_train(
             raise typer.Exit(code=1)
         return
     if result.interrupted:
-        typer.echo(f"interrupted at step {result.steps_done} (everything saved in {run_dir}); the same command with "
-                   f"--out {run_dir} continues it", err=True)
-        raise typer.Exit(code=EXIT_INTERRUPTED)
+        _stop_interrupted(f"interrupted at step {result.steps_done} (everything saved in {run_dir}); the same command "
+                          f"with --out {run_dir} continues it")
     if (run_dir / "stages.txt").is_file():
         typer.echo((run_dir / "stages.txt").read_text().rstrip())
     last = result.log[-1]
@@ -387,8 +393,7 @@ def bridge_validate(
     except (ConfigError, ImportError, FileNotFoundError, FloatingPointError, ValueError) as error:
         _fail(str(error))
     except KeyboardInterrupt:
-        typer.echo(f"interrupted: what is done is saved in {out}; the same command continues", err=True)
-        raise typer.Exit(code=EXIT_INTERRUPTED) from None
+        _stop_interrupted(f"interrupted: what is done is saved in {out}; the same command continues")
     typer.echo((out / VALIDATE_MD).read_text().rstrip())
     typer.echo("seconds: " + ", ".join(f"{side} {value:.0f}" for side, value in payload["seconds"].items()))
     typer.echo(f"written: {out / VALIDATE_JSON}, {out / VALIDATE_MD}, {out / 'sgd' / 'overlay.png'}")
@@ -423,9 +428,8 @@ def sweep(
     except OSError as error:
         _fail_writing(error, f"the {_rows_written(out)} rows written are kept in {out / 'rows'}")
     except KeyboardInterrupt:
-        typer.echo(f"interrupted: {_rows_written(out)} rows are written in {out / 'rows'}; the same command continues with the "
-                   "rest", err=True)
-        raise typer.Exit(code=EXIT_INTERRUPTED) from None
+        _stop_interrupted(f"interrupted: {_rows_written(out)} rows are written in {out / 'rows'}; the same command "
+                          "continues with the rest")
     failed = [row["name"] + (f" ({row['reason']})" if "reason" in row else "") for row in rows
               if row["status"] != Status.FINISHED.label]
     typer.echo(summary_table(rows))
@@ -473,6 +477,10 @@ def version() -> None:
 def main() -> None:
     try:
         app(prog_name="flowsim")
+    except SystemExit as stop:  # typer turns a Ctrl-C no command caught (in its imports or set-up) into a silent 130
+        if stop.code == EXIT_INTERRUPTED and not _interrupt_reported:
+            typer.echo("flowsim: interrupted while the command was starting", err=True)
+        raise
     except OSError as error:  # a path the file system cannot even look up, wherever a command met it
         if error.errno not in (errno.ENAMETOOLONG, errno.ELOOP):
             raise

@@ -11,12 +11,27 @@ returns what it has computed with status ``interrupted``. A second signal raises
 from __future__ import annotations
 
 import contextlib
+import gc
+import os
 import signal
 import threading
 import time
 from typing import Callable, Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+REDELIVERY_SECONDS = 0.05
+
+
+def interrupt_outside_gc_callbacks(signum: int, frame) -> None:
+    """SIGINT as KeyboardInterrupt, except inside a garbage-collector callback (JAX registers one, and runs it often
+    while it starts): Python drops an exception raised there, so the signal is sent again REDELIVERY_SECONDS later."""
+    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks:
+            threading.Timer(REDELIVERY_SECONDS, os.kill, (os.getpid(), signum)).start()
+            return
+        frame = frame.f_back
+    raise KeyboardInterrupt
 
 
 class StopRequest:

@@ -44,3 +44,58 @@ def test_the_loop_runs_chunks_until_done_or_stopped_and_checkpoints_on_its_sched
     done, advance = counting(3)
     saved = []
     assert run_in_chunks(advance, None, lambda: saved.append(1), 3600.0) is False and len(done) == 3 and not saved
+
+
+@pytest.mark.parametrize("delay", [0.15, 0.5, 1.0])
+def test_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(tmp_path, delay):
+    """SIGINT during `flowsim run`'s imports and set-up (JAX's garbage-collector callback would drop it, and typer
+    would exit 130 silently): one line saying so, or the run's own, exit 130, no traceback, no finished run."""
+    import subprocess
+    import sys
+    import time
+
+    command = [sys.executable, "-m", "flowsim", "run", "--out", str(tmp_path / "run"), "--set", "time.t_end=5"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    text = stderr.decode()
+    assert process.returncode == 130 and "Traceback" not in text, text
+    said = [line for line in text.replace("\r", "\n").splitlines() if "interrupted" in line]
+    assert len(said) == 1 and said[0].startswith(("flowsim: interrupted", "interrupted at t = ")), text
+
+
+def test_the_sigint_handler_defers_an_interrupt_that_lands_in_a_gc_callback(monkeypatch):
+    """Inside a garbage-collector callback the handler raises nothing and sends the signal again; elsewhere it raises
+    KeyboardInterrupt."""
+    import gc
+    import sys
+    import time
+
+    from flowsim import interrupts
+
+    sent = []
+    monkeypatch.setattr(interrupts.os, "kill", lambda pid, number: sent.append(number))
+    monkeypatch.setattr(interrupts, "REDELIVERY_SECONDS", 0.0)
+    outcome = []
+
+    def callback(phase, info):
+        if phase == "start" and not outcome:
+            try:
+                interrupts.interrupt_outside_gc_callbacks(signal.SIGINT, sys._getframe())
+                outcome.append("deferred")
+            except KeyboardInterrupt:
+                outcome.append("raised")
+
+    gc.callbacks.append(callback)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(callback)
+    deadline = time.time() + 5
+    while not sent and time.time() < deadline:  # the timer thread sends it
+        time.sleep(0.01)
+    assert outcome == ["deferred"] and sent == [signal.SIGINT]
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.interrupt_outside_gc_callbacks(signal.SIGINT, sys._getframe())
