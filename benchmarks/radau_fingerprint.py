@@ -19,7 +19,7 @@ import numpy as np
 os.environ.setdefault("FLOWSIM_COMPILATION_CACHE", "off")
 
 from flowsim.config import load_config  # noqa: E402
-from flowsim.experiment import prepare  # noqa: E402
+from flowsim.assemble import prepare  # noqa: E402
 from flowsim.solvers import solve_flow  # noqa: E402
 
 CASES = {

@@ -26,7 +26,7 @@ import flowsim.rkc
 import theory.manifold
 import theory.restart
 from flowsim.config import load_config
-from theory.accuracy import random_family
+from prediction_accuracy import random_family
 from theory.predict import predict_run
 
 from report import write_section

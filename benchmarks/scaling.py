@@ -156,7 +156,7 @@ def field_seconds(flow, theta0: np.ndarray, repeats: int = 50) -> float:
 
 def run_one(label: str, method: str, rtol: float | None, atol: float | None, max_steps: int, loss_out: Path | None) -> dict:
     """One solve in this process; its loss trajectory to ``loss_out``."""
-    from flowsim.experiment import prepare
+    from flowsim.assemble import prepare
     from flowsim.solvers import solve_flow
 
     config = case_config(label)

@@ -2,16 +2,16 @@
 
     python benchmarks/theory_accuracy.py [--chains 24] [--seed 0] [--eps 1e-3 --eps 1e-6]
 
-Each chain of ``theory.accuracy.random_family`` (d = 3, 4, 5 in turn, π from a Dirichlet,
+Each chain of ``prediction_accuracy.random_family`` (d = 3, 4, 5 in turn, π from a Dirichlet,
 λ in [0.2, 0.8]) is integrated at each ε (seed 0 initial point) to twice its predicted
-first focus, and again to 1.3 × its predicted σ1 restart (``theory.accuracy.restart_accuracy``);
+first focus, and again to 1.3 × its predicted σ1 restart (``prediction_accuracy.restart_accuracy``);
 the table gives, per ε, the predicted and measured end of condensation, onset of the first
 query's focus and σ1 restart (with the rule that predicted it: the settled-point formula, or
 the transverse equation's crossing when the restart comes before the rank-one flow settles),
 their relative errors, and a summary of the median and worst error per stage. A chain whose
 measured flow registers no focus of that query is one whose σ1 restart interrupts the focus.
 A third pass integrates each chain to 5 × its predicted σ1 restart and compares every event of
-the chained rank-r prediction (``theory.accuracy.cycle_accuracy``): the later restarts, the
+the chained rank-r prediction (``prediction_accuracy.cycle_accuracy``): the later restarts, the
 focus of the other queries and the dilutions, with the events one side has and the other
 lacks counted. The tables go into benchmarks/RESULTS.md (section theory-accuracy).
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from theory.accuracy import (ChainAccuracy, CycleAccuracy, RestartAccuracy, chain_accuracy, cycle_accuracy, random_family,
+from prediction_accuracy import (ChainAccuracy, CycleAccuracy, RestartAccuracy, chain_accuracy, cycle_accuracy, random_family,
                              restart_accuracy, transition_accuracy, transition_restart_accuracy)
 from theory.predict import NOT_MEASURED, NOT_PREDICTED
 

@@ -47,7 +47,7 @@ def _progress(message: str) -> None:
     typer.echo(f"flowsim: {message} ...", err=True)
 
 
-@app.command()
+@app.command(short_help="Integrate a flow into a run directory and label its stages.")
 def run(
     config: Optional[Path] = typer.Argument(None, help="TOML config; the paper default when omitted."),
     set_: List[str] = typer.Option([], "--set", help="Override a key: section.key=TOML-literal (repeatable)."),
@@ -60,7 +60,8 @@ def run(
     Ctrl-C (SIGINT) or SIGTERM stops it within about a second, keeping every point computed
     so far; `flowsim run --resume DIR` continues it."""
     from flowsim.config import ConfigError, load_config
-    from flowsim.experiment import OutputWriteError, execute_run, prepare, resume_run
+    from flowsim.assemble import prepare
+    from flowsim.experiment import OutputWriteError, execute_run, resume_run
     from flowsim.io import DamagedFileError
     from flowsim.rundir import check_output_dir, new_run_dir
 
@@ -128,7 +129,7 @@ def _report_run(result, run_dir: Path) -> None:
         raise typer.Exit(code=1)
 
 
-@app.command()
+@app.command(short_help="Label the stages of a run directory.")
 def stages(run_dir: Path = typer.Argument(..., help="A run directory written by `flowsim run`.")) -> None:
     """Label the stages of a run (condensation, focus, dilution, restart, plateau) and print them."""
     from flowsim.config import ConfigError
@@ -147,7 +148,7 @@ def stages(run_dir: Path = typer.Argument(..., help="A run directory written by 
     typer.echo(f"written: {run_dir / 'stages.json'}")
 
 
-@app.command()
+@app.command(short_help="The theory's predicted stage times for a configuration.")
 def predict(
     config: Optional[Path] = typer.Argument(None, help="TOML config; the paper default when omitted."),
     set_: List[str] = typer.Option([], "--set", help="Override a key: section.key=TOML-literal (repeatable)."),
@@ -165,7 +166,7 @@ def predict(
     typer.echo(prediction.constants)
 
 
-@app.command()
+@app.command(short_help="Predicted stage times beside those a run shows.")
 def compare(run_dir: Path = typer.Argument(..., help="A run directory written by `flowsim run`.")) -> None:
     """Put predicted stage onsets beside the detected ones; writes compare.json in the run directory."""
     from flowsim.config import ConfigError
@@ -267,7 +268,7 @@ def _two_layer_tables(run_dirs: List[Path], loss_target: float | None) -> str:
     return "\n".join(probe_lines + [""] + factor_lines)
 
 
-@app.command()
+@app.command(short_help="Regenerate the paper figures.")
 def figures(
     only: List[str] = typer.Option([], "--only", help="Build only this figure (repeatable); default: all."),
     out: Path = typer.Option(Path("figures-out"), "--out", help="Where the PNG, PDF and caption files go."),
@@ -292,10 +293,10 @@ def figures(
 
 
 bridge_app = typer.Typer(no_args_is_help=True, help="PyTorch pretraining runs beside the ODE (needs the bridge extra: torch).")
-app.add_typer(bridge_app, name="bridge")
+app.add_typer(bridge_app, name="bridge", short_help="PyTorch pretraining beside the ODE (the bridge extra).")
 
 
-@bridge_app.command("train")
+@bridge_app.command("train", short_help="Train a torch model into a resumable run directory.")
 def bridge_train(
     config: Optional[Path] = typer.Argument(None, help="Bridge TOML config; the default Markov run when omitted."),
     set_: List[str] = typer.Option([], "--set", help="Override a key: section.key=TOML-literal (repeatable)."),
@@ -350,7 +351,7 @@ def bridge_train(
                f"{last['val_loss']:.4f} (perplexity {last['val_perplexity']:.4g}) at t = {last['t']:g}\n  run directory: {run_dir}")
 
 
-@bridge_app.command("compare")
+@bridge_app.command("compare", short_help="A trained run's stage times beside its ODE's.")
 def bridge_compare(run_dir: Path = typer.Argument(..., help="A run directory written by `flowsim bridge train`.")) -> None:
     """Stage times of the ODE (same chain and start, or the text's Markov surrogate) beside the run's."""
     from flowsim.config import ConfigError
@@ -371,7 +372,7 @@ def bridge_compare(run_dir: Path = typer.Argument(..., help="A run directory wri
     typer.echo(f"written: {run_dir / BRIDGE_COMPARE_JSON}, {run_dir / OVERLAY_FIGURE}")
 
 
-@bridge_app.command("validate")
+@bridge_app.command("validate", short_help="SGD, the surrogate's ODE and the theory, side by side.")
 def bridge_validate(
     corpus: str = typer.Argument(..., help="wikitext2 or tinystories (the shipped d = 1001 example), or a bridge config .toml."),
     out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default runs/validate-CORPUS); run again to resume."),
@@ -399,7 +400,7 @@ def bridge_validate(
     typer.echo(f"written: {out / VALIDATE_JSON}, {out / VALIDATE_MD}, {out / 'sgd' / 'overlay.png'}")
 
 
-@app.command()
+@app.command(short_help="A grid of configurations x seeds, labelled, into a table.")
 def sweep(
     config: Optional[Path] = typer.Argument(None, help="TOML config; the paper default when omitted."),
     grid: List[str] = typer.Option([], "--grid", help="section.key=[v1, v2, ...] (repeatable): the grid's axes."),
@@ -444,7 +445,7 @@ def _rows_written(out: Path) -> int:
     return len(list((out / "rows").glob("*.json"))) if (out / "rows").is_dir() else 0
 
 
-@app.command("config")
+@app.command("config", short_help="Every config key with its default, type and meaning.")
 def config_keys(
     section: Optional[str] = typer.Argument(None, help="Only this section, e.g. solver."),
     bridge: bool = typer.Option(False, "--bridge", help="The keys of `flowsim bridge train` configs."),

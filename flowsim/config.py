@@ -302,6 +302,11 @@ def flat_settings(tree: dict, prefix: str = "") -> dict:
     return flat
 
 
+def transition_override(P: np.ndarray) -> str:
+    """The --set override that gives the chain of transition matrix P."""
+    return "chain.P=[" + ", ".join("[" + ", ".join(repr(float(x)) for x in row) + "]" for row in np.asarray(P)) + "]"
+
+
 def load_config(path: Path | str | None = None, overrides: Sequence[str] = (), schema: type[Schema] = RunConfig) -> Schema:
     """Read a TOML file (or start from the defaults) and apply ``section.key=value`` overrides.
     A relative path that is not a file here names a shipped config (``find_config``)."""

@@ -8,21 +8,15 @@ import errno
 import hashlib
 import sys
 import time
-import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from flowsim.budget import check_memory
-from flowsim.chains import MarkovChain
+from flowsim.assemble import PreparedRun, bayes_loss, law_of, model_description, prepare
 from flowsim.config import ConfigError, RunConfig, flat_settings, load_config
-from flowsim.flow import DepthSmoothing, GradientFlow, RateSchedule
 from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, file_digest, read_npz, write_atomic_bytes, write_atomic_npz
-from flowsim.losses import make_loss_function, make_task_loss
-from flowsim.methods import SCIPY_METHOD_NAMES
-from flowsim.models import Model, OneLayerTransformer, Params, PositionalTwoLayerTransformer, model_from_config
+from flowsim.models import Model, OneLayerTransformer
 from flowsim.observables import MEASURED, OBSERVABLES_NPZ, TRAJECTORY_DIGEST, Observables, compute_observables
 from flowsim.plots import plot_run_summary
 from flowsim.rundir import (
@@ -43,7 +37,6 @@ from flowsim.rundir import (
 )
 from flowsim.solvers import FlowResult, ResumePoint, SolverStats, solve_flow
 from flowsim.status import Status
-from flowsim.tasks import InductionTask, SequenceLaw
 from flowsim.stages import StageReport, detect_stages
 
 MIN_SAMPLES_FOR_STAGES = 3
@@ -133,119 +126,6 @@ def partial_note(run_dir: Path) -> str | None:
     return f"partial run: status {status}{where}{hint}"
 
 
-def initial_params(config: RunConfig, model: Model) -> Params:
-    """Seeded N(0, ε²) entries, or the arrays of ``init.file``."""
-    if config.init.file is None:
-        return model.init(config.init.eps, config.init.seed)
-    path = Path(config.init.file)
-    if path.is_dir():
-        raise ConfigError(f"init.file {str(path)!r} is a folder; expected an .npz file")
-    if not path.is_file():
-        raise ConfigError(f"init.file {str(path)!r} does not exist")
-    try:
-        arrays = read_npz(path)
-    except DamagedFileError as error:
-        raise ConfigError(f"init.file: {error}") from None
-    params = {name: np.asarray(value, dtype=float) for name, value in arrays.items() if name in model.shapes}
-    try:
-        model.check_params(params)
-    except ValueError as error:
-        raise ConfigError(f"init.file {str(path)!r}: {error}") from None
-    for name, value in params.items():
-        bad = np.flatnonzero(~np.isfinite(value))
-        if len(bad):
-            raise ConfigError(f"init.file {str(path)!r}: {name} has {len(bad)} non-finite entries "
-                              f"(first {value.ravel()[bad[0]]} at flat index {bad[0]}); expected finite numbers")
-    return params
-
-
-@dataclass(frozen=True)
-class PreparedRun:
-    """Everything a configured run needs, built and validated."""
-
-    chain: MarkovChain | InductionTask  # the data: a Markov chain or a sequence task
-    model: Model
-    flow: GradientFlow
-    params0: Params
-    times: np.ndarray
-
-
-def law_of(data: MarkovChain | InductionTask) -> SequenceLaw | None:
-    """A sequence task's exact law of contexts (the positional observables average over it)."""
-    return data.law if isinstance(data, InductionTask) else None
-
-
-def task_and_model(config: RunConfig) -> tuple[InductionTask, PositionalTwoLayerTransformer]:
-    """The sequence task of [task] and the two-layer model over its positions."""
-    if config.model.kind != "two_layer":
-        raise ConfigError(f"task.kind = {config.task.kind!r} needs model.kind = 'two_layer' (the composition it "
-                          f"tests has two attention layers), got {config.model.kind!r}")
-    if config.loss.kind == "mean_field":
-        raise ConfigError("loss.kind = 'mean_field' does not apply to a sequence task (it has no s -> infinity "
-                          "limit); expected 'finite' (exact, by enumeration) or 'monte_carlo'")
-    try:
-        task = InductionTask(config.task.d, config.task.s, config.task.noise)
-        model = PositionalTwoLayerTransformer(d=task.d, s=task.s, m=config.model.m, k=config.model.k,
-                                              ffn=config.model.ffn, ffn_width=config.model.ffn_width)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    return task, model
-
-
-def check_run_size(config: RunConfig) -> None:
-    """Refuse (``BudgetError``, naming the keys) a run whose arrays will not fit the memory budget, before any is
-    built: the chain's d x d matrices, the saved trajectory (save points x n parameters), and a dense n x n Jacobian
-    for scipy's implicit methods (JaxRadau keeps a few eigenpairs: O(n) per pair)."""
-    if config.task.kind == "markov":
-        chain = config.chain
-        d = len(chain.pi) if chain.pi is not None else len(chain.P or [])
-        d_key = "len(chain.pi)" if chain.pi is not None else "len(chain.P)"
-        model = model_from_config(config.model, max(d, 2))  # shapes only: nothing allocated
-    else:
-        d, d_key = config.task.d, "task.d"
-        model = task_and_model(config)[1]
-    m = config.model.m
-    n = sum(int(np.prod(shape)) for shape in model.shapes.values())
-    points = config.time.n_linear + config.time.n_log + 2
-    check_memory(8.0 * 16 * d * d, f"a chain with d = {d} tokens ({d_key}; its d x d maps and the loss's intermediates)",
-                 "use fewer tokens")
-    if config.solver.method in SCIPY_METHOD_NAMES:
-        check_memory(8.0 * 4 * n * n, f"solver.method = {config.solver.method!r} on {n} parameters (dense n x n "
-                                      f"Jacobian and its factorisation; model.m = {m})",
-                     "use solver.method = 'JaxRadau' (no dense Jacobian), or a smaller model.m")
-    check_memory(8.0 * points * n, f"saving {points} points (time.n_linear + time.n_log) of {n} parameters "
-                                   f"(model.m = {m}, d = {d})", "lower time.n_log or time.n_linear")
-
-
-def prepare(config: RunConfig) -> PreparedRun:
-    """Build the chain (or task), model, flow, initial point and save times, or raise ConfigError
-    (``BudgetError`` for a run too large for the memory budget, ``check_run_size``)."""
-    check_run_size(config)
-    if config.task.kind == "markov":
-        chain = MarkovChain.from_config(config.chain)
-        model = model_from_config(config.model, chain.d)
-    else:
-        chain, model = task_and_model(config)
-    params0 = initial_params(config, model)
-    rates = RateSchedule.from_config(config.flow, model.slow_groups)
-    smoothing = DepthSmoothing.from_config(config.flow, model.repeated_blocks, config.model.kind)
-    try:
-        if isinstance(chain, InductionTask):
-            loss = make_task_loss(model, chain, config.loss.kind, config.loss.mc_samples, config.loss.mc_seed)
-        else:
-            loss = make_loss_function(model, chain, config.loss.kind, config.loss.s, config.loss.mc_samples, config.loss.mc_seed)
-        flow = GradientFlow(loss, params0, rates, smoothing)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    if config.init.file is None and config.solver.atol > 1e-2 * config.init.eps**2:
-        warnings.warn(
-            f"solver.atol = {config.solver.atol:g} is not well below init.eps^2 = {config.init.eps**2:g}: "
-            "the early, small-scale dynamics will be resolved poorly",
-            stacklevel=2,
-        )
-    return PreparedRun(chain, model, flow, params0, config.save_times())
-
-
 def execute_run(
     config: RunConfig, run_dir: Path, *, progress: bool = True, prepared: PreparedRun | None = None,
     resume: ResumePoint | None = None, history: list | None = None,
@@ -296,26 +176,6 @@ def _record_lost_outputs(run_dir: Path, error: OSError) -> OutputWriteError:
     except (OSError, DamagedFileError):
         message += "; meta.json could not be updated either"
     return OutputWriteError(f"{run_dir}: {message}")
-
-
-def model_description(config: RunConfig) -> str:
-    """The model in words, for figure titles: "two-layer Transformer (m = 8, k = 8, ffn = mlp)"."""
-    model = config.model
-    name = {"one_layer": "one-layer", "two_layer": "two-layer"}.get(model.kind, model.kind)
-    if config.task.kind == "induction":
-        name = "positional two-layer"
-    ffn = f", ffn = {model.ffn}" if model.kind == "two_layer" and model.ffn != "none" else ""
-    return f"{name} Transformer (m = {model.m}, k = {model.k}{ffn}), {config.loss.kind.replace('_', '-')} loss"
-
-
-def bayes_loss(config: RunConfig, data: MarkovChain | InductionTask) -> float | None:
-    """The least loss any predictor reaches, where the data law gives it exactly: an induction task's, or a
-    chain's entropy rate for the mean-field loss and the finite-s losses from the stationary start."""
-    if isinstance(data, InductionTask):
-        return data.bayes_loss
-    if config.loss.kind == "mean_field" or data.start == "stationary":
-        return data.entropy_rate
-    return None
 
 
 def config_digest(config: RunConfig) -> str:

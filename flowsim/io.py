@@ -21,12 +21,24 @@ from pathlib import Path
 import numpy as np
 
 
+def _process_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# the mode open() gives a new file (0644 under the usual umask 022); mkstemp's own is 0600
+NEW_FILE_MODE = 0o666 & ~_process_umask()
+
+
 def write_atomic_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename over ``path``."""
+    """Write to a temporary file in the same folder, fsync, then rename over ``path``; the file gets the mode a plain
+    ``open`` would give it (``NEW_FILE_MODE``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(handle, NEW_FILE_MODE)
         with os.fdopen(handle, "wb") as file:
             file.write(data)
             file.flush()

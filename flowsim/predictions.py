@@ -20,7 +20,8 @@ from typing import Callable
 import flowsim
 import theory
 from flowsim.config import ConfigError, RunConfig, load_config
-from flowsim.experiment import label_run, law_of, prepare
+from flowsim.assemble import law_of, prepare
+from flowsim.experiment import label_run
 from flowsim.io import REMEDY, DamagedFileError, file_digest, read_json, read_npz, write_atomic_json, write_atomic_npz
 from flowsim.models import PositionalTwoLayerTransformer
 from flowsim.rundir import CONFIG_FILE, load_run

@@ -52,7 +52,8 @@ except ModuleNotFoundError:  # Python 3.10
 
 
 from flowsim.config import ConfigError, flat_settings, load_config
-from flowsim.experiment import law_of, prepare, stages_apply, stages_of
+from flowsim.assemble import law_of, prepare
+from flowsim.experiment import stages_apply, stages_of
 from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
 from flowsim.observables import compute_observables

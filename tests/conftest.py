@@ -3,7 +3,9 @@
 import atexit
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +19,9 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 # predictions are cached per user; the tests keep theirs apart, in a folder of this session
 os.environ["FLOWSIM_PREDICTION_CACHE"] = tempfile.mkdtemp(prefix="flowsim-predictions-")
 atexit.register(shutil.rmtree, os.environ["FLOWSIM_PREDICTION_CACHE"], ignore_errors=True)
+
+# the harness that puts predictions beside the exact flow (benchmarks/prediction_accuracy.py) serves the tests too
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import flowsim
 from flowsim.flow import GradientFlow

@@ -36,7 +36,7 @@ def test_runs_too_large_for_memory_are_refused_before_anything_is_built(override
     import time
 
     from flowsim.config import load_config
-    from flowsim.experiment import prepare
+    from flowsim.assemble import prepare
 
     monkeypatch.setenv(budget.BUDGET_VARIABLE, "4")
     config = load_config(None, overrides)

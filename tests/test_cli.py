@@ -166,7 +166,7 @@ def test_sigint_stops_a_run_which_resume_continues_to_the_uninterrupted_state(tm
 
     import numpy as np
 
-    from flowsim.experiment import prepare
+    from flowsim.assemble import prepare
     from flowsim.solvers import solve_flow
 
     sets = ["loss.kind=finite", "loss.s=20", "time.t_end=3000"]  # a solve of a few seconds: time to interrupt it
@@ -523,3 +523,16 @@ def test_a_run_whose_last_meta_write_failed_is_finished_by_its_resume(tmp_path, 
     assert meta["status_name"] == "finished" and meta["t_reached"] == 30.0
     assert (run_dir / "trajectory.npz").read_bytes() == trajectory and (run_dir / "summary.png").stat().st_size > 0
     assert not [path.name for path in run_dir.iterdir() if path.name.startswith(".") and path.name != ".flowsim.lock"]
+
+
+@pytest.mark.parametrize("group", [[], ["bridge"]])
+def test_the_help_describes_every_command_without_cutting_it_off(group):
+    """`flowsim --help` and `flowsim bridge --help` at 80 columns: every command's line is whole, none ends in '...'."""
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+
+    result = CliRunner().invoke(app, [*group, "--help"], terminal_width=80)
+    assert result.exit_code == 0, result.output
+    listed = result.output.split("Commands:")[1].strip().splitlines()
+    assert len(listed) >= 3 and not [line for line in listed if line.rstrip().endswith("...")], listed

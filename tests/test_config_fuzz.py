@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flowsim.config import ConfigError, RunConfig, config_reference, load_config
-from flowsim.experiment import prepare
+from flowsim.assemble import prepare
 
 RUN_KEYS = [row.key for row in config_reference(RunConfig)]
 SECTIONS = sorted({key.split(".")[0] for key in RUN_KEYS})

@@ -72,3 +72,15 @@ def test_file_digest_changes_with_any_byte(tmp_path):
     first = atomic.file_digest(path)
     path.write_bytes(b"abc" * 999 + b"abd")
     assert atomic.file_digest(path) != first and len(first) == 64
+
+
+def test_a_written_file_gets_the_mode_open_would_give_it(tmp_path):
+    """Run directories, rows and figures are readable by others as files made by open() are (0644 under umask 022),
+    not 0600 like the temporary file they are written through."""
+    import os
+    import stat
+
+    atomic.write_atomic_bytes(tmp_path / "a.json", b"{}")
+    plain = tmp_path / "b.json"
+    plain.write_bytes(b"{}")
+    assert stat.S_IMODE(os.stat(tmp_path / "a.json").st_mode) == stat.S_IMODE(os.stat(plain).st_mode)

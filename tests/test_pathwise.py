@@ -10,7 +10,7 @@ import pytest
 import sympy as sp
 
 from flowsim.config import load_config, shipped_config
-from flowsim.experiment import law_of, prepare
+from flowsim.assemble import law_of, prepare
 from flowsim.solvers import solve_flow
 from theory.pathwise import ffn_write_expansion, logit_paths, pathwise_along, positional_pathwise_along
 

@@ -70,7 +70,7 @@ def test_the_summary_draws_the_bayes_loss_as_a_line_and_the_title_names_the_mode
     import matplotlib.pyplot as plt
 
     from flowsim.config import load_config
-    from flowsim.experiment import bayes_loss, model_description, prepare
+    from flowsim.assemble import bayes_loss, model_description, prepare
     from flowsim.plots import summary_figure
 
     figure = summary_figure(_observables(), bayes_loss=0.25)

@@ -227,7 +227,7 @@ def test_the_stiff_subspace_grows_with_the_flow_so_a_sixteen_token_flow_finishes
     directions lay outside the subspace (step limit after 20000 attempts at t = 4633); with
     the size-dependent rank the run finishes in under 2000 attempts and descends."""
     from flowsim.config import resolve_config
-    from flowsim.experiment import prepare
+    from flowsim.assemble import prepare
     from flowsim.solvers import stiff_rank
 
     pi = 1.0 / np.arange(1, 17)

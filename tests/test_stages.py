@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from flowsim.config import load_config
-from flowsim.experiment import prepare
+from flowsim.assemble import prepare
 from flowsim.observables import Observables, compute_observables
 from flowsim.solvers import solve_flow
 from flowsim.stages import STAGES_JSON, StageThresholds, detect_stages

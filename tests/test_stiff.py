@@ -10,7 +10,7 @@ from scipy.linalg import lu_factor, lu_solve
 
 from flowsim import stiff
 from flowsim.config import load_config
-from flowsim.experiment import prepare
+from flowsim.assemble import prepare
 from flowsim.solvers import solve_flow, solve_flow_batch
 
 # One save grid size for every test here: the compiled integrator is shared.
@@ -90,7 +90,7 @@ def test_compilation_cache_variable_keeps_compiled_code_on_disk(tmp_path):
     import subprocess
     import sys
 
-    script = ("import numpy as np; from flowsim.config import load_config; from flowsim.experiment import prepare; "
+    script = ("import numpy as np; from flowsim.config import load_config; from flowsim.assemble import prepare; "
               "from flowsim.solvers import solve_flow; p = prepare(load_config(None, ['time.t_end=5'])); "
               "print(solve_flow(p.flow, p.params0, p.times, method='JaxRadau').status_name)")
     cache = tmp_path / "cache"

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from flowsim import sweep
 from flowsim.cli import app
 from flowsim.config import ConfigError, load_config
-from flowsim.experiment import prepare
+from flowsim.assemble import prepare
 from flowsim.io import write_atomic_json
 from flowsim.solvers import solve_flow
 

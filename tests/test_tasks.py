@@ -14,7 +14,8 @@ from jax.flatten_util import ravel_pytree
 
 from flowsim.cli import compare_runs
 from flowsim.config import ConfigError, load_config
-from flowsim.experiment import execute_run, prepare
+from flowsim.assemble import prepare
+from flowsim.experiment import execute_run
 from flowsim.flow import DepthSmoothing, GradientFlow
 from flowsim.losses import _sampled_cross_entropy_jit, make_task_loss, population_loss_task
 from flowsim.models import PositionalTwoLayerTransformer

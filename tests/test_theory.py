@@ -10,13 +10,13 @@ from conftest import PAPER_PI, random_chain, random_params
 
 import flowsim
 from flowsim.config import load_config
-from flowsim.experiment import prepare
+from flowsim.assemble import prepare
 from flowsim.flow import GradientFlow
 from flowsim.observables import compute_observables
 from flowsim.solvers import solve_flow
 from flowsim.stages import detect_stages
 from flowsim.trajectory import Trajectory
-from theory.accuracy import ChainAccuracy, chain_accuracy, random_family
+from prediction_accuracy import ChainAccuracy, chain_accuracy, random_family
 from theory.focus import attention_coupling, condensed_point, focus_orbit, predict_focus
 from theory.manifold import ReducedFlow, ReducedState, embed, project
 from theory.origin import (

@@ -301,7 +301,7 @@ def test_a_prediction_does_not_move_with_the_horizon():
     run's save grid, as the detectors read the run, and that reading moves with the horizon; at each horizon it is
     the exact flow's to 0.1%."""
     import theory.cycles as cycles
-    from theory.accuracy import measured_stages
+    from prediction_accuracy import measured_stages
 
     configs = [load_config(None, [f"time.t_end={t_end}"]) for t_end in (900, 1500, 4000)]
     shortest, short, long = (predict_run(config) for config in configs)

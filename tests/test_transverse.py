@@ -7,12 +7,12 @@ from conftest import random_chain
 
 import flowsim
 from flowsim.config import load_config
-from flowsim.experiment import prepare
+from flowsim.assemble import prepare
 from flowsim.flow import GradientFlow
 from flowsim.observables import compute_observables
 from flowsim.solvers import solve_flow
 from flowsim.stages import detect_stages
-from theory.accuracy import cycle_accuracy, random_family, restart_accuracy
+from prediction_accuracy import cycle_accuracy, random_family, restart_accuracy
 from theory.cycles import dilution_rates, focused_token
 from theory.manifold import ReducedFlow, ReducedState, embed, project, reduced_gradient_formulas
 from theory.origin import unstable_projection

@@ -119,7 +119,7 @@ def test_two_layer_runs_through_the_command_line(tmp_path):
     assert observables["basis_angle"][-1] == pytest.approx(0.0, abs=1e-6)  # h2 against itself at the end
     # the slow window slows the upper query and key by default: at t < t0 their rate is rho
     from flowsim.config import load_config
-    from flowsim.experiment import prepare
+    from flowsim.assemble import prepare
 
     prepared = prepare(load_config(run_dir / "config.toml"))
     rates = dict(zip(prepared.flow.groups, np.asarray(prepared.flow.rates.rates(1.0, prepared.flow.groups))))

@@ -36,7 +36,7 @@ from typing import Callable
 import numpy as np
 
 from flowsim.config import ConfigError, RunConfig
-from flowsim.experiment import prepare
+from flowsim.assemble import prepare
 from flowsim.stages import StageReport, StageThresholds, detect_condensation, smooth_in_log_time, subject_label
 from theory.cycles import POINTS_PER_DECADE, CyclePrediction, dilution_mechanisms, predict_cycles
 from theory.focus import FocusPrediction, predict_focus

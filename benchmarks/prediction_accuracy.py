@@ -1,4 +1,5 @@
-"""The theory's accuracy on chains it was not developed on: a seeded random family.
+"""The theory's accuracy on chains it was not developed on: a seeded random family (the harness of
+``benchmarks/theory_accuracy.py``, and of the tests that check the predictions against the exact flow).
 
 ``random_family`` draws paper-family chains P = λ I + (1 - λ) 1 π^T with π from a flat
 Dirichlet (entries floored at ``min_pi`` so every token can be measured, then sorted so
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flowsim.config import RunConfig, load_config
-from flowsim.experiment import prepare
+from flowsim.config import RunConfig, load_config, transition_override
+from flowsim.assemble import prepare
 from flowsim.observables import compute_observables
 from flowsim.solvers import solve_flow
 from flowsim.stages import StageReport, StageThresholds, detect_stages
@@ -146,11 +147,6 @@ def transition_restart_accuracy(P: np.ndarray, eps: float, seed: int = 0, horizo
                                 t_cap: float = 20000.0, n_save: int = 600) -> RestartAccuracy:
     """``restart_accuracy`` for a general transition matrix P."""
     return overrides_restart_accuracy([transition_override(P)], eps, seed, horizon_factor, t_cap, n_save)
-
-
-def transition_override(P: np.ndarray) -> str:
-    """The --set override that gives the chain of transition matrix P."""
-    return "chain.P=[" + ", ".join("[" + ", ".join(repr(float(x)) for x in row) + "]" for row in np.asarray(P)) + "]"
 
 
 def overrides_restart_accuracy(chain_overrides: list[str], eps: float, seed: int, horizon_factor: float, t_cap: float,
