@@ -40,7 +40,7 @@ def three_flows(corpus: str, overrides: list[str], n_windows: int, work: Path, s
     from flowsim.observables import Observables
     from flowsim.rundir import TRAJECTORY_FILE
     from flowsim.solvers import solve_flow
-    from flowsim.stages import detect_stages, stage_events
+    from flowsim.stages import detect_stages
     from flowsim.trajectory import Trajectory
 
     config = load_bridge_config(f"configs/bridge/{corpus}-{size}.toml", overrides)
@@ -65,7 +65,7 @@ def three_flows(corpus: str, overrides: list[str], n_windows: int, work: Path, s
         raise RuntimeError(f"the window flow stopped: {result.message}")
     text = measured_like_the_run(model, result.trajectory, data)
 
-    events = {side: stage_events(detect_stages(observables)) for side, observables in
+    events = {side: detect_stages(observables).events() for side, observables in
               (("surrogate", surrogate), ("text", text), ("sgd", run))}
     names = type_names(data)
     keys = sorted(set().union(*events.values()), key=lambda key: (min(e.get(key, np.inf) for e in events.values()), str(key)))

@@ -37,7 +37,7 @@ from flowsim.bridge.train import train
 from flowsim.bridge.validate import theory_events
 from flowsim.config import shipped_config
 from flowsim.observables import Observables
-from flowsim.stages import detect_stages, event_label, stage_events
+from flowsim.stages import detect_stages, event_label
 
 from report import write_section
 
@@ -62,13 +62,13 @@ def corpus_tables(corpus: str, out: Path, overrides: list[str], theory: bool = F
     for factor in also_lr:
         folder = out / corpus / f"lr_times_{factor:g}"
         train(scaled_learning_rate(config, factor), folder, progress=True)
-        measured_also[factor] = stage_events(detect_stages(Observables.load(folder)))
+        measured_also[factor] = detect_stages(Observables.load(folder)).events()
     train_seconds = time.perf_counter() - started
     run, half = out / corpus / "lr", out / corpus / "lr_half"
     started = time.perf_counter()
     rows, agreement, description = compare_bridge_run(run, progress=True)
     compare_seconds = time.perf_counter() - started
-    measured_half = stage_events(detect_stages(Observables.load(half)))
+    measured_half = detect_stages(Observables.load(half)).events()
     predicted_by_theory, theory_notes, theory_seconds = {}, {}, 0.0
     names = [str(name) for name in Observables.load(run).constants["type_names"]]
     if theory:

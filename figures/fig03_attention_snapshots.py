@@ -9,22 +9,23 @@ import numpy as np
 
 from figures.runs import default_run, observables_and_stages
 from figures.style import FigureResult, figure_style, save_figure
+from flowsim.stages import EVENT_STAGES, STAGE
 
 NAME = "fig03_attention_snapshots"
-STAGE_ORDER = ("condensation", "focus", "dilution", "restart")
 
 
 def snapshot_times(report, t: np.ndarray) -> list[tuple[str, int]]:
     """(label, saved index) at the end of condensation and in the middle (log time) of the first
     interval of each other stage, after the initial point."""
     chosen = [("start", 0)]
-    for stage in STAGE_ORDER:
+    for stage in (stage.name for stage in EVENT_STAGES):
         found = report.of(stage)
         if not found:
             continue
         interval = found[0]
         end = t[-1] if interval.t_end is None else interval.t_end
-        moment = end if stage == "condensation" else float(np.sqrt(max(interval.t_start, t[1]) * end))
+        # a stage dated by its end is shown there; one dated by its onset in its middle
+        moment = end if STAGE[stage].dated_by == "end" else float(np.sqrt(max(interval.t_start, t[1]) * end))
         label = stage + (f" q{interval.query}" if interval.query is not None else "")
         chosen.append((label, int(np.argmin(np.abs(t - moment)))))
     return sorted(chosen, key=lambda item: item[1])

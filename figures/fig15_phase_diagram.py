@@ -19,10 +19,8 @@ EPSILONS_TINY, LAMBDAS_TINY = (1e-3,), (0.5, 0.8)  # the runs of the tiny figure
 
 def onsets(report) -> tuple[float, float]:
     """(end of condensation, onset of the first focus of query 0); NaN when not seen."""
-    condensation = report.of("condensation")
-    focus = report.of("focus", 0)
-    return (condensation[0].t_end if condensation and condensation[0].t_end else np.nan,
-            focus[0].t_start if focus else np.nan)
+    times = report.first_time("condensation"), report.first_time("focus", query=0)
+    return tuple(np.nan if time is None else time for time in times)
 
 
 def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:

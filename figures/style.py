@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402
 from cycler import cycler  # noqa: E402
 
 from flowsim.io import write_atomic_bytes  # noqa: E402
+from flowsim.stages import STAGE  # noqa: E402
 
 # Okabe-Ito colours, each with its own dash pattern so lines stay distinct in greyscale
 COLOURS = ("#000000", "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#999999")
@@ -68,13 +69,12 @@ def save_figure(figure, out: Path, name: str, caption: str, data: dict[str, np.n
 
 def shade_stages(axis, report, t_last: float, stages: tuple[str, ...], query: int | None = None) -> None:
     """Shade the detected intervals of ``stages`` (hatched for dilution) with their names."""
-    hatches = {"condensation": "", "focus": "", "dilution": "////", "restart": "\\\\\\\\", "plateau": ".."}
     for interval in report.intervals:
         if interval.stage not in stages or (query is not None and interval.query not in (None, query)):
             continue
         end = t_last if interval.t_end is None else interval.t_end
         axis.axvspan(interval.t_start, end, facecolor="0.85" if interval.stage != "dilution" else "none",
-                     edgecolor="0.4", hatch=hatches[interval.stage], lw=0, alpha=0.6, zorder=0)
+                     edgecolor="0.4", hatch=STAGE[interval.stage].hatch, lw=0, alpha=0.6, zorder=0)
 
 
 def plot_specialisation(axes, observables, name: str, key: str, entropy_column: str, angle_column: str,

@@ -15,10 +15,9 @@ import numpy as np  # noqa: E402
 
 from flowsim.io import write_atomic_bytes  # noqa: E402
 from flowsim.observables import Observables  # noqa: E402
-from flowsim.stages import StageReport  # noqa: E402
+from flowsim.stages import STAGE, StageReport  # noqa: E402
 from flowsim.status import Status  # noqa: E402
 
-STAGE_COLOURS = {"condensation": "tab:grey", "plateau": "tab:olive"}
 
 
 def _shade(axis, start: float, end: float | None, t_last: float, **style) -> None:
@@ -73,10 +72,11 @@ def summary_figure(observables: Observables, title: str = "", stages: StageRepor
         axes[2].plot(t, entropy[:, query], label=f"query {query} (π={pi[query]:.3g})", color=f"C{query}")
     for interval in [] if stages is None else stages.intervals:
         span = (interval.t_start, interval.t_end, t[-1])
-        if interval.stage in STAGE_COLOURS:
-            _shade(axes[0], *span, color=STAGE_COLOURS[interval.stage], alpha=0.2)
+        colour = STAGE[interval.stage].colour
+        if colour is not None:
+            _shade(axes[0], *span, color=colour, alpha=0.2)
             axes[0].text(interval.t_start, 1.0, interval.stage, transform=axes[0].get_xaxis_transform(),
-                         fontsize="x-small", va="top", color=STAGE_COLOURS[interval.stage])
+                         fontsize="x-small", va="top", color=colour)
         elif interval.stage == "restart":
             _shade(axes[1], *span, color=f"C{interval.direction}", alpha=0.12)
         elif interval.stage == "focus":

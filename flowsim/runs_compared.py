@@ -17,9 +17,9 @@ from flowsim.observables import Observables
 from flowsim.plots import RUN_STYLES, STYLE_NAMES, plot_overlay
 from flowsim.rundir import read_meta, status_of
 from flowsim.specialisation import first_time_below
+from flowsim.stages import CYCLE
 from flowsim.status import Status
 
-EVENTS = ("focus", "dilution", "restart")  # after condensation's end, the first onset of each
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class RunRow:
     final_loss: float
     t_loss_target: float | None  # None: not reached (or no target given)
     end_condensation: float | None
-    onsets: dict[str, float | None]  # EVENTS -> first onset
+    onsets: dict[str, float | None]  # CYCLE's stages -> first onset
     cycles: int
 
 
@@ -42,13 +42,13 @@ def run_row(run_dir: Path, observables: Observables, loss_target: float | None =
     loss = observables["loss"]
     target = None if loss_target is None else first_time_below(observables.t, loss, loss_target)
     return RunRow(Path(run_dir).name, status_of(read_meta(run_dir)), float(observables.t[-1]), float(loss[-1]), target,
-                  report.end_of_condensation(), {stage: report.onset(stage) for stage in EVENTS}, report.cycles)
+                  report.end_of_condensation(), {stage: report.onset(stage) for stage in CYCLE}, report.cycles)
 
 
 def runs_table(rows: list[RunRow], loss_target: float | None = None) -> str:
     """Aligned columns, one line per run."""
     header = ["run", "status", "t_end", "final loss", *([f"t(loss<={loss_target:g})"] if loss_target is not None else []),
-              "condensed", *EVENTS, "cycles"]
+              "condensed", *CYCLE, "cycles"]
 
     def time(value: float | None, row: RunRow) -> str:
         if value is not None:
@@ -59,7 +59,7 @@ def runs_table(rows: list[RunRow], loss_target: float | None = None) -> str:
     for row in rows:
         target = [time(row.t_loss_target, row)] if loss_target is not None else []
         lines.append([row.name, row.status, f"{row.t_end:g}", f"{row.final_loss:.7f}", *target,
-                      time(row.end_condensation, row), *(time(row.onsets[stage], row) for stage in EVENTS), str(row.cycles)])
+                      time(row.end_condensation, row), *(time(row.onsets[stage], row) for stage in CYCLE), str(row.cycles)])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines)
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -41,7 +42,38 @@ from flowsim.io import write_atomic_bytes, write_atomic_json
 from flowsim.observables import Observables
 
 STAGES_JSON, STAGES_TEXT = "stages.json", "stages.txt"
-STAGE_NAMES = ("condensation", "focus", "dilution", "restart", "plateau")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One kind of stage: the time that dates it in every table and comparison, how plots draw it, and its part in
+    the cycle focus -> dilution -> restart."""
+
+    name: str
+    dated_by: Literal["onset", "end"]
+    event: bool  # compared between runs, the theory and training logs (a plateau is a property, not an event)
+    cycle_step: bool  # focus -> dilution -> restart, in that order
+    colour: str | None  # its shading where plots do not draw it in its query's or direction's colour
+    hatch: str  # its hatching in the paper figures
+
+    @property
+    def column(self) -> str:
+        """Its column in tables: ``end_condensation``, ``onset_focus``, ..."""
+        return f"{self.dated_by}_{self.name}"
+
+
+STAGES = (
+    # condensation starts at once, from the first sample: its end is the time that moves
+    Stage("condensation", "end", event=True, cycle_step=False, colour="tab:grey", hatch=""),
+    Stage("focus", "onset", event=True, cycle_step=True, colour=None, hatch=""),
+    Stage("dilution", "onset", event=True, cycle_step=True, colour=None, hatch="////"),
+    Stage("restart", "onset", event=True, cycle_step=True, colour=None, hatch="\\\\\\\\"),
+    Stage("plateau", "onset", event=False, cycle_step=False, colour="tab:olive", hatch=".."),
+)
+STAGE = {stage.name: stage for stage in STAGES}
+STAGE_NAMES = tuple(STAGE)
+EVENT_STAGES = tuple(stage for stage in STAGES if stage.event)
+CYCLE = tuple(stage.name for stage in STAGES if stage.cycle_step)
 
 
 @dataclass(frozen=True)
@@ -80,6 +112,11 @@ class Interval:
     t_end: float | None
     evidence: str
 
+    @property
+    def time(self) -> float | None:
+        """The time that dates it (``Stage.dated_by``): condensation's end, every other stage's onset."""
+        return self.t_end if STAGE[self.stage].dated_by == "end" else self.t_start
+
 
 @dataclass(frozen=True)
 class StageReport:
@@ -99,6 +136,30 @@ class StageReport:
         """When condensation ended (it starts at once; its end is the time that moves)."""
         ends = [interval.t_end for interval in self.of("condensation") if interval.t_end is not None]
         return float(min(ends)) if ends else None
+
+    def first_time(self, stage: str, query: int | None = None, direction: int | None = None) -> float | None:
+        """The time that dates the first ``stage`` (of ``query`` / ``direction`` where given; None: not detected, or
+        a condensation that has not ended)."""
+        found = [i for i in self.of(stage, query) if direction is None or i.direction == direction]
+        return None if not found or found[0].time is None else float(found[0].time)
+
+    def dated(self) -> dict[str, float | None]:
+        """Each event stage's first time, by its column (``Stage.column``): what a table of runs shows."""
+        return {stage.column: self.first_time(stage.name) for stage in EVENT_STAGES}
+
+    def events(self) -> dict[tuple, float]:
+        """(stage, query, direction, occurrence) -> the time that dates it, for every event stage (what two reports,
+        of a run and of the theory or of a training log, are compared by)."""
+        seen: dict[tuple, int] = {}
+        events = {}
+        for interval in self.intervals:
+            if not STAGE[interval.stage].event:
+                continue
+            base = (interval.stage, interval.query, interval.direction)
+            seen[base] = seen.get(base, 0) + 1
+            if interval.time is not None:
+                events[(*base, seen[base])] = float(interval.time)
+        return events
 
     def to_json(self) -> dict:
         return {"intervals": [asdict(interval) for interval in self.intervals], "cycles": self.cycles}
@@ -322,13 +383,13 @@ def detect_plateaus(t: np.ndarray, loss: np.ndarray, log_sigma: np.ndarray, afte
 
 
 def count_cycles(intervals: list[Interval]) -> int:
-    """Cycles focus -> dilution -> restart (a direction opening), taken greedily in time order."""
-    events = sorted((i.t_start, i.stage) for i in intervals if i.stage in ("focus", "dilution", "restart"))
-    wanted, cycles = "focus", 0
+    """Cycles focus -> dilution -> restart (a direction opening; ``CYCLE``), taken greedily in time order."""
+    events = sorted((i.t_start, i.stage) for i in intervals if i.stage in CYCLE)
+    step, cycles = 0, 0
     for _, stage in events:
-        if stage == wanted:
-            wanted = {"focus": "dilution", "dilution": "restart", "restart": "focus"}[stage]
-            cycles += stage == "restart"
+        if stage == CYCLE[step]:
+            step = (step + 1) % len(CYCLE)
+            cycles += step == 0
     return cycles
 
 
@@ -364,22 +425,7 @@ def detect_stages(observables: Observables, thresholds: StageThresholds | None =
     return StageReport(intervals=intervals, cycles=cycles, thresholds=th)
 
 
-def stage_events(report: StageReport) -> dict[tuple, float]:
-    """(stage, query, direction, occurrence) -> time (condensation: its end; others: onset)."""
-    seen: dict[tuple, int] = {}
-    events = {}
-    for interval in report.intervals:
-        if interval.stage == "plateau":
-            continue
-        base = (interval.stage, interval.query, interval.direction)
-        seen[base] = seen.get(base, 0) + 1
-        time = interval.t_end if interval.stage == "condensation" else interval.t_start
-        if time is not None:
-            events[(*base, seen[base])] = float(time)
-    return events
-
-
 def event_label(event: tuple) -> str:
-    """How tables name a ``stage_events`` key: e.g. "focus q3 #1", "restart σ1 #2"."""
+    """How tables name a key of ``StageReport.events``: e.g. "focus q3 #1", "restart σ1 #2"."""
     stage, query, direction, occurrence = event
     return f"{stage} {subject_label(query, direction)} #{occurrence}"

@@ -60,14 +60,14 @@ from flowsim.observables import compute_observables
 from flowsim.rundir import check_output_dir, discard_unused_folder, folder_lock, library_versions
 from flowsim.status import Status
 from flowsim.solvers import solve_flow, solve_flow_batch
+from flowsim.stages import EVENT_STAGES
 from flowsim.specialisation import summarise
 
 BACKENDS = ("local", "dask")
-STAGES = ("condensation", "focus", "dilution", "restart")
 # sweep.csv's columns: every row's, then those of the models present (a one-layer sweep has no two-layer probes)
 COMMON_COLUMNS = ("seed", "status", "final_loss")
 MODEL_COLUMNS = {
-    "one_layer": (*(f"onset_{stage}" for stage in STAGES), "end_condensation", "cycles"),
+    "one_layer": (*(f"onset_{stage.name}" for stage in EVENT_STAGES), "end_condensation", "cycles"),
     "two_layer": ("t_basis_mature", "premature_index", "t_basis_final", "premature_index_final", "t_upper_specialised",
                   "basis_turn_at_specialisation", "bayes_loss"),
 }
@@ -185,7 +185,7 @@ def _compute_rows(runs: list[tuple[RunSpec, object]], out: str, should_stop: Cal
         if result.status == Status.INTERRUPTED:
             continue
         row = {"name": spec.name, **spec.values, "seed": spec.seed, "status": result.status_name,
-               "final_loss": float(result.trajectory.loss[-1]), **{f"onset_{stage}": None for stage in STAGES},
+               "final_loss": float(result.trajectory.loss[-1]), **{f"onset_{stage.name}": None for stage in EVENT_STAGES},
                "end_condensation": None,
                "cycles": None, "n_steps": result.stats.n_steps, "solve_seconds": result.stats.solve_seconds,
                "config": resolved_settings(config)}
@@ -209,7 +209,7 @@ def _compute_rows(runs: list[tuple[RunSpec, object]], out: str, should_stop: Cal
         report = stages_of(result, run.model, compute_observables(result.trajectory, run.model, run.chain.pi)) \
             if stages_apply(run.model) else None
         if report is not None:
-            row.update({f"onset_{stage}": report.onset(stage) for stage in STAGES})
+            row.update({f"onset_{stage.name}": report.onset(stage.name) for stage in EVENT_STAGES})
             row["end_condensation"], row["cycles"] = report.end_of_condensation(), report.cycles
         write_atomic_json(Path(out) / "rows" / f"{spec.name}.json", row, indent=1)
         rows.append(row)
@@ -427,7 +427,7 @@ def worker_died_row(config_path: str | None, base_overrides: tuple[str, ...], sp
     row = {"name": spec.name, **spec.values, "seed": spec.seed, "status": WORKER_DIED,
            "reason": f"each of the {error.allowed_failures + 1} workers that ran it died, the last at "
                      f"{error.last_worker.address} (out of memory, or killed: see the workers' logs)",
-           "final_loss": None, **{f"onset_{stage}": None for stage in STAGES}, "end_condensation": None, "cycles": None,
+           "final_loss": None, **{f"onset_{stage.name}": None for stage in EVENT_STAGES}, "end_condensation": None, "cycles": None,
            "n_steps": None, "solve_seconds": None, "config": resolved_settings(config)}
     write_atomic_json(Path(out) / "rows" / f"{spec.name}.json", row, indent=1)
     return row
@@ -460,7 +460,8 @@ def write_table(out: Path, specs: list[RunSpec], grid_keys: Sequence[str]) -> li
     return rows
 
 
-SUMMARY_COLUMNS = {"one_layer": tuple(f"onset_{stage}" for stage in STAGES),
+# each stage by the time that dates it everywhere (condensation's end, the others' onset), named so in the header
+SUMMARY_COLUMNS = {"one_layer": tuple(stage.column for stage in EVENT_STAGES),
                    "two_layer": ("t_basis_mature", "t_upper_specialised", "bayes_loss")}
 
 
@@ -474,10 +475,10 @@ def summary_table(rows: list[dict]) -> str:
     def cell(row: dict, column: str) -> str:
         value = row.get(column)
         if value is None:
-            return "not reached" if column.startswith(("onset_", "t_")) and row.get("status") == Status.FINISHED.label else "-"
+            return "not reached" if column.startswith(("onset_", "end_", "t_")) and row.get("status") == Status.FINISHED.label else "-"
         return f"{value:.6g}" if isinstance(value, float) else str(value)
 
-    table = [[column.removeprefix("onset_") for column in columns]] + [[cell(row, c) for c in columns] for row in rows]
+    table = [columns] + [[cell(row, c) for c in columns] for row in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
     return "\n".join("  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip() for line in table)
 

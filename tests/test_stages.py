@@ -255,3 +255,29 @@ def test_running_median_equals_the_median_of_each_window():
             upper = np.searchsorted(log_t, log_t + half_width, side="right")
             expected = np.array([np.median(values[a:b], axis=0) for a, b in zip(lower, upper)])
             np.testing.assert_array_equal(smooth_in_log_time(t, values, half_width), expected)
+
+
+def test_every_consumer_dates_a_stage_by_the_stage_table():
+    """Condensation is dated by its end and every other stage by its onset (``flowsim.stages.STAGE``): the report's
+    events, its table columns, the theory's comparison, the sweep's summary and the phase diagram all read the same
+    times; a plateau is not an event, and a condensation that has not ended has no time."""
+    from figures.fig15_phase_diagram import onsets
+    from flowsim import sweep
+    from flowsim.stages import STAGE, Interval, StageReport
+    from theory.predict import Row, compared_rows
+
+    intervals = [Interval("condensation", None, None, 1.0, 5.0, ""), Interval("focus", 0, None, 8.0, 20.0, ""),
+                 Interval("dilution", 0, None, 20.0, None, ""), Interval("plateau", None, None, 9.0, 30.0, ""),
+                 Interval("focus", 0, None, 40.0, None, "")]
+    report = StageReport(intervals, cycles=0)
+    assert report.events() == {("condensation", None, None, 1): 5.0, ("focus", 0, None, 1): 8.0,
+                               ("dilution", 0, None, 1): 20.0, ("focus", 0, None, 2): 40.0}
+    assert report.dated() == {"end_condensation": 5.0, "onset_focus": 8.0, "onset_dilution": 20.0, "onset_restart": None}
+    assert STAGE["condensation"].column == "end_condensation" and not STAGE["plateau"].event
+    rows = compared_rows([Row("condensation", None, None, 4.0), Row("focus", 0, None, 7.0)], report)
+    assert [row.measured for row in rows[:2]] == [5.0, 8.0]
+    assert onsets(report) == (5.0, 8.0)
+    row = {"name": "x", "status": "finished", "final_loss": 0.1, **report.dated()}
+    assert sweep.summary_table([row]).splitlines()[1].split()[3:6] == ["5", "8", "20"]
+    unfinished = StageReport([Interval("condensation", None, None, 1.0, None, "")], cycles=0)
+    assert unfinished.events() == {} and unfinished.first_time("condensation") is None

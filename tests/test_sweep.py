@@ -14,6 +14,7 @@ from flowsim.config import ConfigError, load_config
 from flowsim.assemble import prepare
 from flowsim.io import write_atomic_json
 from flowsim.solvers import solve_flow
+from flowsim.stages import EVENT_STAGES
 
 SHORT = ["time.t_end=150", "time.n_linear=31", "time.n_log=30", "time.t_log_min=0.5"]
 
@@ -36,12 +37,12 @@ def test_rows_equal_independent_runs_and_resume_recomputes_only_missing_rows(tmp
     assert row["status"] == "finished" and 1 < row["onset_condensation"] < row["end_condensation"] < row["onset_focus"] < 150
     # the printed summary: a line per row with its status, loss and onsets, "not reached" where the row has none
     lines = [line for line in result.output.splitlines() if not line.startswith("flowsim: ")]  # not the progress
-    assert lines[0].split() == ["name", "status", "final_loss", "condensation", "focus", "dilution", "restart"]
+    assert lines[0].split() == ["name", "status", "final_loss", "end_condensation", "onset_focus", "onset_dilution", "onset_restart"]
     for name, stored in rows.items():
         printed = next(line for line in lines if line.startswith(name + " ")).split("  ")
         cells = [cell.strip() for cell in printed if cell.strip()]
-        expected = [f"{stored[f'onset_{stage}']:.6g}" if stored[f"onset_{stage}"] is not None else "not reached"
-                    for stage in sweep.STAGES]
+        expected = [f"{stored[stage.column]:.6g}" if stored[stage.column] is not None else "not reached"
+                    for stage in EVENT_STAGES]
         assert cells == [name, "finished", f"{stored['final_loss']:.6g}", *expected], (cells, expected)
 
     # interrupt: one row lost; the rerun computes that row alone and the table comes back the same
@@ -236,7 +237,7 @@ def test_a_sweep_labels_its_rows_as_flowsim_run_labels_its_runs(tmp_path):
     assert result.exit_code == 1 and "did not finish" in result.output
     row = json.loads(next((tmp_path / "sweep" / "rows").iterdir()).read_text())
     assert row["status"] == "diverged"
-    assert row["cycles"] is None and all(row[f"onset_{stage}"] is None for stage in sweep.STAGES)
+    assert row["cycles"] is None and all(row[f"onset_{stage.name}"] is None for stage in EVENT_STAGES)
 
 
 def test_the_table_has_the_columns_of_the_models_it_holds(tmp_path):

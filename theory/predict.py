@@ -233,12 +233,8 @@ def restart_row(r: RestartPrediction, t_end: float) -> Row:
 
 
 def measured_time(report: StageReport, row: Row) -> float | None:
-    """The detector's time for a row: condensation's end, the first focus / restart's start."""
-    if row.stage == "condensation":
-        found = report.of("condensation")
-        return None if not found else found[0].t_end
-    found = [i for i in report.of(row.stage, row.query) if row.direction is None or i.direction == row.direction]
-    return None if not found else found[0].t_start
+    """The detector's time for a row: the time that dates its first stage (condensation's end, other stages' onset)."""
+    return report.first_time(row.stage, row.query, row.direction)
 
 
 def grid_resolution(times: np.ndarray, t: float) -> float | None:
@@ -265,8 +261,7 @@ def compared_rows(predicted: list[Row], report: StageReport, times: np.ndarray |
         key = (interval.stage, interval.query, interval.direction)
         if key not in covered:
             covered.add(key)
-            time = interval.t_end if interval.stage == "condensation" else interval.t_start
-            rows.append(Row(*key, None, time, None, NOT_PREDICTED, resolution(time)))
+            rows.append(Row(*key, None, interval.time, None, NOT_PREDICTED, resolution(interval.time)))
     return rows
 
 

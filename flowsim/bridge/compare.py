@@ -39,7 +39,7 @@ from flowsim.observables import MEASURED, OBSERVABLES_NPZ, Observables
 from flowsim.plots import plot_overlay
 from flowsim.rundir import CONFIG_FILE, TRAJECTORY_FILE, read_meta, status_of
 from flowsim.solvers import solve_flow
-from flowsim.stages import detect_stages, stage_events, subject_label
+from flowsim.stages import detect_stages, subject_label
 from flowsim.status import Status
 from flowsim.trajectory import Trajectory
 
@@ -213,8 +213,8 @@ def compare_bridge_run(run_dir: Path, progress: bool = False) -> tuple[list[Even
         raise ConfigError(f"bridge compare labels stages of the one-layer model; this run has model.kind = {config.model.kind!r}")
     measured_observables = Observables.load(run_dir)
     ode, description = ode_beside(run_dir, progress)
-    measured = stage_events(detect_stages(measured_observables))
-    predicted = stage_events(detect_stages(ode))
+    measured = detect_stages(measured_observables).events()
+    predicted = detect_stages(ode).events()
     names = [str(name) for name in measured_observables.constants.get("type_names", type_names(build_data(config)))]
     rows = []
     for key in sorted(set(predicted) | set(measured), key=lambda k: (min(predicted.get(k, np.inf), measured.get(k, np.inf)), str(k))):

@@ -35,7 +35,7 @@ from flowsim.bridge.config import BridgeConfig
 from flowsim.bridge.train import train
 from flowsim.io import write_atomic_json
 from flowsim.observables import Observables
-from flowsim.stages import detect_stages, event_label, stage_events
+from flowsim.stages import detect_stages, event_label
 
 REGIME_JSON = "regime.json"
 COMPARED_COLUMNS = ("loss", "attention_entropy", "sv_W0")
@@ -134,7 +134,7 @@ def observable_deviations(reference: Observables, other: Observables) -> list[Se
 
 def onset_shifts(reference: Observables, other: Observables) -> tuple[OnsetShift, ...]:
     """The stage events flowsim's detectors label on both runs, with their times on each (t = lr × steps)."""
-    mine, theirs = stage_events(detect_stages(reference)), stage_events(detect_stages(other))
+    mine, theirs = detect_stages(reference).events(), detect_stages(other).events()
     common = sorted(set(mine) & set(theirs), key=lambda event: mine[event])
     return tuple(OnsetShift(event_label(event), mine[event], theirs[event]) for event in common if theirs[event] > 0)
 
