@@ -47,6 +47,11 @@ def _progress(message: str) -> None:
     typer.echo(f"flowsim: {message} ...", err=True)
 
 
+def _working(seconds: float) -> None:
+    """The heartbeat of a long step (``flowsim.progress.ticking``)."""
+    typer.echo(f"flowsim: {seconds:.0f} s", err=True)
+
+
 @app.command(short_help="Integrate a flow into a run directory and label its stages.")
 def run(
     config: Optional[Path] = typer.Argument(None, help="TOML config; the paper default when omitted."),
@@ -156,10 +161,12 @@ def predict(
     """Print the theory's predicted stage onsets for a configuration (mean-field one-layer model)."""
     from flowsim.config import ConfigError, load_config
     from flowsim.predictions import cached_prediction
+    from flowsim.progress import TICK_SECONDS, ticking
     from theory.predict import table
 
     try:
-        prediction = cached_prediction(load_config(config, set_), progress=_progress)
+        with ticking(_working, every=2 * TICK_SECONDS):
+            prediction = cached_prediction(load_config(config, set_), progress=_progress)
     except ConfigError as error:
         _fail(str(error))
     typer.echo(table(prediction.rows, measured=False))
@@ -173,6 +180,7 @@ def compare(run_dir: Path = typer.Argument(..., help="A run directory written by
     from flowsim.experiment import check_labelable, partial_note
     from flowsim.rundir import check_not_in_use, load_run
     from flowsim.predictions import COMPARE_JSON, compare_run
+    from flowsim.progress import TICK_SECONDS, ticking
     from theory.predict import table
 
     try:
@@ -180,7 +188,8 @@ def compare(run_dir: Path = typer.Argument(..., help="A run directory written by
         check_labelable(run_dir)
         load_run(run_dir)  # every file checked before the (slower) predictions
         note = partial_note(run_dir)
-        rows, prediction = compare_run(run_dir, progress=_progress)
+        with ticking(_working, every=2 * TICK_SECONDS):
+            rows, prediction = compare_run(run_dir, progress=_progress)
     except (FileNotFoundError, ConfigError, ValueError) as error:
         _fail(str(error))
     if note:

@@ -43,6 +43,7 @@ from flowsim import flow as flow_functions
 from flowsim import stiff
 from flowsim.config import SolverConfig, resolve_config
 from flowsim.flow import GradientFlow
+from flowsim.progress import ticking
 from flowsim.interrupts import run_in_chunks
 from flowsim.losses import with_fused_products
 from flowsim.methods import DEFAULT_METHOD, default_rtol
@@ -227,8 +228,9 @@ def drive(method: Method, problem: Problem, on_checkpoint: Callable[[list[FlowRe
     times = problem.times
     bar = _Progress(problem.progress and not method.shows_own_progress, times[0], times[-1], method.name)
     try:
-        bar.compiling()
-        run = method.start(problem) if saved is None else method.start(problem, saved)
+        bar.compiling(0.0)
+        with ticking(bar.compiling):
+            run = method.start(problem) if saved is None else method.start(problem, saved)
         bar.update(run.t)
 
         def advance() -> bool:
@@ -271,9 +273,10 @@ class _Progress:
     def _label(self, t: float) -> str:
         return f"flow ({self.method}) t={t:.4g}/{self.t_end:.4g}"
 
-    def compiling(self) -> None:
-        """Say so while JAX compiles (tens of seconds the first time a model shape is met), not a silent 0%."""
-        self.bar.set_description_str(f"flow ({self.method}) compiling (once per model shape)", refresh=True)
+    def compiling(self, seconds: float) -> None:
+        """Say so while JAX compiles (tens of seconds the first time a model shape is met), with the seconds so far,
+        not a silent 0%."""
+        self.bar.set_description_str(f"flow ({self.method}) compiling (once per model shape) {seconds:.0f} s", refresh=True)
 
     def update(self, t: float) -> None:
         self.bar.set_description_str(self._label(t), refresh=False)

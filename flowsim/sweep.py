@@ -57,6 +57,7 @@ from flowsim.experiment import stages_apply, stages_of
 from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
 from flowsim.observables import compute_observables
+from flowsim.progress import TICK_SECONDS, ticking
 from flowsim.rundir import check_output_dir, discard_unused_folder, folder_lock, library_versions
 from flowsim.status import Status
 from flowsim.solvers import solve_flow, solve_flow_batch
@@ -547,18 +548,24 @@ def _run_sweep_locked(grid, specs, out, config_text, base, seeds, backend, worke
             "workers": workers, "scheduler": scheduler, "batch": batch, "versions": library_versions()}
     write_atomic_json(out / "sweep.json", meta)
     progress(f"{len(specs)} runs: {len(done)} already done, {len(pending)} to run in {len(chunks)} chunks")
-    started, finished = time.perf_counter(), 0
+    started, finished, last_row = time.perf_counter(), 0, time.perf_counter()
 
     def on_rows(rows: list[dict]) -> None:
-        nonlocal finished
+        nonlocal finished, last_row
         finished += len(rows)
-        progress(f"{finished}/{len(pending)} runs done, {time.perf_counter() - started:.1f} s")
+        last_row = time.perf_counter()
+        progress(f"{finished}/{len(pending)} runs done, {last_row - started:.1f} s")
+
+    def alive(seconds: float) -> None:  # a batch compiling or solving: a line when no row has come for a while
+        if time.perf_counter() - last_row >= 2 * TICK_SECONDS:
+            progress(f"{finished}/{len(pending)} runs done, {seconds:.0f} s (compiling and solving)")
 
     tasks = [(config_text, base, chunk, str(out)) for chunk in chunks]
-    if backend == "local":
-        _run_local(tasks, workers, on_rows)
-    else:
-        _run_dask(tasks, workers, scheduler, on_rows)
+    with ticking(alive, every=2 * TICK_SECONDS):
+        if backend == "local":
+            _run_local(tasks, workers, on_rows)
+        else:
+            _run_dask(tasks, workers, scheduler, on_rows)
     rows = write_table(out, specs, list(grid))
     two_layer = any("t_upper_specialised" in row for row in rows)  # no stages: its probes' times instead
     plot_sweep_phase_diagram(rows, list(grid), out / "phase_diagram.png",
