@@ -10,21 +10,14 @@ import importlib
 import os
 import sys
 
-
-def _compilation_cache_dir() -> str | None:
-    """FLOWSIM_COMPILATION_CACHE: a directory, or "off"; by default the user's cache directory."""
-    chosen = os.environ.get("FLOWSIM_COMPILATION_CACHE")
-    if chosen is not None:
-        return None if chosen.strip().lower() in ("", "off", "0", "false") else chosen
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "flowsim", "xla")
+from flowsim import caches
 
 
 def _jax_options() -> dict[str, object]:
     """Small initialisations need float64 throughout; XLA executables kept on disk let a later process load
     the stiff integrator instead of compiling it again (benchmarks/MEASUREMENTS.md)."""
     options: dict[str, object] = {"jax_enable_x64": True}
-    cache_dir = _compilation_cache_dir()
+    cache_dir = caches.cache_dir("FLOWSIM_COMPILATION_CACHE", "xla")
     if cache_dir is not None:
         options.update(jax_compilation_cache_dir=cache_dir, jax_persistent_cache_min_compile_time_secs=0.5)
     return options

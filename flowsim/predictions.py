@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
 import flowsim
 import theory
+from flowsim.caches import cache_dir
 from flowsim.config import ConfigError, RunConfig, load_config
 from flowsim.assemble import law_of, prepare
 from flowsim.experiment import label_run
@@ -41,11 +41,9 @@ def _source_digest() -> str:
 
 
 def prediction_cache_dir() -> Path | None:
-    """FLOWSIM_PREDICTION_CACHE: a directory, or "off"; by default the user's cache directory."""
-    chosen = os.environ.get("FLOWSIM_PREDICTION_CACHE")
-    if chosen is not None:
-        return None if chosen.strip().lower() in ("", "off", "0", "false") else Path(chosen)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flowsim" / "predictions"
+    """FLOWSIM_PREDICTION_CACHE: a directory, or "off"; by default the user's cache directory (``flowsim.caches``)."""
+    chosen = cache_dir("FLOWSIM_PREDICTION_CACHE", "predictions")
+    return None if chosen is None else Path(chosen)
 
 
 def prediction_key(config: RunConfig) -> str:

@@ -84,3 +84,19 @@ def test_a_written_file_gets_the_mode_open_would_give_it(tmp_path):
     plain = tmp_path / "b.json"
     plain.write_bytes(b"{}")
     assert stat.S_IMODE(os.stat(tmp_path / "a.json").st_mode) == stat.S_IMODE(os.stat(plain).st_mode)
+
+
+def test_every_cache_follows_one_rule(monkeypatch, tmp_path):
+    """FLOWSIM_<NAME>_CACHE: a folder, or off; unset: under XDG_CACHE_HOME (the predictions' cache reads the same)."""
+    from flowsim.caches import cache_dir
+    from flowsim.predictions import prediction_cache_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("FLOWSIM_PREDICTION_CACHE", raising=False)
+    assert prediction_cache_dir() == tmp_path / "xdg" / "flowsim" / "predictions"
+    assert cache_dir("FLOWSIM_COMPILATION_CACHE_UNSET", "xla") == str(tmp_path / "xdg" / "flowsim" / "xla")
+    for off in ("off", "OFF ", "0", "false", ""):
+        monkeypatch.setenv("FLOWSIM_PREDICTION_CACHE", off)
+        assert prediction_cache_dir() is None
+    monkeypatch.setenv("FLOWSIM_PREDICTION_CACHE", str(tmp_path / "mine"))
+    assert prediction_cache_dir() == tmp_path / "mine"
