@@ -58,7 +58,7 @@ class PreparedRun:
     times: np.ndarray
 
 
-def law_of(data: MarkovChain | InductionTask) -> SequenceLaw | None:
+def sequence_law(data: MarkovChain | InductionTask) -> SequenceLaw | None:
     """A sequence task's exact law of contexts (the positional observables average over it)."""
     return data.law if isinstance(data, InductionTask) else None
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from flowsim.assemble import PreparedRun, bayes_loss, law_of, model_description, prepare
+from flowsim.assemble import PreparedRun, bayes_loss, sequence_law, model_description, prepare
 from flowsim.config import ConfigError, RunConfig, flat_settings, load_config
 from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, file_digest, read_npz, write_atomic_bytes, write_atomic_npz
 from flowsim.models import Model, OneLayerTransformer
-from flowsim.observables import MEASURED, OBSERVABLES_NPZ, TRAJECTORY_DIGEST, Observables, compute_observables
+from flowsim.observables import MEASURED_BY, OBSERVABLES_NPZ, TRAJECTORY_DIGEST, Observables, compute_observables
 from flowsim.plots import plot_run_summary
 from flowsim.rundir import (
     CONFIG_FILE,
@@ -52,7 +52,7 @@ def observables_of_run(run_dir: Path) -> Observables:
             observables = Observables.load(run_dir)
         except DamagedFileError:
             observables = None  # a cache: recomputed below
-        if observables is not None and MEASURED in observables.constants:
+        if observables is not None and MEASURED_BY in observables.constants:
             return observables
         digest = file_digest(run_dir / TRAJECTORY_FILE) if (run_dir / TRAJECTORY_FILE).is_file() else None
         current = observables is not None and ("basis_angle" not in observables.columns
@@ -61,7 +61,7 @@ def observables_of_run(run_dir: Path) -> Observables:
             return observables
     run = load_run(run_dir)
     prepared = prepare(load_config(run_dir / CONFIG_FILE))
-    observables = compute_observables(run.trajectory, prepared.model, prepared.chain.pi, prepared.flow, law_of(prepared.chain))
+    observables = compute_observables(run.trajectory, prepared.model, prepared.chain.pi, prepared.flow, sequence_law(prepared.chain))
     _save_observables(observables, run_dir)
     return observables
 
@@ -71,7 +71,7 @@ def _save_observables(observables: Observables, run_dir: Path) -> None:
     Observables(observables.t, observables.columns, {**observables.constants, TRAJECTORY_DIGEST: digest}).save(run_dir)
 
 
-def stages_apply(model: Model) -> bool:
+def stage_detectors_apply(model: Model) -> bool:
     """The stage detectors read the one-layer model's observables."""
     return isinstance(model, OneLayerTransformer)
 
@@ -80,7 +80,7 @@ def stages_of(result: FlowResult, model: Model, observables: Observables) -> Sta
     """The stage labels of a solved run (``flowsim run`` and every sweep row), or None where they do not
     apply: a model the detectors do not read, a run whose state left the flow, or fewer than
     MIN_SAMPLES_FOR_STAGES saved times after t = 0."""
-    if not stages_apply(model) or result.status.broken or np.count_nonzero(observables.t > 0) < MIN_SAMPLES_FOR_STAGES:
+    if not stage_detectors_apply(model) or result.status.broken or np.count_nonzero(observables.t > 0) < MIN_SAMPLES_FOR_STAGES:
         return None
     return detect_stages(observables)
 
@@ -240,7 +240,7 @@ def _write_run(config: RunConfig, run_dir: Path, progress: bool, prepared: Prepa
 def _write_outputs(config: RunConfig, run_dir: Path, prepared: PreparedRun, result: FlowResult, meta: dict) -> None:
     """Observables, stages and the summary figure of a run that ended, then meta.json, last: every output is there."""
     chain, model = prepared.chain, prepared.model
-    observables = compute_observables(result.trajectory, model, chain.pi, prepared.flow, law_of(chain))
+    observables = compute_observables(result.trajectory, model, chain.pi, prepared.flow, sequence_law(chain))
     _save_observables(observables, run_dir)
     stages = stages_of(result, model, observables)
     if stages is not None:

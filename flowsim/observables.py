@@ -57,7 +57,7 @@ from flowsim.trajectory import Trajectory
 OBSERVABLES_NPZ, OBSERVABLES_CSV = "observables.npz", "observables.csv"
 # Constants that say where observables.npz came from: the digest of the trajectory.npz it was
 # computed from (a cache, recomputed when that changes), or what measured it (primary data).
-TRAJECTORY_DIGEST, MEASURED = "trajectory_sha256", "measured_by"
+TRAJECTORY_DIGEST, MEASURED_BY = "trajectory_sha256", "measured_by"
 N_PRINCIPAL_DIRECTIONS = 3
 
 

@@ -20,7 +20,7 @@ import flowsim
 import theory
 from flowsim.caches import cache_dir
 from flowsim.config import ConfigError, RunConfig, load_config
-from flowsim.assemble import law_of, prepare
+from flowsim.assemble import sequence_law, prepare
 from flowsim.experiment import label_run
 from flowsim.io import REMEDY, DamagedFileError, file_digest, read_json, read_npz, write_atomic_json, write_atomic_npz
 from flowsim.models import PositionalTwoLayerTransformer
@@ -108,7 +108,7 @@ def pathwise_of_run(run_dir: Path) -> PathwiseFactors:
         raise ConfigError(f"{run_dir}: {error}") from None
     trajectory = load_run(run_dir).trajectory
     if isinstance(prepared.model, PositionalTwoLayerTransformer):
-        factors = positional_pathwise_along(trajectory, prepared.model, law_of(prepared.chain), prepared.flow)
+        factors = positional_pathwise_along(trajectory, prepared.model, sequence_law(prepared.chain), prepared.flow)
     else:
         factors = pathwise_along(trajectory, prepared.model, prepared.chain, prepared.flow)
     write_atomic_npz(run_dir / PATHWISE_NPZ, dataclasses.asdict(factors))

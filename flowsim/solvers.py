@@ -48,7 +48,7 @@ from flowsim.interrupts import run_in_chunks
 from flowsim.losses import with_fused_products
 from flowsim.methods import DEFAULT_METHOD, default_rtol
 from flowsim.models import Params
-from flowsim.status import Status, at
+from flowsim.status import Status, at_time
 from flowsim.trajectory import Trajectory
 
 SCIPY_METHODS = {"LSODA": scipy.integrate.LSODA, "BDF": scipy.integrate.BDF, "Radau": scipy.integrate.Radau}
@@ -188,7 +188,7 @@ class Problem:
 
 
 @dataclass
-class Run:
+class Integration:
     """A method's state between chunks of work; each method keeps its own fields beside these."""
 
     problem: Problem
@@ -199,25 +199,25 @@ class Run:
 
 
 class Method:
-    """An integration method: ``start`` compiles what it needs and makes its ``Run``, ``advance`` does one
+    """An integration method: ``start`` compiles what it needs and makes its ``Integration``, ``advance`` does one
     chunk of work (a step, or about half a second of compiled steps), ``results`` reads the run, whatever
     its status. ``drive`` owns the loop."""
 
     name: str = ""
     shows_own_progress = False  # the method draws its own progress bar while it advances
 
-    def start(self, problem: Problem) -> Run:
+    def start(self, problem: Problem) -> Integration:
         raise NotImplementedError
 
-    def advance(self, run: Run) -> None:
+    def advance(self, run: Integration) -> None:
         raise NotImplementedError
 
-    def results(self, run: Run) -> list[FlowResult]:
+    def results(self, run: Integration) -> list[FlowResult]:
         raise NotImplementedError
 
-    def interrupt(self, run: Run) -> None:
+    def interrupt(self, run: Integration) -> None:
         """A stop request between chunks: keep what was saved."""
-        run.status, run.message = Status.INTERRUPTED, Status.INTERRUPTED.message(at(run.t))
+        run.status, run.message = Status.INTERRUPTED, Status.INTERRUPTED.message(at_time(run.t))
 
 
 def drive(method: Method, problem: Problem, on_checkpoint: Callable[[list[FlowResult]], None] | None = None,
@@ -453,7 +453,7 @@ def _save_slots(n_times: int, size: int) -> int:
 
 
 @dataclass
-class RadauRun(Run):
+class RadauIntegration(Integration):
     functions: Any = None
     loss: Any = None  # the batch's losses, stacked
     state: Any = None  # stiff.RadauState
@@ -519,7 +519,7 @@ class JaxRadau(Method):
                              "the file was altered")
         return state
 
-    def start(self, problem: Problem, state: stiff.RadauState | None = None) -> RadauRun:
+    def start(self, problem: Problem, state: stiff.RadauState | None = None) -> RadauIntegration:
         """Compile (once per structure) and start, or continue the loop ``state``."""
         flows, times = problem.flows, problem.times
         losses = [with_fused_products(flow.loss) if self.fused_products else flow.loss for flow in flows]
@@ -533,12 +533,12 @@ class JaxRadau(Method):
         # Each call of the compiled loop returns to the host to report, checkpoint or stop: only
         # when someone is listening, in chunks of attempts sized to about RADAU_CHUNK_SECONDS.
         chunk = RADAU_FIRST_CHUNK if problem.listening else 2**31 - 1
-        run = RadauRun(problem, float(times[0]), compile_seconds=compile_seconds, functions=functions, loss=loss,
+        run = RadauIntegration(problem, float(times[0]), compile_seconds=compile_seconds, functions=functions, loss=loss,
                        state=state, times_device=times_device, slots=slots, chunk=chunk, solve_started=solve_started)
         run.t = float(np.min(np.asarray(state.t)))
         return run
 
-    def advance(self, run: RadauRun) -> None:
+    def advance(self, run: RadauIntegration) -> None:
         problem, t_end = run.problem, run.problem.times[-1]
         max_attempts = np.int32(min(problem.max_steps, 2**31 - 1))
         chunk_started = time.perf_counter()
@@ -551,17 +551,17 @@ class JaxRadau(Method):
         if not active.any():
             run.status = Status.FINISHED  # each member's own status is in its result
 
-    def interrupt(self, run: RadauRun) -> None:
+    def interrupt(self, run: RadauIntegration) -> None:
         run.status = Status.INTERRUPTED
 
-    def results(self, run: RadauRun) -> list[FlowResult]:
+    def results(self, run: RadauIntegration) -> list[FlowResult]:
         problem, state = run.problem, jax.device_get(run.state)
         wall, solve_seconds = time.perf_counter() - problem.started, time.perf_counter() - run.solve_started
         arrays = _radau_state_to_arrays(run.state) if run.status == Status.INTERRUPTED else None
         results = []
         for i, flow in enumerate(problem.flows):
             status = Status(int(state.status[i]))
-            message = status.message(at(float(state.t[i])), max_steps=problem.max_steps, method=self.name,
+            message = status.message(at_time(float(state.t[i])), max_steps=problem.max_steps, method=self.name,
                                      reason="the step size fell below its floor")
             n_saved = int(state.n_saved[i])
             stats = SolverStats(
@@ -572,7 +572,7 @@ class JaxRadau(Method):
             result = _result(flow, self.name, status, message, state.t[i], problem.times[:n_saved], state.saved[i, :n_saved], stats)
             if arrays is not None and status == Status.RUNNING:
                 result = dataclasses.replace(result, status=Status.INTERRUPTED, radau_state=arrays,
-                                             message=Status.INTERRUPTED.message(at(result.t_reached)))
+                                             message=Status.INTERRUPTED.message(at_time(result.t_reached)))
             results.append(result)
         return results
 
@@ -611,7 +611,7 @@ def _radau_state_from_arrays(arrays: dict[str, np.ndarray], batch: int, size: in
 
 
 @dataclass
-class ScipyRun(Run):
+class ScipyIntegration(Integration):
     solver: Any = None
     steps: int = 0
     saved_t: list = field(default_factory=list)
@@ -624,7 +624,7 @@ class Scipy(Method):
 
     name: str = "LSODA"
 
-    def start(self, problem: Problem) -> ScipyRun:
+    def start(self, problem: Problem) -> ScipyIntegration:
         flow, times = problem.flow, problem.times
         theta0 = problem.thetas0[0]
         field_ = lambda t, theta: np.asarray(flow.vector_field(t, theta))  # noqa: E731
@@ -632,25 +632,25 @@ class Scipy(Method):
         field_(times[0], theta0), jacobian(times[0], theta0)  # compiles both on first use
         compile_seconds = time.perf_counter() - problem.started
         solver = SCIPY_METHODS[self.name](field_, times[0], theta0, times[-1], rtol=problem.rtol, atol=problem.atol, jac=jacobian)
-        return ScipyRun(problem, float(times[0]), compile_seconds=compile_seconds, solver=solver,
+        return ScipyIntegration(problem, float(times[0]), compile_seconds=compile_seconds, solver=solver,
                         saved_t=[times[0]], saved_theta=[theta0])
 
-    def advance(self, run: ScipyRun) -> None:
+    def advance(self, run: ScipyIntegration) -> None:
         problem, solver, times = run.problem, run.solver, run.problem.times
         if run.steps >= problem.max_steps:
             run.status = Status.STEP_LIMIT
-            run.message = run.status.message(at(solver.t), max_steps=problem.max_steps)
+            run.message = run.status.message(at_time(solver.t), max_steps=problem.max_steps)
             return
         error = solver.step()
         run.steps += 1
         run.t = float(solver.t)
         if solver.status == "failed":
             run.status = Status.SOLVER_FAILED
-            run.message = run.status.message(at(solver.t), method=self.name, reason=str(error))
+            run.message = run.status.message(at_time(solver.t), method=self.name, reason=str(error))
             return
         if not np.all(np.isfinite(solver.y)):
             run.status = Status.NON_FINITE
-            run.message = run.status.message(at(solver.t))
+            run.message = run.status.message(at_time(solver.t))
             return
         interpolant = solver.dense_output()
         while len(run.saved_t) < len(times) and times[len(run.saved_t)] <= solver.t:
@@ -659,7 +659,7 @@ class Scipy(Method):
         if len(run.saved_t) == len(times):
             run.status, run.message = Status.FINISHED, Status.FINISHED.message()
 
-    def results(self, run: ScipyRun) -> list[FlowResult]:
+    def results(self, run: ScipyIntegration) -> list[FlowResult]:
         solver = run.solver
         counts = {"n_steps": run.steps, "n_rejected": None, "nfev": int(solver.nfev), "njev": int(solver.njev),
                   "nlu": int(getattr(solver, "nlu", 0)), "compile_seconds": run.compile_seconds}
@@ -694,7 +694,7 @@ def _call_while_listening(function: Callable, *arguments):
 
 
 @dataclass
-class DiffraxRun(Run):
+class DiffraxIntegration(Integration):
     compiled: Any = None
     arguments: tuple = ()
     t_reached: float = 0.0
@@ -711,7 +711,7 @@ class Diffrax(Method):
     name: str = "Kvaerno5"
     shows_own_progress = True
 
-    def start(self, problem: Problem) -> DiffraxRun:
+    def start(self, problem: Problem) -> DiffraxIntegration:
         flow, times = problem.flow, problem.times
         term = diffrax.ODETerm(lambda t, y, args: flow.vector_field(t, y))
         # PI coefficients of diffrax's advice for stiff problems: far fewer rejected implicit steps.
@@ -734,12 +734,12 @@ class Diffrax(Method):
 
         arguments = (jnp.asarray(problem.thetas0[0]), jnp.asarray(times))
         compiled = jax.jit(integrate).lower(*arguments).compile()
-        return DiffraxRun(problem, float(times[0]), compile_seconds=time.perf_counter() - problem.started,
+        return DiffraxIntegration(problem, float(times[0]), compile_seconds=time.perf_counter() - problem.started,
                           compiled=compiled, arguments=arguments, t_reached=float(times[0]),
                           saved_t=times[:1], saved_theta=problem.thetas0[:1],
                           counts={"n_steps": 0, "n_rejected": None, "nfev": None, "njev": None, "nlu": None})
 
-    def advance(self, run: DiffraxRun) -> None:
+    def advance(self, run: DiffraxIntegration) -> None:
         problem, times = run.problem, run.problem.times
         solution = (run.compiled(*run.arguments) if problem.should_stop is None
                     else _call_while_listening(run.compiled, *run.arguments))
@@ -767,7 +767,7 @@ class Diffrax(Method):
         run.t = run.t_reached
         run.saved_t, run.saved_theta = times[:n_saved], ys[:n_saved]
 
-    def results(self, run: DiffraxRun) -> list[FlowResult]:
+    def results(self, run: DiffraxIntegration) -> list[FlowResult]:
         stats = _stats({**run.counts, "compile_seconds": run.compile_seconds}, run.problem.started)
         return [_result(run.problem.flow, self.name, run.status, run.message, run.t_reached, run.saved_t, run.saved_theta, stats)]
 
@@ -781,7 +781,7 @@ DIVERGENCE_FACTOR = 1e3  # gradient descent has diverged once its loss exceeds t
 
 
 @dataclass
-class DescentRun(Run):
+class DescentIntegration(Integration):
     theta: Any = None
     step: int = 0
     loss0: float = 0.0
@@ -798,7 +798,7 @@ class GradientDescent(Method):
     lr: float | None = None
     name = "gradient_descent"
 
-    def start(self, problem: Problem) -> DescentRun:
+    def start(self, problem: Problem) -> DescentIntegration:
         flow, lr = problem.flow, self.lr
         save_steps = np.unique(np.rint(problem.times / lr).astype(np.int64))
         theta0 = problem.thetas0[0]
@@ -806,15 +806,15 @@ class GradientDescent(Method):
         flow.gradient_descent(theta, 0, 0, lr).block_until_ready()  # compiles on first use
         loss0 = float(flow.loss_along(theta0[None])[0])
         first = int(save_steps[0])
-        return DescentRun(problem, first * lr, compile_seconds=time.perf_counter() - problem.started, theta=theta,
+        return DescentIntegration(problem, first * lr, compile_seconds=time.perf_counter() - problem.started, theta=theta,
                           step=first, loss0=loss0, save_steps=save_steps, saved_steps=[first], saved_theta=[np.asarray(theta)])
 
-    def advance(self, run: DescentRun) -> None:
+    def advance(self, run: DescentIntegration) -> None:
         problem, flow, lr = run.problem, run.problem.flow, self.lr
         target = int(run.save_steps[len(run.saved_steps)])
         if target > problem.max_steps:
             run.status = Status.STEP_LIMIT
-            run.message = run.status.message(at(run.saved_steps[-1] * lr), max_steps=problem.max_steps)
+            run.message = run.status.message(at_time(run.saved_steps[-1] * lr), max_steps=problem.max_steps)
             return
         end = min(target, run.step + GD_CHUNK_STEPS)
         run.theta, run.step = flow.gradient_descent(run.theta, run.step, end, lr), end
@@ -836,10 +836,10 @@ class GradientDescent(Method):
         if len(run.saved_steps) == len(run.save_steps):
             run.status, run.message = Status.FINISHED, Status.FINISHED.message()
 
-    def interrupt(self, run: DescentRun) -> None:
-        run.status, run.message = Status.INTERRUPTED, Status.INTERRUPTED.message(at(run.saved_steps[-1] * self.lr))
+    def interrupt(self, run: DescentIntegration) -> None:
+        run.status, run.message = Status.INTERRUPTED, Status.INTERRUPTED.message(at_time(run.saved_steps[-1] * self.lr))
 
-    def results(self, run: DescentRun) -> list[FlowResult]:
+    def results(self, run: DescentIntegration) -> list[FlowResult]:
         n, first = run.saved_steps[-1], run.saved_steps[0]
         counts = {"n_steps": n - first, "n_rejected": None, "nfev": n - first, "njev": 0, "nlu": 0,
                   "compile_seconds": run.compile_seconds}

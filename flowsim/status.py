@@ -22,7 +22,7 @@ class Status(enum.IntEnum):
     SOLVER_FAILED = -1
 
     def message(self, where: str = "", *, max_steps: int | None = None, method: str = "the solver", reason: str = "") -> str:
-        """The status in words. ``where`` says where the integration stopped (``at(t)``, or
+        """The status in words. ``where`` says where the integration stopped (``at_time(t)``, or
         "between t = a and t = b"); ``reason`` is the failing solver's own explanation."""
         where = f" {where}" if where else ""
         return {
@@ -51,6 +51,6 @@ class Status(enum.IntEnum):
         return self.name.lower()
 
 
-def at(t: float) -> str:
+def at_time(t: float) -> str:
     """"at t = ..." for ``Status.message``."""
     return f"at t = {t:.6g}"

@@ -52,8 +52,8 @@ except ModuleNotFoundError:  # Python 3.10
 
 
 from flowsim.config import ConfigError, flat_settings, load_config
-from flowsim.assemble import law_of, prepare
-from flowsim.experiment import stages_apply, stages_of
+from flowsim.assemble import sequence_law, prepare
+from flowsim.experiment import stage_detectors_apply, stages_of
 from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
 from flowsim.observables import compute_observables
@@ -190,9 +190,9 @@ def _compute_rows(runs: list[tuple[RunSpec, object]], out: str, should_stop: Cal
                "end_condensation": None,
                "cycles": None, "n_steps": result.stats.n_steps, "solve_seconds": result.stats.solve_seconds,
                "config": resolved_settings(config)}
-        if not stages_apply(run.model) and len(result.trajectory) >= 4:
+        if not stage_detectors_apply(run.model) and len(result.trajectory) >= 4:
             # the two-layer probes, and the loss curve (times to any loss target are read from it)
-            observables = compute_observables(result.trajectory, run.model, run.chain.pi, law=law_of(run.chain))
+            observables = compute_observables(result.trajectory, run.model, run.chain.pi, law=sequence_law(run.chain))
             summary = summarise(observables)
             row.update({"t_basis_mature": summary.t_basis_mature, "premature_index": summary.premature_index,
                         "upper_entropy_fall_at_maturity": summary.upper_entropy_fall_at_maturity,
@@ -208,7 +208,7 @@ def _compute_rows(runs: list[tuple[RunSpec, object]], out: str, should_stop: Cal
                                   "basis_doubling_angle": observables["basis_doubling_angle"].tolist()}})
         # Without the flow: the detectors need no gradient norms.
         report = stages_of(result, run.model, compute_observables(result.trajectory, run.model, run.chain.pi)) \
-            if stages_apply(run.model) else None
+            if stage_detectors_apply(run.model) else None
         if report is not None:
             row.update({f"onset_{stage.name}": report.onset(stage.name) for stage in EVENT_STAGES})
             row["end_condensation"], row["cycles"] = report.end_of_condensation(), report.cycles

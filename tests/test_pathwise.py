@@ -10,7 +10,7 @@ import pytest
 import sympy as sp
 
 from flowsim.config import load_config, shipped_config
-from flowsim.assemble import law_of, prepare
+from flowsim.assemble import sequence_law, prepare
 from flowsim.solvers import solve_flow
 from theory.pathwise import ffn_write_expansion, logit_paths, pathwise_along, positional_pathwise_along
 
@@ -213,13 +213,13 @@ def induction_factors():
     for name in ("baseline", "slowed", "smoothing_0.2"):
         config, prepared, trajectory = induction_run(name, times)
         runs[name] = (config, prepared, trajectory,
-                      positional_pathwise_along(trajectory, prepared.model, law_of(prepared.chain), prepared.flow))
+                      positional_pathwise_along(trajectory, prepared.model, sequence_law(prepared.chain), prepared.flow))
     return runs
 
 
 def test_positional_paths_add_up_to_the_finite_difference_rate_of_the_logits(induction_factors):
     for name, (_, prepared, trajectory, factors) in induction_factors.items():
-        law, dt = law_of(prepared.chain), INDUCTION_DT
+        law, dt = sequence_law(prepared.chain), INDUCTION_DT
         params = {key: jnp.asarray(value) for key, value in trajectory.params.items()}
         h2 = jax.vmap(lambda p: prepared.model.streams(p, jnp.asarray(law.contexts))[2])(params)
         logits = np.asarray(jnp.einsum("tnk,tkl,tml,tnjm->tnj", h2[:, :, -1, :], params["W_Q2"], params["W_K2"], h2))
@@ -247,7 +247,7 @@ def test_positional_bounds_hold_and_order(induction_factors):
         assert np.all(factors.tight_bound <= factors.bound * (1 + 1e-12)), name
         assert np.all(np.abs(factors.drift) <= factors.drift_bound * (1 + 1e-12)), name
         assert np.all(total <= factors.total_bound * (1 + 1e-12)), name
-        assert factors.total.shape == (len(trajectory.t), *law_of(induction_factors[name][1].chain).contexts.shape)
+        assert factors.total.shape == (len(trajectory.t), *sequence_law(induction_factors[name][1].chain).contexts.shape)
     base, slow = induction_factors["baseline"][3], induction_factors["slowed"][3]
     rho = induction_factors["slowed"][0].flow.qk_rho
     inside = base.t < induction_factors["slowed"][0].flow.qk_t0

@@ -6,7 +6,7 @@ import pytest
 from flowsim import stiff
 from flowsim.flow import GradientFlow
 from flowsim.solvers import solve_flow
-from flowsim.status import Status, at
+from flowsim.status import Status, at_time
 
 
 def test_the_compiled_loop_stores_the_same_statuses():
@@ -21,11 +21,11 @@ def test_the_compiled_loop_stores_the_same_statuses():
 def test_labels_and_messages():
     assert [status.label for status in Status] == ["finished", "step_limit", "non_finite", "running", "diverged",
                                                    "interrupted", "solver_failed"]
-    assert Status.STEP_LIMIT.message(at(12.5), max_steps=40) == "step limit max_steps = 40 reached at t = 12.5"
-    assert Status.SOLVER_FAILED.message(at(3.0), method="BDF", reason="step too small") == "BDF failed at t = 3: step too small"
+    assert Status.STEP_LIMIT.message(at_time(12.5), max_steps=40) == "step limit max_steps = 40 reached at t = 12.5"
+    assert Status.SOLVER_FAILED.message(at_time(3.0), method="BDF", reason="step too small") == "BDF failed at t = 3: step too small"
     assert Status.NON_FINITE.message("between t = 1 and t = 2") == "the state became non-finite between t = 1 and t = 2"
-    assert Status.INTERRUPTED.message(at(7.0)) == "stopped on request at t = 7"
-    assert len({status.message(at(1.0), max_steps=1) for status in Status}) == len(Status)
+    assert Status.INTERRUPTED.message(at_time(7.0)) == "stopped on request at t = 7"
+    assert len({status.message(at_time(1.0), max_steps=1) for status in Status}) == len(Status)
 
 
 def test_partial_and_broken_runs_are_told_apart():

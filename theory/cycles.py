@@ -86,7 +86,7 @@ def prediction_grid(look: float) -> np.ndarray:
     return GRID_START * 10.0 ** (np.arange(count) / POINTS_PER_DECADE)
 
 
-def joined(pieces: list[tuple[np.ndarray, dict[str, np.ndarray]]], grid: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def joined_on_grid(pieces: list[tuple[np.ndarray, dict[str, np.ndarray]]], grid: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Consecutive stages' (times, arrays) joined on ``grid`` and t = 0 (a crossing is not a save time)."""
     saved = [np.isin(t, grid) | (t == 0.0) for t, _ in pieces]
     t = np.concatenate([t[keep] for (t, _), keep in zip(pieces, saved)])
@@ -197,7 +197,7 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
 
     def confirmed(pieces: list[tuple[np.ndarray, dict]]) -> bool:
         """Checked once the trajectory reaches reach × horizon: the prediction stops there."""
-        t, thetas = joined(pieces, grid)
+        t, thetas = joined_on_grid(pieces, grid)
         if t[-1] < reach * horizon:
             return False
         checked.append(check_confirmation(observables_of(t, thetas), th))
@@ -227,8 +227,8 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
         params = {name: value[-1] for name, value in stage.params.items()}
         A = np.column_stack([A, next_direction(params, A)])
         t_start = crossed
-    t, thetas = joined([(stage.t, stage.params) for stage in stages], grid)
-    velocity = joined([(stage.t, stage.velocity) for stage in stages], grid)[1]
+    t, thetas = joined_on_grid([(stage.t, stage.params) for stage in stages], grid)
+    velocity = joined_on_grid([(stage.t, stage.velocity) for stage in stages], grid)[1]
     observables = observables_of(t, thetas)
     trajectory = Trajectory(t=t, loss=observables["loss"], params=thetas)
     report = detect_stages(observables, th)

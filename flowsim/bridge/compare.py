@@ -35,7 +35,7 @@ from flowsim.flow import GradientFlow
 from flowsim.io import DamagedFileError, file_digest, read_json, write_atomic_json
 from flowsim.losses import make_loss_function
 from flowsim.models import model_from_config
-from flowsim.observables import MEASURED, OBSERVABLES_NPZ, Observables
+from flowsim.observables import MEASURED_BY, OBSERVABLES_NPZ, Observables
 from flowsim.plots import plot_overlay
 from flowsim.rundir import CONFIG_FILE, TRAJECTORY_FILE, read_meta, status_of
 from flowsim.solvers import solve_flow
@@ -165,7 +165,7 @@ def ode_beside(run_dir: Path, progress: bool = False) -> tuple[Observables, dict
             pass  # recomputed below
     observables, description = ode_observables(config, run_dir, t, progress)
     ode_dir.mkdir(exist_ok=True)
-    observables.constants[MEASURED] = np.array("flowsim ODE")  # kept with no trajectory.npz beside it
+    observables.constants[MEASURED_BY] = np.array("flowsim ODE")  # kept with no trajectory.npz beside it
     observables.save(ode_dir)
     write_atomic_json(ode_dir / ODE_JSON, {"key": key, "description": description})
     return observables, description

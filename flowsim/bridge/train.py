@@ -46,7 +46,7 @@ from flowsim.config import ConfigError
 from flowsim.interrupts import StopRequest, run_in_chunks, stop_requests
 from flowsim.io import DamagedFileError, write_atomic_bytes
 from flowsim.models import model_from_config
-from flowsim.observables import MEASURED
+from flowsim.observables import MEASURED_BY
 from flowsim.rundir import (
     CONFIG_FILE,
     SUMMARY_FIGURE,
@@ -338,7 +338,7 @@ def write_outputs(run_dir: Path, config: BridgeConfig, data: DataSource, pi: np.
     t = np.array([entry["t"] for entry in log])
     observables = stack_observables(t, rows, pi)
     observables.constants["type_names"] = np.array(type_names(data))
-    observables.constants[MEASURED] = np.array("torch")  # measurements, not a cache of trajectory.npz
+    observables.constants[MEASURED_BY] = np.array("torch")  # measurements, not a cache of trajectory.npz
     observables.save(run_dir)
     if params:
         loss = np.array([entry["val_loss"] for entry in log])
