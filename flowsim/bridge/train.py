@@ -215,113 +215,127 @@ def _train_locked(config: BridgeConfig, run_dir: Path, data: DataSource, device,
     """``train`` once it holds the run directory's lock; SIGINT or SIGTERM (``stop``) ends it after the current
     step with everything saved and status "interrupted"."""
     write_config(run_dir, toml_text)
-    model = build_model(config, data.vocab_size).to(device)
-    slow = model.slow_groups if config.optim.qk_rho != 1.0 else ()
-    schedule = QKSchedule(config.optim.qk_rho, config.optim.qk_hold, config.optim.qk_ramp, config.optim.steps) if slow else None
-    try:
-        optimizer, scheduler = build_optimizer(model, config.optim.name, config.optim.lr, config.optim.weight_decay,
-                                               slow, schedule, config.optim.momentum)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    stepper = optimizer
-    if config.optim.smoothing_a > 0:
-        named = dict(model.named_parameters())
-        stacks = [[named[name] for name in stack] for stack in model.repeated_blocks]
-        stepper = WindowSmoothing(optimizer, stacks, config.optim.smoothing_a, config.optim.smoothing_variant)
-
-    checkpoints = config.checkpoint_steps()
-    probe = data.probe_set()
-    rows: list[dict] = []
-    log: list[dict] = []
-    params: list[dict] = []
-    step = 0
-    if (run_dir / CHECKPOINT_FILE).is_file():
-        try:
-            state = torch.load(run_dir / CHECKPOINT_FILE, map_location=device, weights_only=False)
-        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as error:
-            raise DamagedFileError(run_dir / CHECKPOINT_FILE, f"{type(error).__name__}: {error}",
-                                   "delete it to train this run from the start") from None
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        step, rows, log, params = state["step"], state["rows"], state["log"], state["params"]
-    validation = [data.batch(i, "valid").to(device) for i in range(config.log.val_batches)]
-    paper_model = not isinstance(model, GPT)
-    autocast = device.type == "cuda" and isinstance(model, GPT)
-    meta = {"status_name": Status.RUNNING.label, "started": _dt.datetime.now().isoformat(timespec="seconds"), "seed": config.data.seed,
-            "device": str(device), "versions": {**library_versions(), "torch": torch.__version__}, **this_process()}
-
-    def evaluate() -> float:
-        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-            return float(np.mean([batch_loss(model, tokens).item() for tokens in validation]))
-
-    def save(status: Status) -> None:
-        _save_torch_atomic(run_dir / CHECKPOINT_FILE, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                                        "scheduler": scheduler.state_dict(), "step": step, "rows": rows,
-                                                        "log": log, "params": params})
-        write_meta(run_dir, {**meta, "status_name": status.label, "steps_done": step, "steps": config.optim.steps})
-
-    def diverged(message: str) -> None:
-        """Stop; checkpoint.pt keeps the last saved (finite) state."""
-        write_meta(run_dir, {**meta, "status_name": Status.NON_FINITE.label, "steps_done": step, "message": message})
-        raise FloatingPointError(f"{message}; lower optim.lr")
-
-    def record(train_loss: float) -> None:
-        val_loss = evaluate()
-        log.append({"step": step, "t": config.optim.lr * step, "train_loss": train_loss, "val_loss": val_loss,
-                    "val_perplexity": math.exp(min(val_loss, 700.0))})
-        try:
-            row = checkpoint_observables(model, probe, data.frequencies)
-        except torch.linalg.LinAlgError as error:  # parameters so large their SVD overflows
-            diverged(f"the observables at step {step} failed ({error})")
-        row["loss"], row["val_loss"] = np.asarray(val_loss), np.asarray(val_loss)
-        rows.append(row)
-        if paper_model:
-            params.append(model.flowsim_params())
-
+    trainer = Trainer(config, run_dir, data, device)
+    trainer.resume()  # from checkpoint.pt, when there is one
     started = time.perf_counter()
-    if step == 0 and not log:
-        record(evaluate())
-        save(Status.RUNNING)
-    bar = tqdm(total=config.optim.steps, initial=step, disable=not progress, unit="step",
-               desc=f"{config.optim.name} on {config.data.kind}, lr = {config.optim.lr:g}")
+    if trainer.step == 0 and not trainer.log:
+        trainer.record(trainer.evaluate())
+        trainer.save(Status.RUNNING)
     end = config.optim.steps if stop_at_step is None else min(stop_at_step, config.optim.steps)
-
-    def advance() -> bool:
-        """One SGD step (a chunk of the shared loop), logged and saved at the checkpoint steps."""
-        nonlocal step
-        tokens = data.batch(step).to(device)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-            loss = batch_loss(model, tokens)
-        if not math.isfinite(loss.item()):
-            diverged(f"the training loss became {loss.item()} at step {step}")
-        stepper.zero_grad()
-        loss.backward()
-        stepper.step()
-        scheduler.step()
-        step += 1
-        if not all(torch.isfinite(p).all() for p in model.parameters()):
-            diverged(f"the parameters became non-finite at step {step}")
-        bar.update(1)
-        if step in checkpoints:
-            record(loss.item())
-            bar.set_postfix_str(f"t = lr × step = {log[-1]['t']:.4g}, validation loss {log[-1]['val_loss']:.4f}")
-            save(Status.RUNNING)
-        return step < end
-
-    if step < end and not stop():
-        run_in_chunks(advance, stop, lambda: save(Status.RUNNING), CHECKPOINT_EVERY_S)
-    bar.close()
-    finished = step >= config.optim.steps
-    meta["wall_time_s"] = time.perf_counter() - started
+    with tqdm(total=config.optim.steps, initial=trainer.step, disable=not progress, unit="step",
+              desc=f"{config.optim.name} on {config.data.kind}, lr = {config.optim.lr:g}") as bar:
+        if trainer.step < end and not stop():
+            run_in_chunks(lambda: trainer.advance(bar) < end, stop, lambda: trainer.save(Status.RUNNING), CHECKPOINT_EVERY_S)
+    trainer.meta["wall_time_s"] = time.perf_counter() - started
     if stop():
-        save(Status.INTERRUPTED)
-        return TrainResult(run_dir, step, False, log, interrupted=True)
-    save(Status.RUNNING)  # the last checkpoint; meta.json says how the run ended only once every output is written
-    write_outputs(run_dir, config, data, probe.pi, log, rows, params)
+        trainer.save(Status.INTERRUPTED)
+        return TrainResult(run_dir, trainer.step, False, trainer.log, interrupted=True)
+    trainer.save(Status.RUNNING)  # the last checkpoint; meta.json says how the run ended only once every output is written
+    write_outputs(run_dir, config, data, trainer.probe.pi, trainer.log, trainer.rows, trainer.params)
+    finished = trainer.step >= config.optim.steps
     ended = Status.FINISHED if finished else Status.STEP_LIMIT  # stopped before its steps: resumable
-    write_meta(run_dir, {**meta, "status_name": ended.label, "steps_done": step, "steps": config.optim.steps})
-    return TrainResult(run_dir, step, finished, log)
+    write_meta(run_dir, {**trainer.meta, "status_name": ended.label, "steps_done": trainer.step, "steps": config.optim.steps})
+    return TrainResult(run_dir, trainer.step, finished, trainer.log)
+
+
+class Trainer:
+    """One training run's state: the model, its optimiser (and window smoothing), the step reached, and what has been
+    logged (``log``: losses; ``rows``: observables; ``params``: the paper model's parameters) at the checkpoint steps.
+    ``checkpoint.pt`` holds all of it, so a run resumed from it continues bit for bit."""
+
+    def __init__(self, config: BridgeConfig, run_dir: Path, data: DataSource, device):
+        self.config, self.run_dir, self.data, self.device = config, run_dir, data, device
+        self.model = build_model(config, data.vocab_size).to(device)
+        optim = config.optim
+        slow = self.model.slow_groups if optim.qk_rho != 1.0 else ()
+        schedule = QKSchedule(optim.qk_rho, optim.qk_hold, optim.qk_ramp, optim.steps) if slow else None
+        try:
+            self.optimizer, self.scheduler = build_optimizer(self.model, optim.name, optim.lr, optim.weight_decay, slow,
+                                                             schedule, optim.momentum)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        self.stepper = self.optimizer
+        if optim.smoothing_a > 0:
+            named = dict(self.model.named_parameters())
+            stacks = [[named[name] for name in stack] for stack in self.model.repeated_blocks]
+            self.stepper = WindowSmoothing(self.optimizer, stacks, optim.smoothing_a, optim.smoothing_variant)
+        self.checkpoints = config.checkpoint_steps()
+        self.probe = data.probe_set()
+        self.validation = [data.batch(i, "valid").to(device) for i in range(config.log.val_batches)]
+        self.autocast = device.type == "cuda" and isinstance(self.model, GPT)
+        self.step, self.log, self.rows, self.params = 0, [], [], []
+        self.meta = {"status_name": Status.RUNNING.label, "started": _dt.datetime.now().isoformat(timespec="seconds"),
+                     "seed": config.data.seed, "device": str(device),
+                     "versions": {**library_versions(), "torch": torch.__version__}, **this_process()}
+
+    def resume(self) -> None:
+        """Take up the state saved in checkpoint.pt, if the run directory holds one."""
+        path = self.run_dir / CHECKPOINT_FILE
+        if not path.is_file():
+            return
+        try:
+            state = torch.load(path, map_location=self.device, weights_only=False)
+        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as error:
+            raise DamagedFileError(path, f"{type(error).__name__}: {error}", "delete it to train this run from the start") from None
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step, self.rows, self.log, self.params = state["step"], state["rows"], state["log"], state["params"]
+
+    def advance(self, bar: tqdm) -> int:
+        """One optimiser step, logged and saved at the checkpoint steps; returns the steps done."""
+        tokens = self.data.batch(self.step).to(self.device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+            loss = batch_loss(self.model, tokens)
+        if not math.isfinite(loss.item()):
+            self.diverged(f"the training loss became {loss.item()} at step {self.step}")
+        self.stepper.zero_grad()
+        loss.backward()
+        self.stepper.step()
+        self.scheduler.step()
+        self.step += 1
+        if not all(torch.isfinite(p).all() for p in self.model.parameters()):
+            self.diverged(f"the parameters became non-finite at step {self.step}")
+        bar.update(1)
+        if self.step in self.checkpoints:
+            self.record(loss.item())
+            bar.set_postfix_str(f"t = lr × step = {self.log[-1]['t']:.4g}, validation loss {self.log[-1]['val_loss']:.4f}")
+            self.save(Status.RUNNING)
+        return self.step
+
+    def evaluate(self) -> float:
+        """The mean loss over the validation batches."""
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+            return float(np.mean([batch_loss(self.model, tokens).item() for tokens in self.validation]))
+
+    def record(self, train_loss: float) -> None:
+        """Log the losses, the observables and (paper models) the parameters at this step."""
+        val_loss = self.evaluate()
+        self.log.append({"step": self.step, "t": self.config.optim.lr * self.step, "train_loss": train_loss,
+                         "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 700.0))})
+        try:
+            row = checkpoint_observables(self.model, self.probe, self.data.frequencies)
+        except torch.linalg.LinAlgError as error:  # parameters so large their SVD overflows
+            self.diverged(f"the observables at step {self.step} failed ({error})")
+        row["loss"], row["val_loss"] = np.asarray(val_loss), np.asarray(val_loss)
+        self.rows.append(row)
+        if not isinstance(self.model, GPT):
+            self.params.append(self.model.flowsim_params())
+
+    def save(self, status: Status) -> None:
+        """checkpoint.pt (everything a resume needs), then meta.json with ``status``."""
+        _save_torch_atomic(self.run_dir / CHECKPOINT_FILE, {
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "step": self.step, "rows": self.rows, "log": self.log,
+            "params": self.params})
+        write_meta(self.run_dir, {**self.meta, "status_name": status.label, "steps_done": self.step,
+                                  "steps": self.config.optim.steps})
+
+    def diverged(self, message: str) -> None:
+        """Stop; checkpoint.pt keeps the last saved (finite) state."""
+        write_meta(self.run_dir, {**self.meta, "status_name": Status.NON_FINITE.label, "steps_done": self.step,
+                                  "message": message})
+        raise FloatingPointError(f"{message}; lower optim.lr")
 
 
 def write_outputs(run_dir: Path, config: BridgeConfig, data: DataSource, pi: np.ndarray, log: list[dict],
