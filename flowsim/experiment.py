@@ -16,6 +16,7 @@ from flowsim.assemble import PreparedRun, bayes_loss, sequence_law, model_descri
 from flowsim.config import ConfigError, RunConfig, flat_settings, load_config
 from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, file_digest, read_npz, write_atomic_bytes, write_atomic_npz
+from flowsim.methods import METHOD
 from flowsim.models import Model, OneLayerTransformer
 from flowsim.observables import MEASURED_BY, OBSERVABLES_NPZ, TRAJECTORY_DIGEST, Observables, compute_observables
 from flowsim.plots import plot_run_summary
@@ -298,7 +299,7 @@ def resume_run(run_dir: Path, *, progress: bool = True) -> tuple[FlowResult, boo
         return _complete_outputs(config, run_dir, prepared, run), True
     method = config.solver.method
     radau_state = None
-    if method == "JaxRadau" and (run_dir / SOLVER_STATE_FILE).is_file():
+    if METHOD[method].needs_saved_state and (run_dir / SOLVER_STATE_FILE).is_file():
         radau_state = read_npz(run_dir / SOLVER_STATE_FILE)
     thetas = prepared.flow.flatten_batch(run.trajectory.params)
     resume = ResumePoint(run.trajectory.t, thetas, radau_state)

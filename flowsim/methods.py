@@ -1,21 +1,43 @@
-"""The names of the integration methods and their default tolerances (no solver imported).
+"""The integration methods as data: each one's name, default tolerance and what it can do (no solver imported).
 
-Configuration validates against these; ``flowsim.solvers`` implements them.
+Configuration validates against ``METHODS``; the memory budget, the sweep, the resume and ``flowsim.solvers`` read
+a method's properties here instead of testing its name. ``flowsim.solvers`` implements each ``family``.
 """
 
 from __future__ import annotations
 
-SCIPY_METHOD_NAMES = ("LSODA", "BDF", "Radau")
-DIFFRAX_METHOD_NAMES = ("Kvaerno5", "Tsit5", "Dopri8")
-METHODS: tuple[str, ...] = (*SCIPY_METHOD_NAMES, *DIFFRAX_METHOD_NAMES, "JaxRadau", "gradient_descent")
-DEFAULT_METHOD = "JaxRadau"
-# Each method's default relative tolerance: the loosest that keeps the relative loss error
-# below 1e-6 over the default runs of both models (benchmarks/RESULTS.md); JaxRadau's
-# order-5 error estimate is conservative here, LSODA's and the others' are not.
-DEFAULT_RTOL = {"JaxRadau": 3e-6}
+from dataclasses import dataclass
+from typing import Literal
+
 FALLBACK_RTOL = 1e-8
+
+
+@dataclass(frozen=True)
+class Method:
+    """An integration method as configuration and the run layer see it."""
+
+    name: str
+    family: Literal["scipy", "diffrax", "radau", "descent"]  # the implementation in ``flowsim.solvers``
+    # the loosest rtol that keeps the relative loss error below 1e-6 over the default runs of both models
+    # (benchmarks/RESULTS.md); JaxRadau's order-5 error estimate is conservative here, the others' are not
+    default_rtol: float = FALLBACK_RTOL
+    resumes_exactly: bool = False  # a resumed run takes the steps of an uninterrupted one ...
+    needs_saved_state: bool = False  # ... given the loop state it saved (solver_state.npz), not only its last point
+    batches: bool = False  # flows of one structure are integrated together as one compiled batch
+    needs_dense_jacobian: bool = False  # holds a dense n x n Jacobian and its factorisation (the memory budget counts it)
+
+
+METHOD_TABLE = (
+    *(Method(name, "scipy", needs_dense_jacobian=True) for name in ("LSODA", "BDF", "Radau")),
+    *(Method(name, "diffrax") for name in ("Kvaerno5", "Tsit5", "Dopri8")),
+    Method("JaxRadau", "radau", default_rtol=3e-6, resumes_exactly=True, needs_saved_state=True, batches=True),
+    Method("gradient_descent", "descent", resumes_exactly=True),  # it resumes at the step of its last saved point
+)
+METHOD = {method.name: method for method in METHOD_TABLE}
+METHODS: tuple[str, ...] = tuple(METHOD)
+DEFAULT_METHOD = "JaxRadau"
 
 
 def default_rtol(method: str) -> float:
     """The relative tolerance ``method`` runs at when none is given."""
-    return DEFAULT_RTOL.get(method, FALLBACK_RTOL)
+    return METHOD[method].default_rtol if method in METHOD else FALLBACK_RTOL

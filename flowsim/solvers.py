@@ -46,7 +46,7 @@ from flowsim.flow import GradientFlow
 from flowsim.progress import ticking
 from flowsim.interrupts import run_in_chunks
 from flowsim.losses import with_fused_products
-from flowsim.methods import DEFAULT_METHOD, default_rtol
+from flowsim.methods import DEFAULT_METHOD, METHOD, METHODS, default_rtol
 from flowsim.models import Params
 from flowsim.status import Status, at_time
 from flowsim.trajectory import Trajectory
@@ -129,7 +129,8 @@ class ResumePoint:
     radau_state: dict[str, np.ndarray] | None = None
 
     def is_exact(self, method: str) -> bool:
-        return method == "gradient_descent" or (method == "JaxRadau" and self.radau_state is not None)
+        known = METHOD[method]
+        return known.resumes_exactly and (not known.needs_saved_state or self.radau_state is not None)
 
 
 def check_save_times(t_eval, start: float = 0.0) -> np.ndarray:
@@ -291,16 +292,15 @@ class _Progress:
 
 
 def method_named(name: str, lr: float | None = None) -> Method:
-    """The method object for a configured name (``flowsim.methods.METHODS``)."""
-    if name in SCIPY_METHODS:
+    """The method object for a configured name (``flowsim.methods.METHODS``), built by its family."""
+    if name not in METHOD:
+        raise ValueError(f"unknown method {name!r}; expected one of {sorted(METHODS)}")
+    family = METHOD[name].family
+    if family == "scipy":
         return Scipy(name)
-    if name in DIFFRAX_METHODS:
+    if family == "diffrax":
         return Diffrax(name)
-    if name == "JaxRadau":
-        return JaxRadau()
-    if name == "gradient_descent":
-        return GradientDescent(lr)
-    raise ValueError(f"unknown method {name!r}; expected one of {sorted([*SCIPY_METHODS, *DIFFRAX_METHODS, 'JaxRadau', 'gradient_descent'])}")
+    return JaxRadau() if family == "radau" else GradientDescent(lr)
 
 
 def solve_flow(

@@ -21,3 +21,29 @@ def test_every_registered_method_is_implemented():
         tolerance = 2e-3 if method == "gradient_descent" else 1e3 * default_rtol(method)
         np.testing.assert_allclose(result.trajectory.params["theta"][-1], params0["theta"] * np.exp(-1.0), rtol=tolerance)
         assert result.summary()["status_name"] == "finished" and result.summary()["status"] == Status.FINISHED
+
+
+def test_the_run_layer_reads_a_methods_properties_from_its_table():
+    """What a method can do is stated once (flowsim.methods.METHOD): the resume's exactness, the memory budget's
+    dense Jacobian and the sweep's batching follow the table, and every family is built by flowsim.solvers."""
+    import pytest
+
+    from flowsim.budget import BudgetError
+    from flowsim.config import load_config
+    from flowsim.assemble import prepare
+    from flowsim.methods import METHOD
+    from flowsim.solvers import ResumePoint, method_named
+
+    point = ResumePoint(np.array([0.0]), np.zeros((1, 2)))
+    for name, method in METHOD.items():
+        assert method_named(name, lr=1e-3).name == name
+        assert point.is_exact(name) == (method.resumes_exactly and not method.needs_saved_state)
+        with_state = ResumePoint(point.t, point.theta, {"t": np.zeros(1)})
+        assert with_state.is_exact(name) == method.resumes_exactly
+    # d = 1000 at m = 64: a dense Jacobian is about 2 TB, the methods that keep none need no more than the chain's maps
+    wide = ["chain.pi=[" + ", ".join(["0.001"] * 1000) + "]", "model.m=64", "model.k=1", "time.n_linear=2", "time.n_log=0"]
+    for name, method in METHOD.items():
+        if method.needs_dense_jacobian:
+            with pytest.raises(BudgetError, match="dense n x n Jacobian"):
+                prepare(load_config(None, [*wide, f"solver.method='{name}'"]))
+    assert [name for name, method in METHOD.items() if method.batches] == ["JaxRadau"]
