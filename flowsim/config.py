@@ -221,6 +221,15 @@ TYPE_NAMES = {"float_type": "float or int", "int_type": "int", "bool_type": "boo
               "list_type": "list", "dict_type": "table", "model_type": "table", "model_attributes_type": "table"}
 
 
+SHOWN_VALUE_CHARS = 120  # a value longer than this (a π of a thousand entries) is cut in messages
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to SHOWN_VALUE_CHARS with its full length said."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_VALUE_CHARS else f"{text[:SHOWN_VALUE_CHARS - 20]}...{text[-12:]} ({len(text)} characters)"
+
+
 def _one_line(error: ValidationError, schema: type[Sections]) -> str:
     """The first error of a validation, in flowsim's one-line form."""
     first = error.errors()[0]
@@ -232,11 +241,13 @@ def _one_line(error: ValidationError, schema: type[Sections]) -> str:
         section = schema.model_fields[location[0]].annotation
         return f"unknown config key {key}; known keys in [{location[0]}]: {', '.join(sorted(section.model_fields))}"
     if kind in TYPE_NAMES:
-        return f"{key} = {value!r} has type {type(value).__name__}, expected {TYPE_NAMES[kind]}"
+        # a --set value that is not a TOML literal arrives as a string: say so where it looks like an array or table
+        unparsed = " (it is not a TOML literal)" if isinstance(value, str) and value.lstrip()[:1] in ("[", "{") else ""
+        return f"{key} = {_shown(value)} has type {type(value).__name__}{unparsed}, expected {TYPE_NAMES[kind]}"
     if kind == "value_error":  # a cross-key check: its message is already the whole line
         return str(first["ctx"]["error"])
     message = first["msg"]
-    return f"{key} = {value!r} is invalid: {message[0].lower()}{message[1:]}"
+    return f"{key} = {_shown(value)} is invalid: {message[0].lower()}{message[1:]}"
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -155,3 +155,13 @@ def test_config_reference_of_one_section_and_of_an_unknown_one():
     assert "method = \"JaxRadau\"" in solver.output and "# rtol =" in solver.output
     unknown = CliRunner().invoke(app, ["config", "solvers"])
     assert unknown.exit_code == 2 and "unknown config section 'solvers'" in unknown.output
+
+
+def test_a_long_bad_value_is_cut_in_its_one_line_message():
+    """A π of hundreds of entries written with numpy's repr (not TOML) is named, cut, and said not to be TOML."""
+    long_value = "[np.float64(0.2), " + ", ".join(["0.001"] * 300) + "]"
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, [f"chain.pi={long_value}"])
+    message = str(caught.value)
+    assert message.startswith("chain.pi = '[np.float64(0.2)") and "(it is not a TOML literal)" in message
+    assert f"({len(repr(long_value))} characters)" in message and len(message) < 250
