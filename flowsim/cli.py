@@ -147,6 +147,8 @@ def stages(run_dir: Path = typer.Argument(..., help="A run directory written by 
         note = partial_note(run_dir)
     except (FileNotFoundError, ConfigError, ValueError) as error:
         _fail(str(error))
+    except RuntimeError as error:  # a numerical failure of the theory's own integrations
+        _fail(f"the prediction failed: {error}", code=1)
     if note:
         typer.echo(note)
     typer.echo(report.table())
@@ -169,6 +171,8 @@ def predict(
             prediction = cached_prediction(load_config(config, set_), progress=_progress)
     except ConfigError as error:
         _fail(str(error))
+    except RuntimeError as error:  # a numerical failure of the theory's own integrations
+        _fail(f"the prediction failed: {error}", code=1)
     typer.echo(table(prediction.rows, measured=False))
     typer.echo(prediction.constants)
 
@@ -192,6 +196,8 @@ def compare(run_dir: Path = typer.Argument(..., help="A run directory written by
             rows, prediction = compare_run(run_dir, progress=_progress)
     except (FileNotFoundError, ConfigError, ValueError) as error:
         _fail(str(error))
+    except RuntimeError as error:  # a numerical failure of the theory's own integrations
+        _fail(f"the prediction failed: {error}", code=1)
     if note:
         typer.echo(note)
     typer.echo(table(rows))

@@ -309,6 +309,9 @@ class RKC(OdeSolver):
             speed = np.sqrt(np.mean((self.f / scale) ** 2))
             self.h_abs = min(1.0 / max(self.radius, 1e-300), 1e-2 / speed if speed > 0 else np.inf, abs(self.t_bound - self.t))
         while True:
+            # accepted steps can shrink too, where the error estimate stalls near 1: stop before t + h == t
+            if self.h_abs < 10 * np.abs(np.nextafter(self.t, self.direction * np.inf) - self.t):
+                return False, "the step size fell below the spacing of floating-point numbers"
             h = float(min(self.h_abs, abs(self.t_bound - self.t)) * self.direction)  # one type for the compiled step
             stages = stage_count(h, self.radius)
             y_new, f_new = (np.asarray(a) for a in self._step(self.y, self.f, h, stages, self.stiff_directions,
@@ -333,8 +336,6 @@ class RKC(OdeSolver):
                 return True, None
             self.rejected += 1
             self.h_abs = abs(h) * max(MIN_FACTOR, min(factor, 1.0))
-            if self.h_abs < 10 * np.abs(np.nextafter(self.t, self.direction * np.inf) - self.t):
-                return False, "the step size fell below the spacing of floating-point numbers"
             if self.radius_age > 0:  # made at this point already, it would come out the same
                 self._estimate_radius()
 

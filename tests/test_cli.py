@@ -536,3 +536,21 @@ def test_the_help_describes_every_command_without_cutting_it_off(group):
     assert result.exit_code == 0, result.output
     listed = result.output.split("Commands:")[1].strip().splitlines()
     assert len(listed) >= 3 and not [line for line in listed if line.rstrip().endswith("...")], listed
+
+
+def test_a_theory_integration_that_fails_is_one_line_and_exit_1(monkeypatch):
+    """`predict` whose own integration fails (a reduced flow whose steps shrink to nothing) names the failure in one
+    line, exit 1, no traceback."""
+    from typer.testing import CliRunner
+
+    import flowsim.predictions
+    from flowsim.cli import app
+
+    def failing(config, progress):
+        raise RuntimeError("the rank-3 reduced flow failed at t ≈ 2645.96, where its coordinates have norm 6481: the "
+                           "step size fell below the spacing of floating-point numbers")
+
+    monkeypatch.setattr(flowsim.predictions, "cached_prediction", failing)
+    result = CliRunner().invoke(app, ["predict"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "flowsim: error: the prediction failed: the rank-3 reduced flow failed at t ≈ 2645.96" in result.output

@@ -232,3 +232,14 @@ def test_a_direction_is_taken_out_only_where_its_stages_saved_outweigh_its_refre
 def test_field_is_required():
     with pytest.raises(ValueError, match="RKC needs field="):
         solve_ivp(None, (0.0, 1.0), np.ones(2), method=RKC)
+
+
+def test_steps_that_shrink_while_accepted_end_in_a_failure_not_a_stalled_clock(monkeypatch):
+    """An error estimate that stays just below 1 accepts every step while shrinking it (as where stale stiff
+    directions floor the estimate): RKC stops with its reason before t + h == t (scipy would raise on the repeated
+    time), and the reduced flow names where it failed."""
+    A, y0 = stiff_linear_system(8)
+    monkeypatch.setattr(RKC, "_error", lambda self, y_new, f_new, h: 0.99)
+    solution = solve_ivp(None, (0.0, 1.0), y0, method=RKC, field=linear_field, field_args=(jnp.asarray(A),), rtol=1e-6)
+    assert solution.status == -1 and "spacing of floating-point numbers" in solution.message
+    assert np.all(np.diff(solution.t) > 0) and solution.t[-1] < 1.0

@@ -198,7 +198,10 @@ class ReducedFlow:
         else:
             raise ValueError(f"method = {method!r} is not one of 'LSODA', 'RKC'")
         if solution.status != 0:
-            raise RuntimeError(f"the reduced flow failed: {solution.message}")
+            reached = solution.t[-1] if len(solution.t) else t_start
+            size = np.linalg.norm(solution.y[:, -1]) if solution.y.size else np.linalg.norm(y0)
+            raise RuntimeError(f"the rank-{len(y0) // (2 * self.d + 2 * self.k)} reduced flow failed at t ≈ {reached:.6g}, "
+                               f"where its coordinates have norm {size:.4g}: {solution.message}")
         return solution
 
 
