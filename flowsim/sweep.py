@@ -405,7 +405,7 @@ def _run_dask(tasks, workers: int, scheduler: str | None, on_rows: Callable[[lis
                         queue.add(submit((config_path, base, [spec], out)))
                     continue
                 rows = [worker_died_row(config_path, base, specs[0], out, error)]
-            except (CancelledError, OSError) as error:
+            except CancelledError as error:  # an OSError here is the run's own (a full disk): it propagates as one
                 raise ClusterLost(f"lost {where} during the sweep ({getattr(error, 'reason', None) or error}); the rows "
                                   "written are kept, and the same command, once the scheduler is back, computes the rest") from None
             on_rows(rows)
