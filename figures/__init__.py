@@ -49,6 +49,21 @@ def figure_names() -> list[str]:
     return [importlib.import_module(f"figures.{module}").NAME for module in FIGURE_MODULES]
 
 
+def figure_list(out: Path) -> list[str]:
+    """One line per figure: its name, what it shows (its module's first docstring line), and its cost as the seconds
+    its last build into ``out`` took (``out``/manifest.json), or that it has not been built there."""
+    manifest_path = Path(out) / MANIFEST
+    built = json.loads(manifest_path.read_text()).get("figures", {}) if manifest_path.is_file() else {}
+    lines = []
+    for module_name in FIGURE_MODULES:
+        module = importlib.import_module(f"figures.{module_name}")
+        shows = (module.__doc__ or "").strip().splitlines()[0].split(": ", 1)[-1].rstrip(".")
+        cost = f"{built[module.NAME]['seconds']:.1f} s on its last build in {out}" if module.NAME in built else \
+            f"not built in {out} yet"
+        lines.append(f"{module.NAME}: {shows} ({cost})")
+    return lines
+
+
 def build_figures(out: Path, cache: Path, only: Sequence[str] = (), tiny: bool = False,
                   report: Callable[[str], None] = print) -> list[FigureResult]:
     """Build every figure (or those named in ``only``), reporting each one's time. A figure

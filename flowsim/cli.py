@@ -285,17 +285,21 @@ def _two_layer_tables(run_dirs: List[Path], loss_target: float | None) -> str:
 
 @app.command(short_help="Regenerate the paper figures.")
 def figures(
-    only: List[str] = typer.Option([], "--only", help="Build only this figure (repeatable); default: all."),
+    only: List[str] = typer.Option([], "--only", help="Build only this figure (repeatable; --list names them); default: all."),
     out: Path = typer.Option(Path("figures-out"), "--out", help="Where the PNG, PDF and caption files go."),
     cache: Path = typer.Option(Path("runs/figures"), "--cache", help="Run directories the figures read (computed when missing)."),
     tiny: bool = typer.Option(False, "--tiny", help="Short runs instead of the paper's: a quick check that every figure builds."),
+    list_: bool = typer.Option(False, "--list", help="Name every figure (the names --only takes), what it shows and its cost."),
 ) -> None:
     """Regenerate the paper figures (running the simulations they need once, then only redrawing)."""
-    from figures import build_figures
+    from figures import build_figures, figure_list
     from figures.runs import FigureInputError
 
     from flowsim.rundir import check_output_dir
 
+    if list_:
+        typer.echo("\n".join(figure_list(out)))
+        return
     try:
         check_output_dir(out)
         check_output_dir(cache, "--cache")

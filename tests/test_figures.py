@@ -124,3 +124,24 @@ def test_an_interrupted_run_draws_no_figure_and_the_next_build_completes_it(buil
     build_figures(tmp_path / "out", cache, only=["fig06_embedding_norms"], tiny=True, report=lambda line: None)
     assert (tmp_path / "out" / "fig06_embedding_norms.png").stat().st_size > 10_000
     assert [read_meta(run)["status_name"] for run in cache.iterdir()] == ["finished"]
+
+
+def test_the_list_names_every_figure_with_its_last_build_time(built, tmp_path):
+    """`flowsim figures --list`: a line per figure, its name first (what --only takes), the seconds of its last build
+    from the manifest, or that it was not built there."""
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+
+    root, _ = built
+    manifest = json.loads((root / "out" / "manifest.json").read_text())["figures"]
+    result = CliRunner().invoke(app, ["figures", "--list", "--out", str(root / "out")])
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == figure_names()
+    for line in lines:
+        name = line.split(":")[0]
+        expected = f"({manifest[name]['seconds']:.1f} s on its last build in" if name in manifest else "(not built in"
+        assert expected in line, line
+    empty = CliRunner().invoke(app, ["figures", "--list", "--out", str(tmp_path / "none")])
+    assert all("not built in" in line for line in empty.output.strip().splitlines()) and not (tmp_path / "none").exists()
