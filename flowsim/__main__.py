@@ -3,7 +3,7 @@
 import signal
 import sys
 
-from flowsim.interrupts import interrupt_outside_gc_callbacks
+from flowsim.interrupts import INTERRUPTED_STARTING, interrupt_outside_gc_callbacks
 
 
 def main() -> None:
@@ -11,7 +11,7 @@ def main() -> None:
         signal.signal(signal.SIGINT, interrupt_outside_gc_callbacks)
         from flowsim.cli import main as run_command
     except KeyboardInterrupt:
-        sys.stderr.write("flowsim: interrupted while starting; nothing was done\n")
+        sys.stderr.write(INTERRUPTED_STARTING + "\n")
         sys.exit(130)
     run_command()
 

@@ -11,6 +11,8 @@ from typing import List, Optional
 
 import typer
 
+from flowsim.interrupts import INTERRUPTED_STARTING
+
 # rich_markup_mode=None: help texts show [v1, v2, ...] and the like as written.
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True, rich_markup_mode=None,
                   help="flowsim: exact gradient flows of small Transformers on Markov chains.")
@@ -147,8 +149,6 @@ def stages(run_dir: Path = typer.Argument(..., help="A run directory written by 
         note = partial_note(run_dir)
     except (FileNotFoundError, ConfigError, ValueError) as error:
         _fail(str(error))
-    except RuntimeError as error:  # a numerical failure of the theory's own integrations
-        _fail(f"the prediction failed: {error}", code=1)
     if note:
         typer.echo(note)
     typer.echo(report.table())
@@ -499,7 +499,7 @@ def main() -> None:
         app(prog_name="flowsim")
     except SystemExit as stop:  # typer turns a Ctrl-C no command caught (in its imports or set-up) into a silent 130
         if stop.code == EXIT_INTERRUPTED and not _interrupt_reported:
-            typer.echo("flowsim: interrupted while the command was starting", err=True)
+            typer.echo(INTERRUPTED_STARTING, err=True)
         raise
     except OSError as error:  # a path the file system cannot even look up, wherever a command met it
         if error.errno not in (errno.ENAMETOOLONG, errno.ELOOP):

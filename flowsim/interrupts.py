@@ -19,6 +19,7 @@ import time
 from typing import Callable, Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+INTERRUPTED_STARTING = "flowsim: interrupted while the command was starting"  # before any command could say what it kept
 REDELIVERY_SECONDS = 0.05
 
 

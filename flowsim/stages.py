@@ -134,8 +134,7 @@ class StageReport:
 
     def end_of_condensation(self) -> float | None:
         """When condensation ended (it starts at once; its end is the time that moves)."""
-        ends = [interval.t_end for interval in self.of("condensation") if interval.t_end is not None]
-        return float(min(ends)) if ends else None
+        return self.first_time("condensation")
 
     def first_time(self, stage: str, query: int | None = None, direction: int | None = None) -> float | None:
         """The time that dates the first ``stage`` (of ``query`` / ``direction`` where given; None: not detected, or

@@ -186,11 +186,8 @@ def _compute_rows(runs: list[tuple[RunSpec, object]], out: str, should_stop: Cal
     for spec, config, run, result in zip(specs, configs, prepared, results):
         if result.status == Status.INTERRUPTED:
             continue
-        row = {"name": spec.name, **spec.values, "seed": spec.seed, "status": result.status_name,
-               "final_loss": float(result.trajectory.loss[-1]), **{f"onset_{stage.name}": None for stage in EVENT_STAGES},
-               "end_condensation": None,
-               "cycles": None, "n_steps": result.stats.n_steps, "solve_seconds": result.stats.solve_seconds,
-               "config": resolved_settings(config)}
+        row = {**empty_row(spec, config, result.status_name), "final_loss": float(result.trajectory.loss[-1]),
+               "n_steps": result.stats.n_steps, "solve_seconds": result.stats.solve_seconds}
         if not stage_detectors_apply(run.model) and len(result.trajectory) >= 4:
             # the two-layer probes, and the loss curve (times to any loss target are read from it)
             observables = compute_observables(result.trajectory, run.model, run.chain.pi, law=sequence_law(run.chain))
@@ -218,6 +215,13 @@ def _compute_rows(runs: list[tuple[RunSpec, object]], out: str, should_stop: Cal
     if any(result.status == Status.INTERRUPTED for result in results):
         raise KeyboardInterrupt
     return rows
+
+
+def empty_row(spec: RunSpec, config, status: str) -> dict:
+    """A row's identity (name, grid values, seed), ``status`` and configuration, with every result still None."""
+    return {"name": spec.name, **spec.values, "seed": spec.seed, "status": status, "final_loss": None,
+            **{f"onset_{stage.name}": None for stage in EVENT_STAGES}, "end_condensation": None, "cycles": None,
+            "n_steps": None, "solve_seconds": None, "config": resolved_settings(config)}
 
 
 def finished_row(path: Path, config) -> dict | None:
@@ -423,14 +427,12 @@ WORKER_DIED = "worker_died"  # a row's status where every worker that ran it die
 
 def worker_died_row(config_path: str | None, base_overrides: tuple[str, ...], spec: RunSpec, out: str,
                     error) -> dict:
-    """The row, written, of a run whose workers all died (``error``: Dask's KilledWorker) running it: no results, the reason, and its configuration
-    (the sweep run again computes it again)."""
+    """The row, written, of a run whose workers all died running it (``error``: Dask's KilledWorker): no results,
+    the reason, and its configuration (the sweep run again computes it again)."""
     config = load_config(config_path, (*base_overrides, *spec.overrides))
-    row = {"name": spec.name, **spec.values, "seed": spec.seed, "status": WORKER_DIED,
+    row = {**empty_row(spec, config, WORKER_DIED),
            "reason": f"each of the {error.allowed_failures + 1} workers that ran it died, the last at "
-                     f"{error.last_worker.address} (out of memory, or killed: see the workers' logs)",
-           "final_loss": None, **{f"onset_{stage.name}": None for stage in EVENT_STAGES}, "end_condensation": None, "cycles": None,
-           "n_steps": None, "solve_seconds": None, "config": resolved_settings(config)}
+                     f"{error.last_worker.address} (out of memory, or killed: see the workers' logs)"}
     write_atomic_json(Path(out) / "rows" / f"{spec.name}.json", row, indent=1)
     return row
 
