@@ -20,7 +20,7 @@ from pathlib import Path
 from figures.runs import FigureInputError
 from figures.style import FigureResult
 from flowsim.rundir import library_versions
-from flowsim.io import write_atomic_json
+from flowsim.io import read_json, write_atomic_json
 
 MANIFEST = "manifest.json"
 
@@ -53,7 +53,8 @@ def figure_list(out: Path) -> list[str]:
     """One line per figure: its name, what it shows (its module's first docstring line), and its cost as the seconds
     its last build into ``out`` took (``out``/manifest.json), or that it has not been built there."""
     manifest_path = Path(out) / MANIFEST
-    built = json.loads(manifest_path.read_text()).get("figures", {}) if manifest_path.is_file() else {}
+    manifest = read_json(manifest_path) if manifest_path.is_file() else {}  # DamagedFileError names a damaged one
+    built = manifest.get("figures", {}) if isinstance(manifest, dict) else {}
     lines = []
     for module_name in FIGURE_MODULES:
         module = importlib.import_module(f"figures.{module_name}")

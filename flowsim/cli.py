@@ -297,10 +297,10 @@ def figures(
 
     from flowsim.rundir import check_output_dir
 
-    if list_:
-        typer.echo("\n".join(figure_list(out)))
-        return
     try:
+        if list_:
+            typer.echo("\n".join(figure_list(out)))
+            return
         check_output_dir(out)
         check_output_dir(cache, "--cache")
         build_figures(out, cache, only, tiny=tiny, report=typer.echo)

@@ -145,3 +145,8 @@ def test_the_list_names_every_figure_with_its_last_build_time(built, tmp_path):
         assert expected in line, line
     empty = CliRunner().invoke(app, ["figures", "--list", "--out", str(tmp_path / "none")])
     assert all("not built in" in line for line in empty.output.strip().splitlines()) and not (tmp_path / "none").exists()
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "manifest.json").write_text("{not json")
+    refused = CliRunner().invoke(app, ["figures", "--list", "--out", str(damaged)])
+    assert refused.exit_code == 2 and "manifest.json is damaged (not valid JSON" in refused.output, refused.output
