@@ -92,6 +92,8 @@ def benchmark_model(name: str, args) -> list[dict]:
         (f"**JaxRadau rtol {default:g} (project default)**", "JaxRadau", dict(rtol=default, atol=atol)),
         ("JaxRadau rtol 1e-6", "JaxRadau", dict(rtol=1e-6, atol=atol)),
         ("JaxRadau rtol 1e-8", "JaxRadau", dict(rtol=1e-8, atol=atol)),
+        (f"JaxBDF rtol {default_rtol('JaxBDF'):g} (its default)", "JaxBDF", dict(rtol=default_rtol("JaxBDF"), atol=atol)),
+        ("JaxBDF rtol 1e-8", "JaxBDF", dict(rtol=1e-8, atol=atol)),
         *[(f"{method} rtol 1e-8", method, dict(rtol=1e-8, atol=atol, max_steps=args.diffrax_max_steps))
           for method in ("Kvaerno5", "Tsit5", "Dopri8")],
         *[(f"gradient descent η = {lr:g}", "gradient_descent", dict(lr=lr, max_steps=10**8)) for lr in learning_rates],
@@ -100,7 +102,7 @@ def benchmark_model(name: str, args) -> list[dict]:
     plan = [row for row in plan if row[1] == "LSODA" or args.methods is None or row[1] in args.methods.split(",")]
     for label, method, options in plan:
         print(f"[{name}] {label} ...", file=sys.stderr)
-        fast = method in ("LSODA", "BDF", "Radau", "JaxRadau", "Tsit5", "Dopri8")
+        fast = method in ("LSODA", "BDF", "Radau", "JaxRadau", "JaxBDF", "Tsit5", "Dopri8")
         run = run_method(prepared, label, method, repeats=args.repeats if fast else 0, **options)
         run["loss_error"], run["param_error"] = errors(prepared.flow, run.pop("result"), reference)
         runs.append(run)

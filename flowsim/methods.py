@@ -17,7 +17,7 @@ class Method:
     """An integration method as configuration and the run layer see it."""
 
     name: str
-    family: Literal["scipy", "diffrax", "radau", "descent"]  # the implementation in ``flowsim.solvers``
+    family: Literal["scipy", "diffrax", "radau", "bdf", "descent"]  # the implementation in ``flowsim.solvers``
     # the loosest rtol that keeps the relative loss error below 1e-6 over the default runs of both models
     # (benchmarks/RESULTS.md); JaxRadau's order-5 error estimate is conservative here, the others' are not
     default_rtol: float = FALLBACK_RTOL
@@ -31,6 +31,7 @@ METHOD_TABLE = (
     *(Method(name, "scipy", needs_dense_jacobian=True) for name in ("LSODA", "BDF", "Radau")),
     *(Method(name, "diffrax") for name in ("Kvaerno5", "Tsit5", "Dopri8")),
     Method("JaxRadau", "radau", default_rtol=3e-6, resumes_exactly=True, needs_saved_state=True, batches=True),
+    Method("JaxBDF", "bdf", default_rtol=1e-7),
     Method("gradient_descent", "descent", resumes_exactly=True),  # it resumes at the step of its last saved point
 )
 METHOD = {method.name: method for method in METHOD_TABLE}

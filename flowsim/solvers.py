@@ -40,7 +40,7 @@ import scipy.integrate
 from tqdm.auto import tqdm
 
 from flowsim import flow as flow_functions
-from flowsim import stiff
+from flowsim import bdf, stiff
 from flowsim.config import SolverConfig, resolve_config
 from flowsim.flow import GradientFlow
 from flowsim.progress import ticking
@@ -63,7 +63,7 @@ DEFAULT_MAX_STEPS = SolverConfig.model_fields["max_steps"].default
 @dataclass(frozen=True)
 class SolverStats:
     """Work done: steps taken (accepted; rejected where the method reports them),
-    vector-field and Jacobian evaluations (None where the library does not count
+    vector-field and Jacobian evaluations (J·v products for JaxBDF; None where the library does not count
     them), LU decompositions (eigendecompositions for JaxRadau), wall time in all, and
     of it the compile time and the solve time after compilation."""
 
@@ -300,6 +300,8 @@ def method_named(name: str, lr: float | None = None) -> Method:
         return Scipy(name)
     if family == "diffrax":
         return Diffrax(name)
+    if family == "bdf":
+        return JaxBDF()
     return JaxRadau() if family == "radau" else GradientDescent(lr)
 
 
@@ -545,8 +547,7 @@ class JaxRadau(Method):
         run.state = run.functions.advance(run.state, run.loss, run.times_device, t_end, t_end, problem.rtol, problem.atol,
                                           max_attempts, np.int32(run.chunk))
         active = np.asarray(run.state.status) == Status.RUNNING
-        elapsed = time.perf_counter() - chunk_started
-        run.chunk = int(np.clip(run.chunk * RADAU_CHUNK_SECONDS / max(elapsed, 1e-3), 1, 2 * run.chunk + 1))
+        run.chunk = next_chunk(run.chunk, time.perf_counter() - chunk_started)
         run.t = float(np.min(np.where(active, run.state.t, t_end)))
         if not active.any():
             run.status = Status.FINISHED  # each member's own status is in its result
@@ -577,6 +578,11 @@ class JaxRadau(Method):
         return results
 
 
+def next_chunk(chunk: int, elapsed: float) -> int:
+    """Step attempts for a compiled loop's next call: sized to about RADAU_CHUNK_SECONDS, at most doubled."""
+    return int(np.clip(chunk * RADAU_CHUNK_SECONDS / max(elapsed, 1e-3), 1, 2 * chunk + 1))
+
+
 def _radau_state_to_arrays(state: stiff.RadauState) -> dict[str, np.ndarray]:
     """The loop state as named numpy arrays (``jacobian.V`` for the nested eigensystem)."""
     state = jax.device_get(state)
@@ -604,6 +610,74 @@ def _radau_state_from_arrays(arrays: dict[str, np.ndarray], batch: int, size: in
         raise ValueError(f"the saved JaxRadau state is for {fields['y'].shape} parameters and "
                          f"{fields['saved'].shape[1]} save slots, not ({batch}, {size}) and {slots}")
     return stiff.RadauState(jacobian=jacobian, **fields)
+
+
+# ---------------------------------------------------------------------------------------------
+# JaxBDF: the compiled matrix-free BDF loop, one flow
+
+
+_BDF_COMPILED: dict[tuple, bdf.BdfFunctions] = {}  # by flow structure and save slots
+
+
+@dataclass
+class BdfIntegration(Integration):
+    functions: Any = None
+    loss: Any = None
+    state: Any = None  # bdf.BdfState
+    times_device: Any = None
+    chunk: int = RADAU_FIRST_CHUNK
+    solve_started: float = 0.0
+
+
+@dataclass(frozen=True)
+class JaxBDF(Method):
+    """Variable-order BDF compiled end to end in JAX, its Newton systems solved by GMRES on J·v products
+    (``flowsim.bdf``): nothing of size n² is held, so it suits the largest flows."""
+
+    name = "JaxBDF"
+
+    def start(self, problem: Problem) -> BdfIntegration:
+        flow, times = problem.flow, problem.times
+        loss = with_fused_products(flow.loss)
+        slots = _save_slots(len(times), flow.size)
+        key, compile_seconds = (flow.structure_key, slots), 0.0
+        if key not in _BDF_COMPILED:
+            field_of_member = functools.partial(flow_functions.vector_field, flow.structure)
+            _BDF_COMPILED[key] = bdf.build_bdf(bdf.BdfProblem(field_of_member, flow.rates.kinks), slots, flow.size, loss)
+            compile_seconds = _BDF_COMPILED[key].compile_seconds
+        functions = _BDF_COMPILED[key]
+        times_device = jnp.asarray(np.concatenate([times, np.full(slots - len(times), np.inf)]))
+        solve_started = time.perf_counter()
+        state = functions.init(jnp.asarray(problem.thetas0[0]), loss, times_device, times[-1], problem.rtol, problem.atol)
+        chunk = RADAU_FIRST_CHUNK if problem.listening else 2**31 - 1
+        return BdfIntegration(problem, float(times[0]), compile_seconds=compile_seconds, functions=functions, loss=loss,
+                              state=state, times_device=times_device, chunk=chunk, solve_started=solve_started)
+
+    def advance(self, run: BdfIntegration) -> None:
+        problem, t_end = run.problem, run.problem.times[-1]
+        chunk_started = time.perf_counter()
+        run.state = run.functions.advance(run.state, run.loss, run.times_device, t_end, t_end, problem.rtol, problem.atol,
+                                          np.int32(min(problem.max_steps, 2**31 - 1)), np.int32(run.chunk))
+        run.chunk = next_chunk(run.chunk, time.perf_counter() - chunk_started)
+        run.t = float(run.state.t)
+        if int(run.state.status) != Status.RUNNING:
+            run.status = Status.FINISHED  # the flow's own status is in its result
+
+    def interrupt(self, run: BdfIntegration) -> None:
+        run.status = Status.INTERRUPTED
+
+    def results(self, run: BdfIntegration) -> list[FlowResult]:
+        problem, state = run.problem, jax.device_get(run.state)
+        status = Status(int(state.status))
+        if run.status == Status.INTERRUPTED and status == Status.RUNNING:
+            status = Status.INTERRUPTED
+        message = status.message(at_time(float(state.t)), max_steps=problem.max_steps, method=self.name,
+                                 reason="the step size fell below its floor")
+        n_saved = int(state.n_saved)
+        stats = SolverStats(n_steps=int(state.n_steps), n_rejected=int(state.n_rejected), nfev=int(state.nfev),
+                            njev=int(state.n_products), nlu=0, wall_time_s=time.perf_counter() - problem.started,
+                            compile_seconds=run.compile_seconds, solve_seconds=time.perf_counter() - run.solve_started)
+        return [_result(problem.flow, self.name, status, message, state.t, problem.times[:n_saved], state.saved[:n_saved], stats)]
 
 
 # ---------------------------------------------------------------------------------------------

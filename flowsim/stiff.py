@@ -304,16 +304,25 @@ def collocation_weights(x: jax.Array) -> jax.Array:
     return jnp.stack([x, x**2, x**3], axis=-1) @ jnp.asarray(P).T
 
 
-def initial_step_size(problem: RadauProblem, t0, y0, f0, loss, t_end, rtol, atol) -> jax.Array:
-    """The first step from t0, as scipy's select_initial_step for a method of order 5 (one more evaluation)."""
+def select_initial_step(field: Callable, t0, y0, f0, t_end, rtol, atol, order: int) -> jax.Array:
+    """The first step from t0 of one flow, as scipy's select_initial_step for a method of ``order`` (one more
+    evaluation of ``field(t, y)``)."""
     scale = atol + jnp.abs(y0) * rtol
-    d0, d1 = _rms(y0 / scale, 1), _rms(f0 / scale, 1)
+    d0, d1 = _rms(y0 / scale, None), _rms(f0 / scale, None)
     h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / jnp.where(d1 > 0, d1, 1.0))
-    f1 = problem.field_batch(t0 + h0, y0 + h0[:, None] * f0, loss)
-    d2 = _rms((f1 - f0) / scale, 1) / h0
+    f1 = field(t0 + h0, y0 + h0 * f0)
+    d2 = _rms((f1 - f0) / scale, None) / h0
     h1 = jnp.where((d1 <= 1e-15) & (d2 <= 1e-15), jnp.maximum(1e-6, h0 * 1e-3),
-                   (0.01 / jnp.maximum(d1, d2)) ** (1 / 6))
+                   (0.01 / jnp.maximum(d1, d2)) ** (1 / (order + 1)))
     return jnp.minimum(jnp.minimum(100 * h0, h1), t_end - t0)
+
+
+def initial_step_size(problem: RadauProblem, t0, y0, f0, loss, t_end, rtol, atol) -> jax.Array:
+    """Each member's first step from t0 (``select_initial_step`` for a method of order 5)."""
+    def member(t0, y0, f0, loss):
+        return select_initial_step(lambda t, y: problem.vector_field(t, y, loss), t0, y0, f0, t_end, rtol, atol, order=5)
+
+    return jax.vmap(member)(t0, y0, f0, loss)
 
 
 class NewtonCarry(NamedTuple):

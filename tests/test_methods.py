@@ -12,7 +12,7 @@ from flowsim.status import Status
 
 def test_every_registered_method_is_implemented():
     """flowsim.methods (what configs accept) and flowsim.solvers (what runs) name the same methods."""
-    assert set(METHODS) == set(SCIPY_METHODS) | set(DIFFRAX_METHODS) | {"JaxRadau", "gradient_descent"}
+    assert set(METHODS) == set(SCIPY_METHODS) | set(DIFFRAX_METHODS) | {"JaxRadau", "JaxBDF", "gradient_descent"}
     params0 = {"theta": np.array([1.0, -2.0])}
     flow = GradientFlow(lambda params: 0.5 * jnp.sum(params["theta"] ** 2), params0)  # θ(t) = θ0 e^-t
     for method in METHODS:

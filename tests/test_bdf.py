@@ -1,0 +1,142 @@
+"""JaxBDF's parts, each against an independent route, and the whole method against scipy's BDF."""
+
+from math import comb
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.integrate import solve_ivp
+from scipy.linalg import expm
+
+from flowsim import bdf
+
+
+def backward_differences(polynomial, t: float, h: float, rows: int = bdf.ROWS) -> np.ndarray:
+    """∇^j y(t) at step h, j = 0 .. rows - 1, from samples y(t - i h) (the definition)."""
+    return np.array([[sum((-1) ** i * comb(j, i) * polynomial(t - i * h) for i in range(j + 1))] for j in range(rows)])
+
+
+@pytest.mark.parametrize("order", [1, 2, 3, 5])
+@pytest.mark.parametrize("factor", [0.3, 0.5, 2.0, 7.5])
+def test_rescaling_moves_the_differences_of_a_polynomial_to_the_new_step(order, factor):
+    coefficients = np.random.default_rng(order).normal(size=order + 1)
+    polynomial = np.polynomial.Polynomial(coefficients)
+    t, h = 1.7, 0.2
+    D = backward_differences(polynomial, t, h)
+    moved = np.asarray(bdf.rescale(jnp.asarray(D), order, factor))
+    expected = backward_differences(polynomial, t, factor * h)
+    np.testing.assert_allclose(moved[:order + 1], expected[:order + 1], rtol=1e-9, atol=1e-9)
+    np.testing.assert_array_equal(moved[order + 1:], D[order + 1:])  # the rows above the order are kept
+
+
+@pytest.mark.parametrize("order", [1, 3, 5])
+def test_interpolation_is_exact_on_polynomials_of_the_order(order):
+    polynomial = np.polynomial.Polynomial(np.random.default_rng(10 + order).normal(size=order + 1))
+    t, h = 3.0, 0.25
+    D = jnp.asarray(backward_differences(polynomial, t, h))
+    for tau in (t, t - 0.1, t - h, t - 2.5 * h):
+        np.testing.assert_allclose(float(bdf.interpolate(D, t, h, order, tau)[0]), polynomial(tau), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("order", [1, 2, 4, 5])
+def test_difference_update_after_a_step_is_scipys_loop(order):
+    rng = np.random.default_rng(order)
+    D, d = rng.normal(size=(bdf.ROWS, 4)), rng.normal(size=4)
+    expected = D.copy()
+    expected[order + 2] = d - expected[order + 1]
+    expected[order + 1] = d
+    for i in reversed(range(order + 1)):
+        expected[i] += expected[i + 1]
+    np.testing.assert_allclose(np.asarray(bdf.differences_after_step(jnp.asarray(D), jnp.asarray(d), order)), expected,
+                               rtol=1e-13, atol=1e-13)
+
+
+def test_gmres_solves_a_small_system_exactly_and_stops_at_its_tolerance():
+    rng = np.random.default_rng(0)
+    n = 15  # below KRYLOV_DIM: the Krylov space reaches the whole space
+    A = np.eye(n) + 0.3 * rng.normal(size=(n, n))
+    b = rng.normal(size=n)
+    x, used = bdf.gmres(lambda v: jnp.asarray(A) @ v, jnp.asarray(b), 1e-12)
+    np.testing.assert_allclose(np.asarray(x), np.linalg.solve(A, b), rtol=1e-9, atol=1e-10)
+    assert int(used) <= n
+
+    loose = 0.1 * np.linalg.norm(b)
+    x, used_loose = bdf.gmres(lambda v: jnp.asarray(A) @ v, jnp.asarray(b), loose)
+    assert np.linalg.norm(b - A @ np.asarray(x)) <= loose * (1 + 1e-9)  # the residual it reports is the true one
+    assert 0 < int(used_loose) < int(used)
+
+
+def test_newton_solve_reaches_the_implicit_equation_of_a_linear_step():
+    rng = np.random.default_rng(1)
+    n = 10
+    A = np.diag(np.logspace(-1, 3, n))
+    y_predict, psi = rng.normal(size=n), 0.01 * rng.normal(size=n)
+    c = 0.05
+    newton = bdf.newton_solve(lambda t, y: -jnp.asarray(A) @ y, 1.0, jnp.asarray(y_predict), c, jnp.asarray(psi),
+                              jnp.full(n, 1e-6), 1e-3)
+    # c f(y) - ψ - d = 0 with y = y_pred + d and f = -A y
+    d = np.linalg.solve(np.eye(n) + c * A, -c * A @ y_predict - psi)
+    assert bool(newton.converged)
+    np.testing.assert_allclose(np.asarray(newton.d), d, rtol=1e-6, atol=1e-9)
+
+
+def stiff_nonlinear_problem(n: int = 12):
+    rng = np.random.default_rng(0)
+    Q = np.linalg.qr(rng.normal(size=(n, n)))[0]
+    A = Q @ np.diag(np.logspace(-2, 4, n)) @ Q.T
+    return A, rng.normal(size=n)
+
+
+@pytest.fixture(scope="module")
+def small_bdf():
+    A, y0 = stiff_nonlinear_problem()
+    problem = bdf.BdfProblem(lambda t, y, A: -A @ y - 0.1 * jnp.sin(y), ())
+    times = np.linspace(0.0, 10.0, 11)
+    return problem, bdf.build_bdf(problem, len(times), len(y0), jnp.asarray(A)), A, y0, times
+
+
+@pytest.mark.parametrize("rtol", [1e-4, 1e-7])
+def test_the_whole_method_follows_scipys_bdf(small_bdf, rtol):
+    """Same formulas and control as scipy's BDF: about the same work and error on a stiff nonlinear system."""
+    problem, functions, A, y0, times = small_bdf
+    atol = 1e-12
+    state = functions.init(jnp.asarray(y0), jnp.asarray(A), jnp.asarray(times), times[-1], rtol, atol)
+    state = functions.advance(state, jnp.asarray(A), jnp.asarray(times), times[-1], times[-1], rtol, atol,
+                              np.int32(10**5), np.int32(2**31 - 1))
+
+    def field(t, y):
+        return -A @ y - 0.1 * np.sin(y)
+
+    def jacobian(t, y):
+        return -A - 0.1 * np.diag(np.cos(y))
+
+    reference = solve_ivp(field, (0, 10), y0, method="Radau", rtol=1e-12, atol=1e-14, t_eval=times, jac=jacobian)
+    scipy_bdf = solve_ivp(field, (0, 10), y0, method="BDF", rtol=rtol, atol=atol, t_eval=times, jac=jacobian)
+    assert int(state.status) == bdf.FINISHED and int(state.n_saved) == len(times)
+    error = np.abs(np.asarray(state.saved) - reference.y.T).max()
+    scipy_error = np.abs(scipy_bdf.y.T - reference.y.T).max()
+    assert error < 3 * scipy_error + 1e-12
+    assert abs(int(state.nfev) - scipy_bdf.nfev) <= 0.1 * scipy_bdf.nfev
+    np.testing.assert_array_equal(np.asarray(state.saved[0]), y0)
+
+
+def test_steps_end_on_the_kinks_and_a_chunked_run_takes_the_same_steps(small_bdf):
+    _, _, A, y0, times = small_bdf
+    problem = bdf.BdfProblem(lambda t, y, A: -jnp.where(t > 2.5, 2.0, 1.0) * (A @ y), (2.5,))
+    functions = bdf.build_bdf(problem, len(times), len(y0), jnp.asarray(A))
+    arguments = (jnp.asarray(A), jnp.asarray(times), times[-1])
+    limits = (1e-6, 1e-12, np.int32(10**5))
+
+    def start():
+        return functions.init(jnp.asarray(y0), *arguments, 1e-6, 1e-12)
+
+    whole = functions.advance(start(), *arguments, times[-1], *limits, np.int32(2**31 - 1))
+    at_kink = functions.advance(start(), *arguments, 2.5, *limits, np.int32(2**31 - 1))
+    assert float(at_kink.t) == 2.5  # a step ended exactly on the kink
+    state = start()
+    while int(state.status) == bdf.RUNNING:
+        state = functions.advance(state, *arguments, times[-1], *limits, np.int32(7))
+    np.testing.assert_array_equal(np.asarray(state.saved), np.asarray(whole.saved))
+    assert int(state.n_steps) == int(whole.n_steps)
+    exact = np.stack([expm(-2 * A * max(t - 2.5, 0.0)) @ expm(-A * min(t, 2.5)) @ y0 for t in times])
+    assert np.abs(np.asarray(whole.saved) - exact).max() < 1e-5
