@@ -276,6 +276,7 @@ def main() -> None:
     parser.add_argument("--rtols", default="", help="comma-separated tolerances every method runs at (default: each method's own)")
     parser.add_argument("--max-steps", type=int, default=20_000, help="step budget of every method")
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds each (case, method) process may take")
+    parser.add_argument("--baseline", default="JaxRadau", help="the method the equal-error summary compares against")
     parser.add_argument("--out", type=Path, default=None, help="Write the table into this markdown file (its own section).")
     parser.add_argument("--one", nargs=2, metavar=("CASE", "METHOD"), help=argparse.SUPPRESS)
     parser.add_argument("--rtol", type=float, default=None, help=argparse.SUPPRESS)
@@ -291,7 +292,7 @@ def main() -> None:
         parser.error(f"unknown cases {sorted(unknown)}; expected some of {list(CASES)}")
     rtols = [float(value) for value in args.rtols.split(",") if value] or [None]
     rows = benchmark(cases, args.methods.split(","), args.max_steps, args.timeout, rtols)
-    text = table(rows) + "\n\nAt equal loss error:\n\n" + equal_error_summary(rows)
+    text = table(rows) + "\n\nAt equal loss error:\n\n" + equal_error_summary(rows, args.baseline)
     print(text)
     if args.out is not None:
         command = "python benchmarks/scaling.py " + " ".join(sys.argv[1:])

@@ -28,7 +28,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from flowsim.methods import DEFAULT_METHOD, METHODS, default_rtol
+from flowsim.methods import DEFAULT_METHOD, METHODS, check_method, default_rtol
 
 
 class ConfigError(ValueError):
@@ -145,12 +145,17 @@ class FlowConfig(Section):
 class SolverConfig(Section):
     """The integrator (flowsim.methods)."""
 
-    method: Literal[METHODS] = key(DEFAULT_METHOD, "integration method")  # type: ignore[valid-type]
+    method: str = key(DEFAULT_METHOD, f"integration method: {', '.join(METHODS)} (flowsim.methods), or one registered")
     # below 1e-14 (about 100 machine epsilons) no step meets it
     rtol: float | None = key(None, "relative tolerance; default: the method's (flowsim.methods.default_rtol)", ge=1e-14)
     atol: Positive = key(1e-12, "absolute tolerance")
     max_steps: PositiveInt = key(200_000, "steps before the solve stops with status max_steps")
     lr: Positive = key(0.1, "gradient_descent: the step (t advances by lr per step)")
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, name: str) -> str:
+        return check_method(name)
 
     @model_validator(mode="after")
     def _default_rtol(self) -> "SolverConfig":

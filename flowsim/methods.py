@@ -7,7 +7,6 @@ a method's properties here instead of testing its name. ``flowsim.solvers`` impl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 FALLBACK_RTOL = 1e-8
 
@@ -17,7 +16,7 @@ class Method:
     """An integration method as configuration and the run layer see it."""
 
     name: str
-    family: Literal["scipy", "diffrax", "radau", "bdf", "descent"]  # the implementation in ``flowsim.solvers``
+    family: str  # the implementation in ``flowsim.solvers`` ("scipy", "diffrax", "radau", "bdf", "descent", or registered)
     # the loosest rtol that keeps the relative loss error below 1e-6 over the default runs of both models
     # (benchmarks/RESULTS.md); JaxRadau's order-5 error estimate is conservative here, the others' are not
     default_rtol: float = FALLBACK_RTOL
@@ -35,8 +34,24 @@ METHOD_TABLE = (
     Method("gradient_descent", "descent", resumes_exactly=True),  # it resumes at the step of its last saved point
 )
 METHOD = {method.name: method for method in METHOD_TABLE}
-METHODS: tuple[str, ...] = tuple(METHOD)
+METHODS: tuple[str, ...] = tuple(METHOD)  # the methods flowsim ships; ``METHOD`` also holds registered ones
 DEFAULT_METHOD = "JaxRadau"
+
+
+def register(method: Method) -> None:
+    """Make ``method`` known to configurations and the run layer (``flowsim.solvers.register_method`` also gives
+    its implementation). A shipped method cannot be replaced."""
+    if method.name in METHODS:
+        raise ValueError(f"method {method.name!r} is one of flowsim's own and cannot be registered again")
+    METHOD[method.name] = method
+
+
+def check_method(name: str) -> str:
+    """``name`` if it is a known method, else a ValueError naming the known ones."""
+    if name not in METHOD:
+        known = [repr(known_name) for known_name in METHOD]
+        raise ValueError(f"solver.method = {name!r} is invalid: input should be {', '.join(known[:-1])} or {known[-1]}")
+    return name
 
 
 def default_rtol(method: str) -> float:

@@ -46,7 +46,8 @@ from flowsim.flow import GradientFlow
 from flowsim.progress import ticking
 from flowsim.interrupts import run_in_chunks
 from flowsim.losses import with_fused_products
-from flowsim.methods import DEFAULT_METHOD, METHOD, METHODS, default_rtol
+from flowsim import methods
+from flowsim.methods import DEFAULT_METHOD, METHOD, default_rtol
 from flowsim.models import Params
 from flowsim.status import Status, at_time
 from flowsim.trajectory import Trajectory
@@ -291,18 +292,29 @@ class _Progress:
 # The entry points
 
 
+# How each family builds its method object from (name, lr); ``register_method`` adds families.
+FAMILIES: dict[str, Callable[[str, float | None], "Method"]] = {
+    "scipy": lambda name, lr: Scipy(name), "diffrax": lambda name, lr: Diffrax(name), "radau": lambda name, lr: JaxRadau(),
+    "bdf": lambda name, lr: JaxBDF(), "descent": lambda name, lr: GradientDescent(lr),
+}
+
+
+def register_method(method: methods.Method, build: Callable[[str, float | None], Method]) -> None:
+    """Add an integration method: its properties (``flowsim.methods.Method``: name, family, default rtol, what it
+    can do) and ``build(name, lr)``, which returns its ``Method`` object. Configurations, ``solve_flow`` and the
+    run layer then accept its name like a shipped method's (docs/extending.md)."""
+    if method.family in FAMILIES:
+        raise ValueError(f"method family {method.family!r} is taken; give the new method a family of its own")
+    methods.register(method)
+    FAMILIES[method.family] = build
+
+
 def method_named(name: str, lr: float | None = None) -> Method:
-    """The method object for a configured name (``flowsim.methods.METHODS``), built by its family."""
+    """The method object for a configured name (``flowsim.methods.METHOD``), built by its family."""
     if name not in METHOD:
-        raise ValueError(f"unknown method {name!r}; expected one of {sorted(METHODS)}")
+        raise ValueError(f"unknown method {name!r}; expected one of {sorted(METHOD)}")
     family = METHOD[name].family
-    if family == "scipy":
-        return Scipy(name)
-    if family == "diffrax":
-        return Diffrax(name)
-    if family == "bdf":
-        return JaxBDF()
-    return JaxRadau() if family == "radau" else GradientDescent(lr)
+    return FAMILIES[family](name, lr)
 
 
 def solve_flow(
@@ -323,7 +335,7 @@ def solve_flow(
 ) -> FlowResult:
     """Integrate ``flow`` from ``params0`` and save at ``t_eval`` (ascending, t_eval[0] = 0).
 
-    ``method`` is a name (``flowsim.methods.METHODS``) or a method object (``JaxRadau(rank=16)``).
+    ``method`` is a name (``flowsim.methods.METHOD``) or a method object (``JaxRadau(rank=16)``).
     ``rtol``/``atol`` are the error tolerances of the adaptive methods (``rtol`` defaults
     to the method's own, ``default_rtol(method)``; with a small
     initialisation of scale ε, atol must sit well below ε²); ``lr`` is the step η of

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal, NamedTuple
 
 import numpy as np
 
@@ -55,6 +55,8 @@ class Stage:
     cycle_step: bool  # focus -> dilution -> restart, in that order
     colour: str | None  # its shading where plots do not draw it in its query's or direction's colour
     hatch: str  # its hatching in the paper figures
+    # a registered stage's detector (``register_stage``); the shipped stages are detected in ``detect_stages``
+    detect: Callable[["Detection"], list["Interval"]] | None = None
 
     @property
     def column(self) -> str:
@@ -62,18 +64,43 @@ class Stage:
         return f"{self.dated_by}_{self.name}"
 
 
-STAGES = (
+STAGES = [
     # condensation starts at once, from the first sample: its end is the time that moves
     Stage("condensation", "end", event=True, cycle_step=False, colour="tab:grey", hatch=""),
     Stage("focus", "onset", event=True, cycle_step=True, colour=None, hatch=""),
     Stage("dilution", "onset", event=True, cycle_step=True, colour=None, hatch="////"),
     Stage("restart", "onset", event=True, cycle_step=True, colour=None, hatch="\\\\\\\\"),
     Stage("plateau", "onset", event=False, cycle_step=False, colour="tab:olive", hatch=".."),
-)
+]
+# Views of the table, kept in step by ``register_stage`` (read them at call time, not at import).
 STAGE = {stage.name: stage for stage in STAGES}
-STAGE_NAMES = tuple(STAGE)
-EVENT_STAGES = tuple(stage for stage in STAGES if stage.event)
+EVENT_STAGES = [stage for stage in STAGES if stage.event]
 CYCLE = tuple(stage.name for stage in STAGES if stage.cycle_step)
+
+
+class Detection(NamedTuple):
+    """What a registered stage's detector reads: the saved times t > 0, each observable smoothed in log-time
+    (``smoothed(name)``), the observables themselves, the thresholds, and the intervals found before it."""
+
+    t: np.ndarray
+    smoothed: Callable[[str], np.ndarray]
+    observables: Observables
+    thresholds: "StageThresholds"
+    intervals: list["Interval"]
+
+
+def register_stage(stage: Stage) -> None:
+    """Add a stage with its detector (``stage.detect``): ``detect_stages`` runs it after the shipped ones, and
+    stages.json, the tables, the comparisons and the plots show it like theirs (docs/extending.md). It cannot
+    join the focus -> dilution -> restart cycle."""
+    if stage.name in STAGE:
+        raise ValueError(f"a stage named {stage.name!r} exists already")
+    if stage.detect is None or stage.cycle_step:
+        raise ValueError(f"stage {stage.name!r}: a registered stage needs a detector (detect) and is no cycle step")
+    STAGES.append(stage)
+    STAGE[stage.name] = stage
+    if stage.event:
+        EVENT_STAGES.append(stage)
 
 
 @dataclass(frozen=True)
@@ -419,7 +446,11 @@ def detect_stages(observables: Observables, thresholds: StageThresholds | None =
     if condensation is not None:
         log_sigma = np.log(np.column_stack([smoothed(f"sv_{name}")[:, 0] for name in ("W0", "W1", "W_Q", "W_K")]))
         intervals.extend(detect_plateaus(t, smoothed("loss"), log_sigma, condensation.t_end, th))
-    intervals.sort(key=lambda interval: (interval.t_start, STAGE_NAMES.index(interval.stage)))
+    for stage in STAGES:
+        if stage.detect is not None:
+            intervals.extend(stage.detect(Detection(t, smoothed, observables, th, list(intervals))))
+    order = list(STAGE)
+    intervals.sort(key=lambda interval: (interval.t_start, order.index(interval.stage)))
     cycles = count_cycles(intervals)
     return StageReport(intervals=intervals, cycles=cycles, thresholds=th)
 

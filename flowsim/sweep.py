@@ -68,11 +68,13 @@ from flowsim.specialisation import summarise
 BACKENDS = ("local", "dask")
 # sweep.csv's columns: every row's, then those of the models present (a one-layer sweep has no two-layer probes)
 COMMON_COLUMNS = ("seed", "status", "final_loss")
-MODEL_COLUMNS = {
-    "one_layer": (*(f"onset_{stage.name}" for stage in EVENT_STAGES), "end_condensation", "cycles"),
-    "two_layer": ("t_basis_mature", "premature_index", "t_basis_final", "premature_index_final", "t_upper_specialised",
-                  "basis_turn_at_specialisation", "bayes_loss"),
-}
+def model_columns() -> dict[str, tuple[str, ...]]:
+    """Each model kind's columns (read at call time: a registered stage adds its onset)."""
+    return {
+        "one_layer": (*(f"onset_{stage.name}" for stage in EVENT_STAGES), "end_condensation", "cycles"),
+        "two_layer": ("t_basis_mature", "premature_index", "t_basis_final", "premature_index_final", "t_upper_specialised",
+                      "basis_turn_at_specialisation", "bayes_loss"),
+    }
 COST_COLUMNS = ("n_steps", "solve_seconds")
 # BLAS and OpenMP threads of every worker process, as Dask's nanny sets them: equal
 # settings give bit-identical results on either backend.
@@ -241,8 +243,9 @@ def resolved_settings(config) -> dict:
     return tomllib.loads(config.to_toml())
 
 
-NUMBER_COLUMNS = ("final_loss", *(column for extra in MODEL_COLUMNS.values() for column in extra if column != "cycles"),
-                  *COST_COLUMNS)
+def number_columns() -> tuple[str, ...]:
+    return ("final_loss", *(column for extra in model_columns().values() for column in extra if column != "cycles"),
+            *COST_COLUMNS)
 
 
 def row_problem(row: object) -> str | None:
@@ -252,7 +255,7 @@ def row_problem(row: object) -> str | None:
     for key in ("name", "status"):
         if not isinstance(row.get(key), str):
             return f"its {key} is {row.get(key)!r}, expected a string"
-    for key in NUMBER_COLUMNS:
+    for key in number_columns():
         value = row.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             return f"its {key} is {value!r}, expected a number or null"
@@ -454,7 +457,7 @@ def write_table(out: Path, specs: list[RunSpec], grid_keys: Sequence[str]) -> li
                 raise ConfigError(str(error)) from None
     kinds = {model_kind(row) for row in rows}
     columns = ["name", *grid_keys, *COMMON_COLUMNS,
-               *[column for kind, extra in MODEL_COLUMNS.items() if kind in kinds for column in extra], *COST_COLUMNS]
+               *[column for kind, extra in model_columns().items() if kind in kinds for column in extra], *COST_COLUMNS]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
@@ -464,17 +467,20 @@ def write_table(out: Path, specs: list[RunSpec], grid_keys: Sequence[str]) -> li
     return rows
 
 
-# each stage by the time that dates it everywhere (condensation's end, the others' onset), named so in the header
-SUMMARY_COLUMNS = {"one_layer": tuple(stage.column for stage in EVENT_STAGES),
-                   "two_layer": ("t_basis_mature", "t_upper_specialised", "bayes_loss")}
+def summary_columns() -> dict[str, tuple[str, ...]]:
+    """Each stage by the time that dates it everywhere (condensation's end, the others' onset), named so in the
+    header."""
+    return {"one_layer": tuple(stage.column for stage in EVENT_STAGES),
+            "two_layer": ("t_basis_mature", "t_upper_specialised", "bayes_loss")}
 
 
 def summary_table(rows: list[dict]) -> str:
     """The sweep at a glance, one line per row: status, final loss and the model's headline times, an event the
     run did not reach by its horizon written "not reached" (the phase diagram leaves those cells blank)."""
     present = {model_kind(row) for row in rows}
-    kinds = [kind for kind in SUMMARY_COLUMNS if kind in present]
-    columns = ["name", "status", "final_loss", *[column for kind in kinds for column in SUMMARY_COLUMNS[kind]]]
+    summary = summary_columns()
+    kinds = [kind for kind in summary if kind in present]
+    columns = ["name", "status", "final_loss", *[column for kind in kinds for column in summary[kind]]]
 
     def cell(row: dict, column: str) -> str:
         value = row.get(column)
