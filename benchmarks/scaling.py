@@ -278,6 +278,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds each (case, method) process may take")
     parser.add_argument("--baseline", default="JaxRadau", help="the method the equal-error summary compares against")
     parser.add_argument("--out", type=Path, default=None, help="Write the table into this markdown file (its own section).")
+    parser.add_argument("--section", default=MARKER, help="the section of --out the table replaces")
     parser.add_argument("--one", nargs=2, metavar=("CASE", "METHOD"), help=argparse.SUPPRESS)
     parser.add_argument("--rtol", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--atol", type=float, default=None, help=argparse.SUPPRESS)
@@ -296,7 +297,7 @@ def main() -> None:
     print(text)
     if args.out is not None:
         command = "python benchmarks/scaling.py " + " ".join(sys.argv[1:])
-        write_section(args.out, MARKER, f"# Scaling benchmark\n\nProduced by `{command}` (2-core CPU, float64).\n\n{text}")
+        write_section(args.out, args.section, f"# Scaling benchmark\n\nProduced by `{command}` (2-core CPU, float64).\n\n{text}")
 
 
 if __name__ == "__main__":

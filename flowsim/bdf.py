@@ -257,8 +257,8 @@ def init_state(problem: BdfProblem, y0, loss, times, t_end, rtol, atol) -> BdfSt
 
 
 def write_saves(saved, n_saved, accepted, t_new, D, h, order, times):
-    """The save times in (t, t_new] from an accepted step's interpolating polynomial, written in place (a
-    ``lax.cond`` around the loop would copy the whole buffer each step). Returns (saved, n_saved)."""
+    """The save times in (t, t_new] from an accepted step's interpolating polynomial (none after a rejected
+    one), written in place. Returns (saved, n_saved)."""
     n_save = saved.shape[0]
 
     def pending(carry):
@@ -276,12 +276,13 @@ def attempt_step(problem: BdfProblem, state: BdfState, loss, times, t_end, rtol,
     current): accepted, or rejected with h shrunk by the error estimate or halved after a failed Newton solve."""
     field = lambda t, y: problem.vector_field(t, y, loss)  # noqa: E731
     t, order = state.t, state.order
-    h = jnp.minimum(state.h, problem.next_stop(t, t_end) - t)  # ends exactly on a kink or t_end
+    stop = problem.next_stop(t, t_end)
+    h = jnp.minimum(state.h, stop - t)  # ends exactly on a kink or t_end
     clipped = h < state.h
     D = jnp.where(clipped, rescale(state.D, order, h / state.h), state.D)
     n_equal = jnp.where(clipped, 0, state.n_equal_steps)
-    if_too_small = h < 10 * jnp.abs(jnp.nextafter(t, jnp.inf) - t)
-    t_new = jnp.where(clipped, problem.next_stop(t, t_end), t + h)
+    too_small = h < 10 * jnp.abs(jnp.nextafter(t, jnp.inf) - t)
+    t_new = jnp.where(clipped, stop, t + h)
 
     below = (jnp.arange(ROWS) <= order)[:, None]
     y_predict = jnp.sum(jnp.where(below, D, 0.0), axis=0)
@@ -295,7 +296,7 @@ def attempt_step(problem: BdfProblem, state: BdfState, loss, times, t_end, rtol,
     safety = 0.9 * (2 * NEWTON_MAXITER + 1) / (2 * NEWTON_MAXITER + newton.n_iter)
     scale = atol + rtol * jnp.abs(newton.y)
     error = _rms(jnp.asarray(ERROR_CONST)[order] * newton.d / scale)
-    accept = newton.converged & (error <= 1)
+    accept = newton.converged & (error <= 1) & ~too_small
     shrink = jnp.where(newton.converged, jnp.maximum(MIN_FACTOR, safety * error ** (-1.0 / (order + 1))), 0.5)
 
     D_accepted = differences_after_step(D, newton.d, order)
@@ -309,14 +310,15 @@ def attempt_step(problem: BdfProblem, state: BdfState, loss, times, t_end, rtol,
 
     saved, n_saved = write_saves(state.saved, state.n_saved, accept, t_new, D_next, h_next, new_order, times)
     attempts = state.n_steps + state.n_rejected + 1
-    status = jnp.where(if_too_small, SOLVER_FAILED, state.status)
-    status = jnp.where(~if_too_small & accept & (t_new >= t_end), FINISHED, status)
+    status = jnp.where(too_small, SOLVER_FAILED, state.status)
+    status = jnp.where(accept & (t_new >= t_end), FINISHED, status)
     status = jnp.where((status == RUNNING) & (attempts >= max_attempts), STEP_LIMIT, status)
+    count = lambda value: value.astype(jnp.int32)  # noqa: E731
     return BdfState(
-        t=jnp.where(accept, t_new, t), D=D_next, h=h_next, order=jnp.where(accept, new_order, order).astype(jnp.int32),
-        n_equal_steps=jnp.where(accept & ~changes, n_equal + 1, 0).astype(jnp.int32), saved=saved, n_saved=n_saved,
-        status=status.astype(jnp.int32), n_steps=state.n_steps + accept.astype(jnp.int32), n_rejected=state.n_rejected + (~accept).astype(jnp.int32),
-        nfev=(state.nfev + newton.nfev).astype(jnp.int32), n_products=(state.n_products + newton.n_products).astype(jnp.int32),
+        t=jnp.where(accept, t_new, t), D=D_next, h=h_next, order=count(jnp.where(accept, new_order, order)),
+        n_equal_steps=count(jnp.where(accept & ~changes, n_equal + 1, 0)), saved=saved, n_saved=n_saved,
+        status=count(status), n_steps=state.n_steps + count(accept), n_rejected=state.n_rejected + count(~accept),
+        nfev=count(state.nfev + newton.nfev), n_products=count(state.n_products + newton.n_products),
     )
 
 
