@@ -2,9 +2,11 @@
 
 ``flowsim_run(cache, overrides, config_path)`` returns the cache folder of that
 configuration, named by what it changes from its base (``default``, or the config file),
-so figures that ask for the same run share it. A missing or unfinished folder is
-(re)computed; a folder whose files cannot be read, or whose configuration is not the one
-asked for, is an error naming the folder (delete it to recompute).
+so figures that ask for the same run share it. Where the cache has no finished run of a configuration, a
+finished run of exactly that configuration beside the cache (``flowsim run`` writes runs/NAME-TIMESTAMP next to
+the default cache runs/figures) is read instead of computing it again. A missing or unfinished folder is
+(re)computed; a folder whose files cannot be read, or whose configuration is not the one asked for, is an error
+naming the folder (delete it to recompute).
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ def flowsim_run(cache: Path, overrides: Sequence[str] = (), config_path: Path | 
             raise FigureInputError(f"cached run {run_dir} holds a different configuration; delete the folder to recompute it")
         if status == "finished":
             return run_dir
+    finished_elsewhere = finished_run_beside(Path(cache), config)
+    if finished_elsewhere is not None:
+        return finished_elsewhere
     if run_dir.exists():
         shutil.rmtree(run_dir)  # an interrupted computation: start it again
     result = execute_run(config, run_dir, progress=False)
@@ -74,6 +79,22 @@ def flowsim_run(cache: Path, overrides: Sequence[str] = (), config_path: Path | 
         raise FigureInputError(f"the run {run_dir} stopped with status {result.status_name!r} ({result.message}) at "
                                f"t = {result.t_reached:.6g}")
     return run_dir
+
+
+def finished_run_beside(cache: Path, config: Sections) -> Path | None:
+    """A finished run directory of exactly ``config`` directly under the cache's parent folder, if one is there
+    (the first by name; a folder that is no readable run is passed over)."""
+    folder = cache.resolve().parent
+    wanted = config.to_toml()
+    for candidate in sorted(folder.iterdir()) if folder.is_dir() else ():
+        try:
+            finished = json.loads((candidate / META_FILE).read_text()).get("status_name") == "finished"
+            if finished and load_config(candidate / CONFIG_FILE).to_toml() == wanted:
+                load_run(candidate)
+                return candidate
+        except Exception:  # not a run directory, or not one that can be read: not a match
+            continue
+    return None
 
 
 def default_run(cache: Path, tiny: bool, overrides: Sequence[str] = ()) -> Path:

@@ -150,3 +150,26 @@ def test_the_list_names_every_figure_with_its_last_build_time(built, tmp_path):
     (damaged / "manifest.json").write_text("{not json")
     refused = CliRunner().invoke(app, ["figures", "--list", "--out", str(damaged)])
     assert refused.exit_code == 2 and "manifest.json is damaged (not valid JSON" in refused.output, refused.output
+
+
+def test_a_finished_run_beside_the_cache_is_read_instead_of_computed(built, tmp_path, monkeypatch):
+    """`flowsim run` writes runs/NAME-TIMESTAMP beside the figures' cache runs/figures: a run of exactly the
+    configuration a figure needs is read from there; one of another configuration is not."""
+    import figures.runs as runs
+
+    root, _ = built
+    cached = default_run(root / "cache", tiny=True)
+    mine = tmp_path / "runs" / "default-20261204-120000"
+    shutil.copytree(cached, mine)
+    other = tmp_path / "runs" / "another"
+    shutil.copytree(cached, other)
+    (other / "config.toml").write_text((other / "config.toml").read_text().replace("t_end = 150.0", "t_end = 140.0"))
+
+    def no_computing(*args, **kwargs):
+        raise AssertionError("the run was computed again")
+
+    monkeypatch.setattr(runs, "execute_run", no_computing)
+    assert default_run(tmp_path / "runs" / "figures", tiny=True) == mine
+    shutil.rmtree(mine)
+    with pytest.raises(AssertionError, match="computed again"):  # the other configuration is no match
+        default_run(tmp_path / "runs" / "figures", tiny=True)
