@@ -16,7 +16,7 @@ from flowsim.config import ConfigError, RunConfig
 from flowsim.flow import DepthSmoothing, GradientFlow, RateSchedule
 from flowsim.io import DamagedFileError, read_npz
 from flowsim.losses import make_loss_function, make_task_loss
-from flowsim.methods import METHOD
+from flowsim.methods import METHOD, method_for
 from flowsim.models import Model, Params, PositionalTwoLayerTransformer, model_from_config
 from flowsim.tasks import InductionTask, SequenceLaw
 
@@ -97,7 +97,7 @@ def check_run_size(config: RunConfig) -> None:
     points = config.time.n_linear + config.time.n_log + 2
     check_memory(8.0 * 16 * d * d, f"a chain with d = {d} tokens ({d_key}; its d x d maps and the loss's intermediates)",
                  "use fewer tokens")
-    if METHOD[config.solver.method].needs_dense_jacobian:
+    if METHOD[method_for(config.solver.method, n)].needs_dense_jacobian:
         check_memory(8.0 * 4 * n * n, f"solver.method = {config.solver.method!r} on {n} parameters (dense n x n "
                                       f"Jacobian and its factorisation; model.m = {m})",
                      "use solver.method = 'JaxRadau' (no dense Jacobian), or a smaller model.m")

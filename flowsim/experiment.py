@@ -16,7 +16,7 @@ from flowsim.assemble import PreparedRun, bayes_loss, sequence_law, model_descri
 from flowsim.config import ConfigError, RunConfig, flat_settings, load_config
 from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, file_digest, read_npz, write_atomic_bytes, write_atomic_npz
-from flowsim.methods import METHOD
+from flowsim.methods import METHOD, method_for
 from flowsim.models import Model, OneLayerTransformer
 from flowsim.observables import MEASURED_BY, OBSERVABLES_NPZ, TRAJECTORY_DIGEST, Observables, compute_observables
 from flowsim.plots import plot_run_summary
@@ -247,7 +247,7 @@ def _write_outputs(config: RunConfig, run_dir: Path, prepared: PreparedRun, resu
     if stages is not None:
         stages.save(run_dir)
     if len(result.trajectory) > 1:
-        title = f"{model_description(config)}\n{chain.describe()}, {config.solver.method}, {result.status_name}"
+        title = f"{model_description(config)}\n{chain.describe()}, {result.method}, {result.status_name}"
         plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=title, stages=stages, bayes_loss=bayes_loss(config, chain))
     write_meta(run_dir, {**meta, **result.summary(), "n_saved": len(result.trajectory)})
 
@@ -297,7 +297,7 @@ def resume_run(run_dir: Path, *, progress: bool = True) -> tuple[FlowResult, boo
     prepared = prepare(config)
     if run.trajectory.t[-1] >= prepared.times[-1]:  # solved to the end: only outputs written after it are missing
         return _complete_outputs(config, run_dir, prepared, run), True
-    method = config.solver.method
+    method = method_for(config.solver.method, prepared.flow.size)
     radau_state = None
     if METHOD[method].needs_saved_state and (run_dir / SOLVER_STATE_FILE).is_file():
         radau_state = read_npz(run_dir / SOLVER_STATE_FILE)

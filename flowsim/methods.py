@@ -35,7 +35,19 @@ METHOD_TABLE = (
 )
 METHOD = {method.name: method for method in METHOD_TABLE}
 METHODS: tuple[str, ...] = tuple(METHOD)  # the methods flowsim ships; ``METHOD`` also holds registered ones
-DEFAULT_METHOD = "JaxRadau"
+AUTO = "auto"  # the default: a method chosen by the flow's size (``method_for``)
+DEFAULT_METHOD = AUTO
+# "auto" takes JaxBDF from this many parameters on: 2.3x JaxRadau's speed at n = 1024 and 3-8x above it, where
+# JaxRadau's eigensystem refreshes grow with n; below, JaxRadau is the faster (RESULTS.md, "Solver speed")
+MATRIX_FREE_FROM_SIZE = 1024
+
+
+def method_for(name: str, size: int) -> str:
+    """The method ``name`` stands for on a flow of ``size`` parameters: itself, or for "auto" JaxRadau below
+    MATRIX_FREE_FROM_SIZE parameters and JaxBDF from there."""
+    if name != AUTO:
+        return name
+    return "JaxBDF" if size >= MATRIX_FREE_FROM_SIZE else "JaxRadau"
 
 
 def register(method: Method) -> None:
@@ -48,12 +60,15 @@ def register(method: Method) -> None:
 
 def check_method(name: str) -> str:
     """``name`` if it is a known method, else a ValueError naming the known ones."""
-    if name not in METHOD:
-        known = [repr(known_name) for known_name in METHOD]
+    if name not in METHOD and name != AUTO:
+        known = [repr(known_name) for known_name in (AUTO, *METHOD)]
         raise ValueError(f"solver.method = {name!r} is invalid: input should be {', '.join(known[:-1])} or {known[-1]}")
     return name
 
 
-def default_rtol(method: str) -> float:
-    """The relative tolerance ``method`` runs at when none is given."""
+def default_rtol(method: str) -> float | None:
+    """The relative tolerance ``method`` runs at when none is given (None for "auto": its method's, once the size
+    is known)."""
+    if method == AUTO:
+        return None
     return METHOD[method].default_rtol if method in METHOD else FALLBACK_RTOL

@@ -47,7 +47,7 @@ from flowsim.progress import ticking
 from flowsim.interrupts import run_in_chunks
 from flowsim.losses import with_fused_products
 from flowsim import methods
-from flowsim.methods import DEFAULT_METHOD, METHOD, default_rtol
+from flowsim.methods import AUTO, DEFAULT_METHOD, METHOD, default_rtol, method_for
 from flowsim.models import Params
 from flowsim.status import Status, at_time
 from flowsim.trajectory import Trajectory
@@ -335,7 +335,8 @@ def solve_flow(
 ) -> FlowResult:
     """Integrate ``flow`` from ``params0`` and save at ``t_eval`` (ascending, t_eval[0] = 0).
 
-    ``method`` is a name (``flowsim.methods.METHOD``) or a method object (``JaxRadau(rank=16)``).
+    ``method`` is a name (``flowsim.methods.METHOD``; "auto", the default, picks JaxRadau or JaxBDF by the flow's
+    size: ``flowsim.methods.method_for``) or a method object (``JaxRadau(rank=16)``).
     ``rtol``/``atol`` are the error tolerances of the adaptive methods (``rtol`` defaults
     to the method's own, ``default_rtol(method)``; with a small
     initialisation of scale ε, atol must sit well below ε²); ``lr`` is the step η of
@@ -346,6 +347,8 @@ def solve_flow(
     status ``interrupted``. ``resume`` continues a stopped solve (``ResumePoint``); the
     result then holds every point, the earlier ones included.
     """
+    if method == AUTO:
+        method = method_for(AUTO, flow.size)
     name = method if isinstance(method, str) else method.name
     rtol = default_rtol(name) if rtol is None else rtol
     _check_options(name, rtol, atol, max_steps, lr if isinstance(method, str) else getattr(method, "lr", None))

@@ -56,7 +56,7 @@ from flowsim.assemble import sequence_law, prepare
 from flowsim.experiment import stage_detectors_apply, stages_of
 from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
-from flowsim.methods import METHOD
+from flowsim.methods import METHOD, method_for
 from flowsim.observables import compute_observables
 from flowsim.progress import TICK_SECONDS, ticking
 from flowsim.rundir import check_output_dir, discard_unused_folder, folder_lock, library_versions
@@ -173,7 +173,7 @@ def _compute_rows(runs: list[tuple[RunSpec, object]], out: str, should_stop: Cal
     specs, configs = [spec for spec, _ in runs], [config for _, config in runs]
     prepared = [prepare(config) for config in configs]
     solver = configs[0].solver
-    if METHOD[solver.method].batches:
+    if METHOD[method_for(solver.method, prepared[0].flow.size)].batches:
         results = solve_flow_batch([p.flow for p in prepared], [p.params0 for p in prepared], prepared[0].times,
                                    rtol=solver.rtol, atol=solver.atol, max_steps=solver.max_steps, should_stop=should_stop)
     else:

@@ -152,7 +152,7 @@ def test_config_reference_of_one_section_and_of_an_unknown_one():
 
     solver = CliRunner().invoke(app, ["config", "solver"])
     assert solver.exit_code == 0 and solver.output.startswith("[solver]") and "[chain]" not in solver.output
-    assert "method = \"JaxRadau\"" in solver.output and "# rtol =" in solver.output
+    assert "method = \"auto\"" in solver.output and "# rtol =" in solver.output
     unknown = CliRunner().invoke(app, ["config", "solvers"])
     assert unknown.exit_code == 2 and "unknown config section 'solvers'" in unknown.output
 

@@ -47,3 +47,22 @@ def test_the_run_layer_reads_a_methods_properties_from_its_table():
             with pytest.raises(BudgetError, match="dense n x n Jacobian"):
                 prepare(load_config(None, [*wide, f"solver.method='{name}'"]))
     assert [name for name, method in METHOD.items() if method.batches] == ["JaxRadau"]
+
+
+def test_the_default_method_is_chosen_by_the_flows_size():
+    """solver.method = 'auto' (the default) is JaxRadau below MATRIX_FREE_FROM_SIZE parameters and JaxBDF from
+    there, in solve_flow and in a run's meta.json; its rtol is then the chosen method's."""
+    from flowsim.assemble import prepare
+    from flowsim.config import load_config
+    from flowsim.methods import AUTO, MATRIX_FREE_FROM_SIZE, method_for
+
+    assert load_config(None, []).solver.method == AUTO and load_config(None, []).solver.rtol is None
+    assert method_for(AUTO, MATRIX_FREE_FROM_SIZE - 1) == "JaxRadau" and method_for(AUTO, MATRIX_FREE_FROM_SIZE) == "JaxBDF"
+    assert method_for("LSODA", 10**6) == "LSODA"
+    for pi, expected in (([0.75, 0.19, 0.05, 0.01], "JaxRadau"), ([1 / 16] * 16, "JaxBDF")):
+        config = load_config(None, [f"chain.pi={pi}", "model.m=16", "model.k=16", "time.t_end=2.0", "time.n_linear=3",
+                                    "time.n_log=0"])
+        prepared = prepare(config)
+        assert (prepared.flow.size >= MATRIX_FREE_FROM_SIZE) == (expected == "JaxBDF")
+        result = solve_flow(prepared.flow, prepared.params0, prepared.times, method=config.solver.method)
+        assert result.success and result.method == expected
