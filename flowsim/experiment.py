@@ -17,7 +17,8 @@ from flowsim.config import ConfigError, RunConfig, flat_settings, load_config
 from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, file_digest, read_npz, write_atomic_bytes, write_atomic_npz
 from flowsim.methods import METHOD, method_for
-from flowsim.models import Model, OneLayerTransformer
+from flowsim.families import family_of, family_of_observables
+from flowsim.models import Model
 from flowsim.observables import MEASURED_BY, OBSERVABLES_NPZ, TRAJECTORY_DIGEST, Observables, compute_observables
 from flowsim.plots import plot_run_summary
 from flowsim.rundir import (
@@ -73,8 +74,8 @@ def _save_observables(observables: Observables, run_dir: Path) -> None:
 
 
 def stage_detectors_apply(model: Model) -> bool:
-    """The stage detectors read the one-layer model's observables."""
-    return isinstance(model, OneLayerTransformer)
+    """Whether the stage detectors read this model's observables (its family's row says)."""
+    return family_of(model).stage_detectors_apply
 
 
 def stages_of(result: FlowResult, model: Model, observables: Observables) -> StageReport | None:
@@ -100,8 +101,9 @@ def label_run(run_dir: Path) -> StageReport:
     """Detect the stages of a run directory and write stages.json and stages.txt."""
     check_labelable(run_dir)
     observables = observables_of_run(run_dir)
-    if not ONE_LAYER_COLUMNS <= set(observables.columns):  # the detectors read the one-layer observables
-        kind = "two_layer" if "attention_entropy_2" in observables.columns else "unknown"
+    family = family_of_observables(observables.constants, observables.columns)
+    if family is None or not family.stage_detectors_apply or not ONE_LAYER_COLUMNS <= set(observables.columns):
+        kind = "unknown" if family is None else family.kind
         raise ConfigError(f"stage detection is defined for the one-layer model; this run has model.kind = {kind!r}")
     report = detect_stages(observables)
     report.save(run_dir)

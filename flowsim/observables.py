@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.linalg import subspace_angles
 
+from flowsim.families import KIND_CONSTANT
 from flowsim.flow import GradientFlow
 from flowsim.io import REMEDY, DamagedFileError, read_npz, write_atomic_bytes, write_atomic_npz
 from flowsim.losses import mean_field_attention
@@ -206,7 +207,8 @@ def compute_observables(
     if flow is not None:
         for name, norms in gradient_norms(trajectory, flow).items():
             columns[f"grad_norm_{name}"] = norms
-    constants = {"embedding_pc_directions": directions, "embedding_pc_explained": explained, "pi": np.asarray(pi)}
+    constants = {"embedding_pc_directions": directions, "embedding_pc_explained": explained, "pi": np.asarray(pi),
+                 KIND_CONSTANT: np.asarray("one_layer")}
     return Observables(t=np.asarray(trajectory.t), columns=columns, constants=constants)
 
 
@@ -236,7 +238,8 @@ def stage_observables(trajectory: Trajectory, pi: np.ndarray) -> Observables:
     columns["attention_entropy"] = np.array(entropy)
     columns["attention_mass_top"] = np.array(mass)
     columns["embedding_norm"] = np.linalg.norm(params["W0"], axis=2)
-    return Observables(t=np.asarray(trajectory.t), columns=columns, constants={"pi": np.asarray(pi)})
+    return Observables(t=np.asarray(trajectory.t), columns=columns,
+                       constants={"pi": np.asarray(pi), KIND_CONSTANT: np.asarray("one_layer")})
 
 
 def two_layer_observables(
@@ -264,7 +267,8 @@ def two_layer_observables(
     if flow is not None:
         for name, norms in gradient_norms(trajectory, flow).items():
             columns[f"grad_norm_{name}"] = norms
-    return Observables(t=np.asarray(trajectory.t), columns=columns, constants={"pi": np.asarray(pi)})
+    return Observables(t=np.asarray(trajectory.t), columns=columns,
+                       constants={"pi": np.asarray(pi), KIND_CONSTANT: np.asarray("two_layer")})
 
 
 def _positional_probe(model: PositionalTwoLayerTransformer, params: dict, contexts: jax.Array, probability: jax.Array,
@@ -318,7 +322,8 @@ def positional_observables(
     if flow is not None:
         for name, norms in gradient_norms(trajectory, flow).items():
             columns[f"grad_norm_{name}"] = norms
-    return Observables(t=np.asarray(trajectory.t), columns=columns, constants={"pi": law.query_law})
+    return Observables(t=np.asarray(trajectory.t), columns=columns,
+                       constants={"pi": law.query_law, KIND_CONSTANT: np.asarray("two_layer")})
 
 
 def gradient_norms(trajectory: Trajectory, flow: GradientFlow) -> dict[str, np.ndarray]:

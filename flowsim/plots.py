@@ -13,6 +13,7 @@ matplotlib.use("Agg")  # files only: runs happen on machines without a screen
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from flowsim.families import FAMILIES, family_of_observables  # noqa: E402
 from flowsim.io import write_atomic_bytes  # noqa: E402
 from flowsim.observables import Observables  # noqa: E402
 from flowsim.stages import STAGE, StageReport  # noqa: E402
@@ -51,10 +52,10 @@ def summary_figure(observables: Observables, title: str = "", stages: StageRepor
     """
     keep = observables.t > 0
     t = observables.t[keep]
-    two_layer = "sv_W_E" in observables.columns  # the hierarchical model: W_E, and the upper layer's entropy
-    embedding = "W_E" if two_layer else "W0"
+    family = family_of_observables(observables.constants, observables.columns) or FAMILIES["one_layer"]
+    embedding = family.embedding
     sigma = observables[f"sv_{embedding}"][keep]
-    entropy = observables["attention_entropy_2" if two_layer else "attention_entropy"][keep]
+    entropy = observables[family.entropy][keep]
     pi = observables.constants["pi"]
 
     figure, axes = plt.subplots(3, 1, figsize=(7.5, 8.5), sharex=True, constrained_layout=True)
@@ -84,11 +85,12 @@ def summary_figure(observables: Observables, title: str = "", stages: StageRepor
         elif interval.stage == "dilution":
             _shade(axes[2], *span, facecolor="none", edgecolor=f"C{interval.query}", hatch="//", alpha=0.4)
     axes[2].axhline(np.log(len(pi)), color="grey", lw=0.5, ls=":")
-    if two_layer:
-        lower = observables["attention_entropy_1"][keep]
+    layered = family.lower_entropy is not None and family.lower_entropy in observables.columns
+    if layered:
+        lower = observables[family.lower_entropy][keep]
         for query in range(lower.shape[1]):
             axes[2].plot(t, lower[:, query], color=f"C{query}", ls="--", lw=0.8)
-    axes[2].set_ylabel("attention entropy (nats)" + ("\nupper —, lower --" if two_layer else ""))
+    axes[2].set_ylabel("attention entropy (nats)" + ("\nupper —, lower --" if layered else ""))
     axes[2].set_xlabel(time_label)
     axes[2].set_xscale("log")
     axes[2].legend(fontsize="small")

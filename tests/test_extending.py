@@ -118,3 +118,25 @@ def test_a_registered_solver_runs_by_name_from_a_configuration(default_flow, reg
         register_method(methods.Method("OtherBDF", "bdf"), lambda name, lr: ToyEuler())
     with pytest.raises(ValueError, match="one of flowsim's own"):
         register_method(methods.Method("JaxRadau", "new_family"), lambda name, lr: ToyEuler())
+
+
+def test_observables_carry_their_model_family(default_flow, paper_chain, paper_model, tmp_path):
+    """Every run's observables name their model's family; observables saved before that are classified by their
+    columns; an object of no family, or a family registered twice, is refused."""
+    from flowsim.families import FAMILIES, KIND_CONSTANT, ModelFamily, family_of, family_of_observables, register_family
+    from flowsim.observables import Observables, compute_observables
+
+    flow, params0 = default_flow
+    trajectory = solve_flow(flow, params0, np.linspace(0.0, 2.0, 5)).trajectory
+    compute_observables(trajectory, paper_model, paper_chain.pi).save(tmp_path)
+    loaded = Observables.load(tmp_path)
+    assert str(loaded.constants[KIND_CONSTANT]) == "one_layer"
+    assert family_of_observables(loaded.constants, loaded.columns) is FAMILIES["one_layer"] is family_of(paper_model)
+    older = {name: value for name, value in loaded.constants.items() if name != KIND_CONSTANT}
+    assert family_of_observables(older, loaded.columns) is FAMILIES["one_layer"]
+    assert family_of_observables({}, {"sv_W_E": None}) is FAMILIES["two_layer"]
+    assert family_of_observables({KIND_CONSTANT: np.asarray("gpt")}, loaded.columns) is None
+    with pytest.raises(ValueError, match="belongs to no model family"):
+        family_of(object())
+    with pytest.raises(ValueError, match="exists already"):
+        register_family(ModelFamily("one_layer", (object,), False, "W0", "attention_entropy"))

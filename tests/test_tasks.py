@@ -181,6 +181,7 @@ def test_the_task_runs_through_flowsim_run_with_its_probes(tmp_path, capsys):
     for column in ("attention_entropy_1", "attention_entropy_2", "prev_token_mass", "induction_mass", "basis_angle", "sv_W_P"):
         assert column in observables.columns, column
     assert observables["attention_entropy_2"].shape == (len(observables.t), 3)
+    assert str(observables.constants["model_kind"]) == "two_layer"  # the positional model is of the two-layer family
     assert observables["basis_angle"][-1] == pytest.approx(0.0, abs=1e-6)
     summary = summarise(observables, loss_target=float(loss[-1]) + 1e-3)
     assert summary.final_loss == pytest.approx(loss[-1]) and summary.t_loss_target is not None

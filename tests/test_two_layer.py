@@ -112,6 +112,7 @@ def test_two_layer_runs_through_the_command_line(tmp_path):
     result = runner.invoke(app, ["run", "--quiet", "--out", str(run_dir), *[a for s in settings for a in ("--set", s)]])
     assert result.exit_code == 0, result.output
     observables = Observables.load(run_dir)
+    assert str(observables.constants["model_kind"]) == "two_layer"  # the run says what it holds
     assert (run_dir / "summary.png").stat().st_size > 0
     assert np.all(np.diff(observables["loss"]) <= 1e-12)  # a descent flow
     entropy = observables["attention_entropy_2"]
