@@ -73,7 +73,7 @@ def test_bad_chain_input_raises_a_clear_error(kwargs, message):
 
 
 def test_transient_token_has_zero_frequency_and_is_accepted():
-    """DESIGN.md's δ = 0.2 chain: π = (0.7, 0.2, 0.1, 0.0); token 3 is transient."""
+    """The δ = 0.2 chain of the asymmetric rare tokens (docs/model.md): π = (0.7, 0.2, 0.1, 0.0); token 3 is transient."""
     chain = MarkovChain(pi=[0.7, 0.2, 0.1, 0.0], lam=0.5)
     np.testing.assert_allclose(chain.pi @ chain.P, chain.pi, atol=1e-15)
     from_P = MarkovChain(P=chain.P)

@@ -36,7 +36,7 @@ def test_mean_field_gradient_matches_central_differences(paper_chain):
 
 
 def test_gradient_at_origin_is_rank_one_on_M_and_zero_on_Phi(paper_chain):
-    """DESIGN.md: at θ = 0, ∂L/∂M = π (u - π)^T and ∂L/∂Φ = 0.
+    """docs/model.md: at θ = 0, ∂L/∂M = π (u - π)^T and ∂L/∂Φ = 0.
 
     With m = k = d, W0 = I gives M = W1 and Φ = W_Q W_K^T, so ∂L/∂W1 = ∂L/∂M, and with
     W_Q = I, ∂L/∂W_K = (∂L/∂Φ)^T; the other factors are zero (θ at the origin of M, Φ).

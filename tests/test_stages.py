@@ -105,7 +105,7 @@ def test_reported_times_agree_with_the_observables_they_cite(default_observables
             observables, "embedding_norm", dilution.t_start, (0,)
         )
         assert cited == pytest.approx(raw, rel=0.1, abs=0.01)
-    # the first dilution of query 0 moves frequent and rare embeddings in opposite directions (DESIGN.md)
+    # the first dilution of query 0 moves frequent and rare embeddings in opposite directions (docs/model.md)
     assert "opposite directions" in default_report.of("dilution", query=0)[0].evidence
 
 

@@ -232,7 +232,8 @@ class ChainFamily:
 
     @staticmethod
     def rare_asymmetry(pi0: tuple[float, ...], lam: float, first: int, last: int) -> "ChainFamily":
-        """Tokens ``first`` and ``last`` move apart: π_first + δ/2, π_last - δ/2 (the DESIGN's family)."""
+        """Tokens ``first`` and ``last`` move apart: π_first + δ/2, π_last - δ/2 (docs/model.md's asymmetric rare
+        tokens)."""
         if first == last or not (0 <= first < len(pi0) and 0 <= last < len(pi0)):
             raise ValueError(f"first and last must be two different tokens of 0..{len(pi0) - 1}, got {first} and {last}")
         direction = np.zeros(len(pi0))
