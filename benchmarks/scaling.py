@@ -1,6 +1,7 @@
 """Scaling benchmark: the exact mean-field flow from the paper's size to real vocabularies.
 
     python benchmarks/scaling.py [--cases paper,d64,...] [--methods JaxRadau,Tsit5,LSODA] [--out benchmarks/RESULTS.md]
+    python benchmarks/scaling.py --gpu [--out ...]      # the device check: GPU_CASES on JAX's CUDA backend
 
 Each case is the one-layer model on the paper family P = λI + (1-λ) 1 π^T with a Zipf-like
 π_i ∝ 1/(i+1), λ = 0.5, ε = 1e-3, the default save grid, up to ``t_end``. Every (case,
@@ -57,6 +58,10 @@ CASES = {
 }
 LSODA_MAX_SIZE = 3000  # its dense Hessian: n² numbers, n gradient evaluations per Jacobian
 REFERENCE_MAX_SIZE = 40_000
+# The device check, sized for about 3 minutes on one H200 (JaxRadau solved d = 1001 to t = 1000 there in 1.4-4.3 s):
+# the compiled methods on the GPU, CVODE's field and J·v on it through host callbacks
+GPU_PRESET = {"platform": "cuda", "cases": "d256,d1000_t300,d1000", "methods": "JaxBDF,JaxRadau,CVODE",
+              "rtols": "1e-6,1e-8", "baseline": "CVODE", "timeout": 120.0, "section": "scaling-gpu"}
 MARKER = "scaling"
 
 
@@ -180,8 +185,10 @@ def run_one(label: str, method: str, rtol: float | None, atol: float | None, max
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     t_field = field_seconds(flow, flow.flatten(prepared.params0))
     share = None if not row.get("nfev") or not row.get("solve_s") else row["nfev"] * t_field / row["solve_s"]
+    import jax
+
     return {"case": label, "method": method, "n": flow.size, **row, "wall_s": wall, "peak_mb": peak_mb, "rtol": rtol,
-            "field_s": t_field, "field_share": share}
+            "field_s": t_field, "field_share": share, "device": jax.devices()[0].device_kind}
 
 
 def in_subprocess(label: str, method: str, rtol=None, atol=None, max_steps=200_000, loss_out=None, timeout=1800) -> dict:
@@ -276,6 +283,9 @@ def main() -> None:
     parser.add_argument("--rtols", default="", help="comma-separated tolerances every method runs at (default: each method's own)")
     parser.add_argument("--max-steps", type=int, default=20_000, help="step budget of every method")
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds each (case, method) process may take")
+    parser.add_argument("--platform", choices=("cpu", "cuda"), default=None,
+                        help="JAX's backend for every run (default: JAX's own choice); CVODE's own work stays on the host")
+    parser.add_argument("--gpu", action="store_true", help=f"the device check: {GPU_PRESET}")
     parser.add_argument("--baseline", default="JaxRadau", help="the method the equal-error summary compares against")
     parser.add_argument("--out", type=Path, default=None, help="Write the table into this markdown file (its own section).")
     parser.add_argument("--section", default=MARKER, help="the section of --out the table replaces")
@@ -287,6 +297,11 @@ def main() -> None:
     if args.one:
         print(json.dumps(run_one(*args.one, args.rtol, args.atol, args.max_steps, args.loss_out)))
         return
+    if args.gpu:
+        for name, value in GPU_PRESET.items():
+            setattr(args, name, value)
+    if args.platform is not None:
+        os.environ["JAX_PLATFORMS"] = args.platform  # the runs' subprocesses inherit it
     cases = args.cases.split(",")
     unknown = set(cases) - set(CASES)
     if unknown:
@@ -297,7 +312,9 @@ def main() -> None:
     print(text)
     if args.out is not None:
         command = "python benchmarks/scaling.py " + " ".join(sys.argv[1:])
-        write_section(args.out, args.section, f"# Scaling benchmark\n\nProduced by `{command}` (2-core CPU, float64).\n\n{text}")
+        devices = sorted({row["device"] for row in rows if "device" in row}) or ["unknown device"]
+        write_section(args.out, args.section,
+                      f"# Scaling benchmark\n\nProduced by `{command}` ({', '.join(devices)}, float64).\n\n{text}")
 
 
 if __name__ == "__main__":
