@@ -45,7 +45,6 @@ from flowsim.config import SolverConfig, resolve_config
 from flowsim.flow import GradientFlow
 from flowsim.progress import ticking
 from flowsim.interrupts import run_in_chunks
-from flowsim.losses import with_fused_products
 from flowsim import methods
 from flowsim.methods import AUTO, DEFAULT_METHOD, METHOD, default_rtol, method_for
 from flowsim.models import Params
@@ -355,32 +354,20 @@ def solve_flow(
     solver = method_named(method, lr) if isinstance(method, str) else method
     times = check_save_times(t_eval)
     theta0 = _initial_vector(flow, params0)
-    if isinstance(solver, JaxRadau):
-        state = None if resume is None else resume.radau_state
-        if resume is None or state is not None:
-            return solve_flow_batch([flow], [params0], times, method=solver, rtol=rtol, atol=atol, max_steps=max_steps,
-                                    progress=progress, checkpoint_every_s=checkpoint_every_s, should_stop=should_stop,
-                                    on_checkpoint=None if on_checkpoint is None else lambda results: on_checkpoint(results[0]),
-                                    radau_state=state)[0]
+    # JaxRadau continues its saved loop state exactly; every other resume starts afresh at the last saved point
+    state = resume.radau_state if resume is not None and METHOD[name].needs_saved_state else None
     prefix_t, prefix_theta = np.zeros(0), np.zeros((0, flow.size))
-    if resume is not None:
-        # Start afresh at the last saved point; the points before it are kept as they are.
+    if resume is not None and state is None:
         if not resume.t[-1] < times[-1]:
             raise ValueError(f"nothing to resume: the saved points reach t = {resume.t[-1]:g}, the last save time")
         prefix_t, prefix_theta = np.asarray(resume.t[:-1]), np.asarray(resume.theta[:-1])
         times = np.concatenate([[resume.t[-1]], times[times > resume.t[-1]]])
         theta0 = np.asarray(resume.theta[-1])
-    if isinstance(solver, JaxRadau):  # a fresh start at the last saved point, with no loop state to continue
-        result = solve_flow_batch([flow], [flow.unravel(theta0)], times, method=solver, rtol=rtol, atol=atol,
-                                  max_steps=max_steps, progress=progress, checkpoint_every_s=checkpoint_every_s,
-                                  should_stop=should_stop, start=times[0],
-                                  on_checkpoint=None if on_checkpoint is None else
-                                  lambda results: on_checkpoint(_prepend(flow, prefix_t, prefix_theta, results[0])))[0]
-        return _prepend(flow, prefix_t, prefix_theta, result)
     problem = Problem([flow], theta0[None], times, rtol, atol, int(max_steps), progress,
-                      listening=on_checkpoint is not None or should_stop is not None, should_stop=should_stop)
+                      listening=progress or on_checkpoint is not None or should_stop is not None, should_stop=should_stop)
+    saved = None if state is None else solver.check_saved_state(state, problem)  # checked before anything is compiled
     checkpoint = None if on_checkpoint is None else lambda results: on_checkpoint(_prepend(flow, prefix_t, prefix_theta, results[0]))
-    result = drive(solver, problem, checkpoint, checkpoint_every_s)[0]
+    result = drive(solver, problem, checkpoint, checkpoint_every_s, saved=saved)[0]
     return _prepend(flow, prefix_t, prefix_theta, result)
 
 
@@ -487,7 +474,7 @@ class JaxRadau(Method):
     ``rank``: eigenpairs of the Jacobian kept (None: ``stiff_rank(n)``, the full eigensystem when n is
     smaller); ``large_flow``: the Newton control and lagged subspace refreshes of flows with more stiff
     directions than the eigensystem keeps (None: from n = LARGE_FLOW_FROM_SIZE); ``fused_products``:
-    the model's small products fused inside the loop (``losses.with_fused_products``)."""
+    the model's small products fused inside the loop (``GradientFlow.loop_loss``)."""
 
     rank: int | None = None
     large_flow: bool | None = None
@@ -539,7 +526,7 @@ class JaxRadau(Method):
     def start(self, problem: Problem, state: stiff.RadauState | None = None) -> RadauIntegration:
         """Compile (once per structure) and start, or continue the loop ``state``."""
         flows, times = problem.flows, problem.times
-        losses = [with_fused_products(flow.loss) if self.fused_products else flow.loss for flow in flows]
+        losses = [flow.loop_loss if self.fused_products else flow.loss for flow in flows]
         loss = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *losses)
         slots = _save_slots(len(times), problem.flow.size)
         functions, compile_seconds = self.compiled(problem.flow, len(flows), slots, loss)
@@ -653,7 +640,7 @@ class JaxBDF(Method):
 
     def start(self, problem: Problem) -> BdfIntegration:
         flow, times = problem.flow, problem.times
-        loss = with_fused_products(flow.loss)
+        loss = flow.loop_loss
         slots = _save_slots(len(times), flow.size)
         key, compile_seconds = (flow.structure_key, slots), 0.0
         if key not in _BDF_COMPILED:
