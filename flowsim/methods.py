@@ -53,7 +53,7 @@ def method_for(name: str, size: int) -> str:
 def register(method: Method) -> None:
     """Make ``method`` known to configurations and the run layer (``flowsim.solvers.register_method`` also gives
     its implementation). A shipped method cannot be replaced."""
-    if method.name in METHODS:
+    if method.name in METHODS or method.name == AUTO:
         raise ValueError(f"method {method.name!r} is one of flowsim's own and cannot be registered again")
     METHOD[method.name] = method
 

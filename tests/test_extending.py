@@ -116,8 +116,9 @@ def test_a_registered_solver_runs_by_name_from_a_configuration(default_flow, reg
 
     with pytest.raises(ValueError, match="family 'bdf' is taken"):
         register_method(methods.Method("OtherBDF", "bdf"), lambda name, lr: ToyEuler())
-    with pytest.raises(ValueError, match="one of flowsim's own"):
-        register_method(methods.Method("JaxRadau", "new_family"), lambda name, lr: ToyEuler())
+    for shipped in ("JaxRadau", "auto"):
+        with pytest.raises(ValueError, match="one of flowsim's own"):
+            register_method(methods.Method(shipped, "new_family"), lambda name, lr: ToyEuler())
 
 
 def test_observables_carry_their_model_family(default_flow, paper_chain, paper_model, tmp_path):
