@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flowsim.stiff import FINISHED, NON_FINITE, RUNNING, SOLVER_FAILED, STEP_LIMIT, _compile, select_initial_step
+from flowsim.stiff import FINISHED, NON_FINITE, RUNNING, SOLVER_FAILED, STEP_LIMIT, compile_loop, select_initial_step
 
 MAX_ORDER = 5
 NEWTON_MAXITER = 4
@@ -358,9 +358,9 @@ def build_bdf(problem: BdfProblem, n_save: int, size: int, loss) -> BdfFunctions
 
     started = time.perf_counter()
     y_example, times_example, scalar = jnp.zeros(size), jnp.zeros(n_save), jnp.zeros(())
-    init_compiled = _compile(jax.jit(init).lower(y_example, loss, times_example, scalar, scalar, scalar))
+    init_compiled = compile_loop(jax.jit(init).lower(y_example, loss, times_example, scalar, scalar, scalar))
     state_example = jax.eval_shape(init, y_example, loss, times_example, scalar, scalar, scalar)
     count = jnp.zeros((), jnp.int32)
-    advance_compiled = _compile(jax.jit(advance_problem, donate_argnums=0).lower(
+    advance_compiled = compile_loop(jax.jit(advance_problem, donate_argnums=0).lower(
         state_example, loss, times_example, scalar, scalar, scalar, scalar, count, count))
     return BdfFunctions(init_compiled, advance_compiled, time.perf_counter() - started)

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.linalg import subspace_angles
 
-from flowsim.families import KIND_CONSTANT
+from flowsim.families import KIND_CONSTANT, family_of
 from flowsim.flow import GradientFlow
 from flowsim.io import REMEDY, DamagedFileError, read_npz, write_atomic_bytes, write_atomic_npz
 from flowsim.losses import mean_field_attention
@@ -208,7 +208,7 @@ def compute_observables(
         for name, norms in gradient_norms(trajectory, flow).items():
             columns[f"grad_norm_{name}"] = norms
     constants = {"embedding_pc_directions": directions, "embedding_pc_explained": explained, "pi": np.asarray(pi),
-                 KIND_CONSTANT: np.asarray("one_layer")}
+                 KIND_CONSTANT: np.asarray(family_of(model).kind)}
     return Observables(t=np.asarray(trajectory.t), columns=columns, constants=constants)
 
 
@@ -268,7 +268,7 @@ def two_layer_observables(
         for name, norms in gradient_norms(trajectory, flow).items():
             columns[f"grad_norm_{name}"] = norms
     return Observables(t=np.asarray(trajectory.t), columns=columns,
-                       constants={"pi": np.asarray(pi), KIND_CONSTANT: np.asarray("two_layer")})
+                       constants={"pi": np.asarray(pi), KIND_CONSTANT: np.asarray(family_of(model).kind)})
 
 
 def _positional_probe(model: PositionalTwoLayerTransformer, params: dict, contexts: jax.Array, probability: jax.Array,
@@ -323,7 +323,7 @@ def positional_observables(
         for name, norms in gradient_norms(trajectory, flow).items():
             columns[f"grad_norm_{name}"] = norms
     return Observables(t=np.asarray(trajectory.t), columns=columns,
-                       constants={"pi": law.query_law, KIND_CONSTANT: np.asarray("two_layer")})
+                       constants={"pi": law.query_law, KIND_CONSTANT: np.asarray(family_of(model).kind)})
 
 
 def gradient_norms(trajectory: Trajectory, flow: GradientFlow) -> dict[str, np.ndarray]:

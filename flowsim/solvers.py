@@ -133,15 +133,15 @@ class ResumePoint:
         return known.resumes_exactly and (not known.needs_saved_state or self.radau_state is not None)
 
 
-def check_save_times(t_eval, start: float = 0.0) -> np.ndarray:
-    """Save times must be finite, strictly ascending, and start at ``start`` (the initial point, 0)."""
+def check_save_times(t_eval) -> np.ndarray:
+    """Save times must be finite, strictly ascending, and start at 0 (the initial point)."""
     times = np.asarray(t_eval, dtype=float)
     if times.ndim != 1 or len(times) < 2:
         raise ValueError(f"save times must be a 1-d array with at least 2 entries, got shape {times.shape}")
     if not np.all(np.isfinite(times)):
         raise ValueError("save times must be finite")
-    if times[0] != start:
-        raise ValueError(f"save times must start at t = {start:g} (the initial point), got t[0] = {times[0]}")
+    if times[0] != 0:
+        raise ValueError(f"save times must start at t = 0 (the initial point), got t[0] = {times[0]}")
     if np.any(np.diff(times) <= 0):
         raise ValueError("save times must be strictly ascending")
     return times
@@ -384,8 +384,6 @@ def solve_flow_batch(
     on_checkpoint: Callable[[list[FlowResult]], None] | None = None,
     checkpoint_every_s: float = CHECKPOINT_EVERY_S,
     should_stop: Callable[[], bool] | None = None,
-    radau_state: dict[str, np.ndarray] | None = None,
-    start: float = 0.0,
 ) -> list[FlowResult]:
     """Integrate several flows of one structure together with ``JaxRadau`` (one compiled
     loop over the batch), each from its own start, all saved at ``t_eval``.
@@ -393,8 +391,7 @@ def solve_flow_batch(
     The flows must share ``GradientFlow.structure_key`` (same model, rates and loss
     kind; the chains may differ). Each member takes the steps it takes alone, so the
     results equal those of ``solve_flow(..., method="JaxRadau")`` run one by one.
-    ``should_stop`` as in ``solve_flow``; ``radau_state`` continues an interrupted solve
-    exactly (``FlowResult.radau_state``); ``start`` is the first save time (the start).
+    ``should_stop`` as in ``solve_flow`` (which also resumes an interrupted member exactly).
     """
     solver = JaxRadau() if method is None else method
     rtol = default_rtol(solver.name) if rtol is None else rtol
@@ -405,13 +402,11 @@ def solve_flow_batch(
     if len(keys) > 1:
         raise ValueError("flows batched together must share one structure (model, rates, loss kind); "
                          f"got {len(keys)} different structures")
-    times = check_save_times(t_eval, start)
+    times = check_save_times(t_eval)
     thetas0 = np.stack([_initial_vector(flow, params) for flow, params in zip(flows, params0)])
     problem = Problem(list(flows), thetas0, times, rtol, atol, int(max_steps), progress,
                       listening=progress or on_checkpoint is not None or should_stop is not None, should_stop=should_stop)
-    # a saved state is checked before anything is shown or compiled
-    resumed = None if radau_state is None else solver.check_saved_state(radau_state, problem)
-    return drive(solver, problem, on_checkpoint, checkpoint_every_s, saved=resumed)
+    return drive(solver, problem, on_checkpoint, checkpoint_every_s)
 
 
 def _prepend(flow: GradientFlow, prefix_t: np.ndarray, prefix_theta: np.ndarray, result: FlowResult) -> FlowResult:
@@ -530,21 +525,19 @@ class JaxRadau(Method):
         loss = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *losses)
         slots = _save_slots(len(times), problem.flow.size)
         functions, compile_seconds = self.compiled(problem.flow, len(flows), slots, loss)
-        times_device = jnp.asarray(np.concatenate([times, np.full(slots - len(times), np.inf)]))
+        times_device = padded_save_times(times, slots)
         solve_started = time.perf_counter()
         if state is None:
             state = functions.init(jnp.asarray(problem.thetas0), loss, times_device, times[-1], problem.rtol, problem.atol)
-        # Each call of the compiled loop returns to the host to report, checkpoint or stop: only
-        # when someone is listening, in chunks of attempts sized to about RADAU_CHUNK_SECONDS.
-        chunk = RADAU_FIRST_CHUNK if problem.listening else 2**31 - 1
         run = RadauIntegration(problem, float(times[0]), compile_seconds=compile_seconds, functions=functions, loss=loss,
-                       state=state, times_device=times_device, slots=slots, chunk=chunk, solve_started=solve_started)
+                               state=state, times_device=times_device, slots=slots, chunk=first_chunk(problem),
+                               solve_started=solve_started)
         run.t = float(np.min(np.asarray(state.t)))
         return run
 
     def advance(self, run: RadauIntegration) -> None:
         problem, t_end = run.problem, run.problem.times[-1]
-        max_attempts = np.int32(min(problem.max_steps, 2**31 - 1))
+        max_attempts = attempt_limit(problem)
         chunk_started = time.perf_counter()
         run.state = run.functions.advance(run.state, run.loss, run.times_device, t_end, t_end, problem.rtol, problem.atol,
                                           max_attempts, np.int32(run.chunk))
@@ -578,6 +571,22 @@ class JaxRadau(Method):
                                              message=Status.INTERRUPTED.message(at_time(result.t_reached)))
             results.append(result)
         return results
+
+
+def padded_save_times(times: np.ndarray, slots: int) -> jax.Array:
+    """The save times padded with +inf to the save buffer's ``slots`` (never reached)."""
+    return jnp.asarray(np.concatenate([times, np.full(slots - len(times), np.inf)]))
+
+
+def first_chunk(problem: Problem) -> int:
+    """Step attempts in a compiled loop's first call: each call returns to the host to report, checkpoint or stop,
+    so only when someone is listening does the loop run in chunks (later ones sized by ``next_chunk``)."""
+    return RADAU_FIRST_CHUNK if problem.listening else 2**31 - 1
+
+
+def attempt_limit(problem: Problem) -> np.int32:
+    """``max_steps`` as the compiled loops take it."""
+    return np.int32(min(problem.max_steps, 2**31 - 1))
 
 
 def next_chunk(chunk: int, elapsed: float) -> int:
@@ -648,18 +657,17 @@ class JaxBDF(Method):
             _BDF_COMPILED[key] = bdf.build_bdf(bdf.BdfProblem(field_of_member, flow.rates.kinks), slots, flow.size, loss)
             compile_seconds = _BDF_COMPILED[key].compile_seconds
         functions = _BDF_COMPILED[key]
-        times_device = jnp.asarray(np.concatenate([times, np.full(slots - len(times), np.inf)]))
+        times_device = padded_save_times(times, slots)
         solve_started = time.perf_counter()
         state = functions.init(jnp.asarray(problem.thetas0[0]), loss, times_device, times[-1], problem.rtol, problem.atol)
-        chunk = RADAU_FIRST_CHUNK if problem.listening else 2**31 - 1
         return BdfIntegration(problem, float(times[0]), compile_seconds=compile_seconds, functions=functions, loss=loss,
-                              state=state, times_device=times_device, chunk=chunk, solve_started=solve_started)
+                              state=state, times_device=times_device, chunk=first_chunk(problem), solve_started=solve_started)
 
     def advance(self, run: BdfIntegration) -> None:
         problem, t_end = run.problem, run.problem.times[-1]
         chunk_started = time.perf_counter()
         run.state = run.functions.advance(run.state, run.loss, run.times_device, t_end, t_end, problem.rtol, problem.atol,
-                                          np.int32(min(problem.max_steps, 2**31 - 1)), np.int32(run.chunk))
+                                          attempt_limit(problem), np.int32(run.chunk))
         run.chunk = next_chunk(run.chunk, time.perf_counter() - chunk_started)
         run.t = float(run.state.t)
         if int(run.state.status) != Status.RUNNING:

@@ -580,7 +580,7 @@ def advance(problem: RadauProblem, state: RadauState, loss, times, t_end, t_stop
 COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
-def _compile(lowered: jax.stages.Lowered) -> jax.stages.Compiled:
+def compile_loop(lowered: jax.stages.Lowered) -> jax.stages.Compiled:
     """Compile with ``COMPILER_OPTIONS`` where this XLA knows them (other versions and backends may not)."""
     try:
         return lowered.compile(compiler_options=dict(COMPILER_OPTIONS))
@@ -614,10 +614,10 @@ def build_radau(problem: RadauProblem, batch: int, n_save: int, size: int, loss_
     y_example = jnp.zeros((batch, size))
     times_example = jnp.zeros(n_save)
     scalar = jnp.zeros(())
-    init_compiled = _compile(jax.jit(init).lower(y_example, loss_batch, times_example, scalar, scalar, scalar))
+    init_compiled = compile_loop(jax.jit(init).lower(y_example, loss_batch, times_example, scalar, scalar, scalar))
     state_example = jax.eval_shape(init, y_example, loss_batch, times_example, scalar, scalar, scalar)
     # The state is donated: each call updates it in place instead of copying the save buffer.
-    advance_compiled = _compile(jax.jit(advance_problem, donate_argnums=0).lower(
+    advance_compiled = compile_loop(jax.jit(advance_problem, donate_argnums=0).lower(
         state_example, loss_batch, times_example, scalar, scalar, scalar, scalar, jnp.zeros((), jnp.int32),
         jnp.zeros((), jnp.int32)))
     return RadauFunctions(init_compiled, advance_compiled, time.perf_counter() - started)

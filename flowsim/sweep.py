@@ -68,6 +68,8 @@ from flowsim.specialisation import summarise
 BACKENDS = ("local", "dask")
 # sweep.csv's columns: every row's, then those of the models present (a one-layer sweep has no two-layer probes)
 COMMON_COLUMNS = ("seed", "status", "final_loss")
+
+
 def model_columns() -> dict[str, tuple[str, ...]]:
     """Each model kind's columns (read at call time: a registered stage adds its onset)."""
     return {
@@ -75,6 +77,8 @@ def model_columns() -> dict[str, tuple[str, ...]]:
         "two_layer": ("t_basis_mature", "premature_index", "t_basis_final", "premature_index_final", "t_upper_specialised",
                       "basis_turn_at_specialisation", "bayes_loss"),
     }
+
+
 COST_COLUMNS = ("n_steps", "solve_seconds")
 # BLAS and OpenMP threads of every worker process, as Dask's nanny sets them: equal
 # settings give bit-identical results on either backend.
@@ -244,6 +248,7 @@ def resolved_settings(config) -> dict:
 
 
 def number_columns() -> tuple[str, ...]:
+    """The columns a row holds as numbers (or null)."""
     return ("final_loss", *(column for extra in model_columns().values() for column in extra if column != "cycles"),
             *COST_COLUMNS)
 

@@ -124,15 +124,15 @@ def test_compiler_options_reach_xla_and_unknown_ones_fall_back(monkeypatch):
     import jax.numpy as jnp
 
     lowered = jax.jit(lambda a, b: jnp.tanh(a @ b) @ b).lower(jnp.ones((192, 3)), jnp.ones((3, 3)))
-    default, ours = lowered.compile().as_text(), stiff._compile(lowered).as_text()
+    default, ours = lowered.compile().as_text(), stiff.compile_loop(lowered).as_text()
     if "ynn_fusion" not in default:
         pytest.skip("this XLA makes no YNNPACK library calls")
     assert "ynn_fusion" not in ours
     monkeypatch.setattr(stiff, "COMPILER_OPTIONS", {"xla_flowsim_no_such_option": ""})
-    assert "ynn_fusion" in stiff._compile(lowered).as_text()
+    assert "ynn_fusion" in stiff.compile_loop(lowered).as_text()
     monkeypatch.setattr(stiff, "COMPILER_OPTIONS", {"xla_cpu_experimental_ynn_fusion_type": 3.5})
     with pytest.raises(Exception):
-        stiff._compile(lowered)
+        stiff.compile_loop(lowered)
 
 
 # ---------------------------------------------------------------------------------
