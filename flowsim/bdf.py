@@ -48,9 +48,8 @@ ALPHA = (1 - KAPPA) * GAMMA
 ERROR_CONST = KAPPA * GAMMA + 1 / np.arange(1, MAX_ORDER + 2)
 KRYLOV_DIM = 20  # GMRES products per Newton solve at most (as the benchmark's CVODE peer is set)
 # The Newton iteration stops at this RMS of its last correction in units of the error tolerance (CVODE's nlscoef;
-# scipy's min(0.03, √rtol) is 1e-3 at rtol 1e-6 and costs half as many J·v again, with the same loss error), and
-# each Krylov solve at this fraction of it (an inexact Newton step; 0.05, CVODE's, costs 20% more J·v, same
-# error: benchmarks/MEASUREMENTS.md).
+# scipy's tighter min(0.03, √rtol) costs more J·v for the same loss error), and each Krylov solve at this fraction
+# of it (an inexact Newton step): benchmarks/MEASUREMENTS.md, "JaxBDF".
 NEWTON_TOLERANCE = 0.1
 LINEAR_TOLERANCE = 0.3
 ROWS = MAX_ORDER + 3  # D holds the differences of orders 0 .. MAX_ORDER + 2

@@ -288,7 +288,7 @@ class GradientFlow:
     @property
     def loop_loss(self) -> Partial:
         """The loss as the compiled integration loops evaluate it: the model's small matrix products in fusible form
-        (``losses.with_fused_products``; the mean-field fields run 2-5x faster inside a loop, MEASUREMENTS.md)."""
+        (``losses.with_fused_products``; faster inside a loop: benchmarks/MEASUREMENTS.md)."""
         return with_fused_products(self.loss)
 
     @property

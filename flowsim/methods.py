@@ -37,8 +37,8 @@ METHOD = {method.name: method for method in METHOD_TABLE}
 METHODS: tuple[str, ...] = tuple(METHOD)  # the methods flowsim ships; ``METHOD`` also holds registered ones
 AUTO = "auto"  # the default: a method chosen by the flow's size (``method_for``)
 DEFAULT_METHOD = AUTO
-# "auto" takes JaxBDF from this many parameters on: 2.3x JaxRadau's speed at n = 1024 and 3-8x above it, where
-# JaxRadau's eigensystem refreshes grow with n; below, JaxRadau is the faster (RESULTS.md, "Solver speed")
+# "auto" takes JaxBDF from this many parameters on, where JaxRadau's eigensystem refreshes grow with n and JaxBDF is
+# the faster; below, JaxRadau is (benchmarks/MEASUREMENTS.md, "JaxBDF")
 MATRIX_FREE_FROM_SIZE = 1024
 
 
