@@ -94,8 +94,8 @@ class ToyEuler(solvers.Method):
     def results(self, run: EulerIntegration) -> list[FlowResult]:
         counts = {"n_steps": run.steps, "n_rejected": 0, "nfev": run.steps, "njev": 0, "nlu": 0, "compile_seconds": 0.0}
         times = run.problem.times[:len(run.saved)]
-        return [solvers._result(run.problem.flow, self.name, run.status, run.message, run.t, times, run.saved,
-                                solvers._stats(counts, run.problem.started))]
+        return [solvers.flow_result(run.problem.flow, self.name, run.status, run.message, run.t, times, run.saved,
+                                    solvers.solver_stats(counts, run.problem.started))]
 
 
 def test_a_registered_solver_runs_by_name_from_a_configuration(default_flow, registries):

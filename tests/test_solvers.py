@@ -141,12 +141,12 @@ def _same_trajectory(a, b) -> bool:
 
 
 def test_jaxradau_in_chunks_takes_the_uninterrupted_steps(default_flow, monkeypatch):
-    import flowsim.solvers as solvers
+    import flowsim.compiled_methods as compiled_methods
 
     flow, params0 = default_flow
     times = np.linspace(0.0, 400.0, 41)
     whole = solve_flow(flow, params0, times)
-    monkeypatch.setattr(solvers, "RADAU_CHUNK_SECONDS", 1e-4)  # a chunk of one or two attempts
+    monkeypatch.setattr(compiled_methods, "RADAU_CHUNK_SECONDS", 1e-4)  # a chunk of one or two attempts
     polls = []
     chunked = solve_flow(flow, params0, times, should_stop=lambda: polls.append(None) or False)
     assert len(polls) > 20 and chunked.success
@@ -155,11 +155,11 @@ def test_jaxradau_in_chunks_takes_the_uninterrupted_steps(default_flow, monkeypa
 
 @pytest.mark.parametrize("method", ["JaxRadau", "gradient_descent", "LSODA", "Tsit5", "JaxBDF"])
 def test_an_interrupted_solve_resumes_to_the_uninterrupted_result(default_flow, method, monkeypatch):
-    import flowsim.solvers as solvers
+    import flowsim.compiled_methods as compiled_methods
     from flowsim.solvers import ResumePoint
 
     flow, params0 = default_flow
-    monkeypatch.setattr(solvers, "RADAU_CHUNK_SECONDS", 1e-4)
+    monkeypatch.setattr(compiled_methods, "RADAU_CHUNK_SECONDS", 1e-4)
     times = np.linspace(0.0, 100.0, 41)
     options = {"method": method, "lr": 0.5, "rtol": None if method == "JaxRadau" else 1e-8}
     whole = solve_flow(flow, params0, times, **options)
@@ -189,14 +189,14 @@ def test_an_interrupted_solve_resumes_to_the_uninterrupted_result(default_flow, 
 
 
 def test_save_grids_of_different_lengths_share_one_compiled_loop(default_flow, monkeypatch):
-    import flowsim.solvers as solvers
+    import flowsim.compiled_methods as compiled_methods
 
     flow, params0 = default_flow
-    monkeypatch.setattr(solvers, "_RADAU_COMPILED", {})
+    monkeypatch.setattr(compiled_methods, "_RADAU_COMPILED", {})
     short = solve_flow(flow, params0, np.linspace(0.0, 5.0, 11), method="JaxRadau")
     long = solve_flow(flow, params0, np.linspace(0.0, 5.0, 300), method="JaxRadau")
     assert short.success and long.success and short.stats.compile_seconds > 0
-    assert long.stats.compile_seconds == 0 and len(solvers._RADAU_COMPILED) == 1
+    assert long.stats.compile_seconds == 0 and len(compiled_methods._RADAU_COMPILED) == 1
     np.testing.assert_allclose(long.trajectory.loss[-1], short.trajectory.loss[-1], rtol=1e-6)
 
 
