@@ -240,47 +240,12 @@ def compare_runs(
     if two_layer:
         if one_layer:
             typer.echo("")
-        typer.echo(_two_layer_tables(two_layer, loss_target))
+        from flowsim.runs_compared import compare_two_layer_runs
 
-
-def _two_layer_tables(run_dirs: List[Path], loss_target: float | None) -> str:
-    """The probes table and the pathwise factors table of two-layer runs."""
-    from flowsim.config import ConfigError, load_config
-    from flowsim.experiment import observables_of_run
-    from flowsim.rundir import CONFIG_FILE
-    from flowsim.specialisation import summarise
-    from flowsim.predictions import pathwise_of_run
-    from theory.pathwise import pathwise_applies
-
-    def show(value) -> str:
-        return "-" if value is None else f"{value:.4g}"
-
-    probes = (f"{'run':16} {'ffn':4} {'qk_rho':>6} {'smooth':>6} {'t_end':>6} {'loss':>9} {'t(target)':>9} "
-              f"{'t_mature':>8} {'H2 fall':>8} {'index':>6} {'t_m(end)':>8} {'idx(end)':>8}")
-    factors = (f"{'run':16} {'step(0)':>8} {'energy(0)':>9} {'ffn(0)':>9} {'peak bound':>10} "
-               f"{'peak direct':>11} {'direct share':>12} {'exceeded':>8} {'loose':>7} {'tight':>7}")
-    probe_lines, factor_lines = [probes], [factors]
-    for run_dir in run_dirs:
         try:
-            config = load_config(run_dir / CONFIG_FILE)
-            summary = summarise(observables_of_run(run_dir), loss_target)
-            pathwise = pathwise_of_run(run_dir).summary() if pathwise_applies(config) else None
+            typer.echo(compare_two_layer_runs(two_layer, loss_target))
         except (FileNotFoundError, ConfigError, ValueError) as error:
-            _fail(f"{run_dir}: {error}")
-        name = run_dir.name[:16]
-        probe_lines.append(f"{name:16} {config.model.ffn:4} {config.flow.qk_rho:6.3g} {config.flow.smoothing_a:6.3g} "
-                           f"{summary.t_end:6.4g} {summary.final_loss:9.7f} {show(summary.t_loss_target):>9} "
-                           f"{show(summary.t_basis_mature):>8} {show(summary.upper_entropy_fall_at_maturity):>8} "
-                           f"{show(summary.premature_index):>6} {show(summary.t_basis_final):>8} "
-                           f"{show(summary.premature_index_final):>8}")
-        if pathwise is None:
-            factor_lines.append(f"{name:16} (none: loss.kind = {config.loss.kind!r}; the factors need the exact loss)")
-            continue
-        factor_lines.append(f"{name:16} {pathwise['step_0']:8.4g} {pathwise['residual_energy_0']:9.4g} "
-                            f"{pathwise['ffn_write_0']:9.4g} {pathwise['peak_bound']:10.4g} "
-                            f"{pathwise['peak_direct']:11.4g} {pathwise['direct_share']:12.4g} "
-                            f"{pathwise['exceeded_share']:8.3g} {pathwise['looseness']:7.3g} {pathwise['tight_looseness']:7.3g}")
-    return "\n".join(probe_lines + [""] + factor_lines)
+            _fail(str(error))
 
 
 @app.command(short_help="Regenerate the paper figures.")
@@ -435,7 +400,8 @@ def sweep(
     """Run a grid of configurations x seeds, label every run's stages, and write a table and a phase diagram."""
     from flowsim.config import ConfigError
     from flowsim.status import Status
-    from flowsim.sweep import ClusterLost, parse_grid, run_sweep, summary_table
+    from flowsim.sweep import parse_grid, run_sweep, summary_table
+    from flowsim.sweep_backends import ClusterLost
 
     try:
         rows = run_sweep(config, parse_grid(grid), seeds, out, base_overrides=set_, backend=backend, workers=workers,

@@ -1,5 +1,6 @@
-"""One-layer runs side by side: each run's final loss, time to a loss target and stage onsets in one
-table, and their loss, σ_r(W0) and attention entropies overlaid in one figure.
+"""Runs side by side. One-layer runs: each run's final loss, time to a loss target and stage onsets in one
+table, and their loss, σ_r(W0) and attention entropies overlaid in one figure. Two-layer runs: the
+premature-specialisation probes and the pathwise growth factors.
 
 The onsets are the detectors' (``flowsim stages``, the same labels a run's own stages.json holds): the
 end of condensation, then the first focus, dilution and restart of any query or direction. An event a
@@ -12,14 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from flowsim.config import ConfigError, load_config
 from flowsim.experiment import label_run, observables_of_run
 from flowsim.observables import Observables
 from flowsim.plots import RUN_STYLES, STYLE_NAMES, plot_overlay
-from flowsim.rundir import read_meta, status_of
-from flowsim.specialisation import first_time_below
+from flowsim.predictions import pathwise_of_run
+from flowsim.rundir import CONFIG_FILE, read_meta, status_of
+from flowsim.specialisation import first_time_below, summarise
 from flowsim.stages import CYCLE
 from flowsim.status import Status
-
+from theory.pathwise import pathwise_applies
 
 
 @dataclass(frozen=True)
@@ -74,3 +77,37 @@ def compare_one_layer_runs(run_dirs: list[Path], figure: Path, loss_target: floa
     title = ", ".join(f"{row.name} ({STYLE_NAMES[style]})" for row, style in zip(rows, RUN_STYLES))
     plot_overlay(labelled, figure, title=title, loss_label="population loss")
     return runs_table(rows, loss_target), Path(figure)
+
+
+def compare_two_layer_runs(run_dirs: list[Path], loss_target: float | None = None) -> str:
+    """Two-layer runs side by side: the premature-specialisation probes table and the pathwise growth factors
+    table (cached in each run's pathwise.npz). A run that cannot be read raises a ValueError naming it."""
+    def show(value) -> str:
+        return "-" if value is None else f"{value:.4g}"
+
+    probes = (f"{'run':16} {'ffn':4} {'qk_rho':>6} {'smooth':>6} {'t_end':>6} {'loss':>9} {'t(target)':>9} "
+              f"{'t_mature':>8} {'H2 fall':>8} {'index':>6} {'t_m(end)':>8} {'idx(end)':>8}")
+    factors = (f"{'run':16} {'step(0)':>8} {'energy(0)':>9} {'ffn(0)':>9} {'peak bound':>10} "
+               f"{'peak direct':>11} {'direct share':>12} {'exceeded':>8} {'loose':>7} {'tight':>7}")
+    probe_lines, factor_lines = [probes], [factors]
+    for run_dir in run_dirs:
+        try:
+            config = load_config(run_dir / CONFIG_FILE)
+            summary = summarise(observables_of_run(run_dir), loss_target)
+            pathwise = pathwise_of_run(run_dir).summary() if pathwise_applies(config) else None
+        except (FileNotFoundError, ConfigError, ValueError) as error:
+            raise ValueError(f"{run_dir}: {error}") from None
+        name = run_dir.name[:16]
+        probe_lines.append(f"{name:16} {config.model.ffn:4} {config.flow.qk_rho:6.3g} {config.flow.smoothing_a:6.3g} "
+                           f"{summary.t_end:6.4g} {summary.final_loss:9.7f} {show(summary.t_loss_target):>9} "
+                           f"{show(summary.t_basis_mature):>8} {show(summary.upper_entropy_fall_at_maturity):>8} "
+                           f"{show(summary.premature_index):>6} {show(summary.t_basis_final):>8} "
+                           f"{show(summary.premature_index_final):>8}")
+        if pathwise is None:
+            factor_lines.append(f"{name:16} (none: loss.kind = {config.loss.kind!r}; the factors need the exact loss)")
+            continue
+        factor_lines.append(f"{name:16} {pathwise['step_0']:8.4g} {pathwise['residual_energy_0']:9.4g} "
+                            f"{pathwise['ffn_write_0']:9.4g} {pathwise['peak_bound']:10.4g} "
+                            f"{pathwise['peak_direct']:11.4g} {pathwise['direct_share']:12.4g} "
+                            f"{pathwise['exceeded_share']:8.3g} {pathwise['looseness']:7.3g} {pathwise['tight_looseness']:7.3g}")
+    return "\n".join(probe_lines + [""] + factor_lines)

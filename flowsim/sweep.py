@@ -23,23 +23,17 @@ Runs are grouped into chunks of flows of one structure; with ``solver.method =
 any other method run by run. Chunks run in this process, in a pool of processes
 (``backend="local"``, ``workers`` > 1), or on a Dask distributed cluster
 (``backend="dask"``: a LocalCluster, or the scheduler at ``scheduler``). Every worker
-process gets the same thread settings, so both backends compute identical rows.
+process gets the same thread settings, so both backends compute identical rows (``flowsim.sweep_backends``).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import csv
 import hashlib
 import io
 import itertools
 import json
-import logging
 import math
-import multiprocessing
-import os
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +48,6 @@ except ModuleNotFoundError:  # Python 3.10
 from flowsim.config import ConfigError, flat_settings, load_config
 from flowsim.assemble import sequence_law, prepare
 from flowsim.experiment import stage_detectors_apply, stages_of
-from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
 from flowsim.methods import METHOD, method_for
 from flowsim.observables import compute_observables
@@ -64,6 +57,7 @@ from flowsim.status import Status
 from flowsim.solvers import solve_flow, solve_flow_batch
 from flowsim.stages import EVENT_STAGES
 from flowsim.specialisation import summarise
+from flowsim.sweep_backends import run_dask, run_local
 
 BACKENDS = ("local", "dask")
 # sweep.csv's columns: every row's, then those of the models present (a one-layer sweep has no two-layer probes)
@@ -80,9 +74,6 @@ def model_columns() -> dict[str, tuple[str, ...]]:
 
 
 COST_COLUMNS = ("n_steps", "solve_seconds")
-# BLAS and OpenMP threads of every worker process, as Dask's nanny sets them: equal
-# settings give bit-identical results on either backend.
-WORKER_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
 @dataclass(frozen=True)
@@ -320,116 +311,6 @@ def chunk_specs(config_path: str | None, base_overrides: tuple[str, ...], specs:
     return chunks
 
 
-@contextlib.contextmanager
-def _worker_environment():
-    """Worker processes inherit the thread settings of WORKER_THREAD_ENV."""
-    saved = {key: os.environ.get(key) for key in WORKER_THREAD_ENV}
-    os.environ.update(WORKER_THREAD_ENV)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-PARENT_POLL_SECONDS = 1.0
-
-
-def exit_with_parent(parent: int) -> None:
-    """In a worker: exit as soon as the sweep process ``parent`` is gone (killed with -9 it cannot stop its
-    pool), checked every PARENT_POLL_SECONDS by a daemon thread: a worker is re-parented when its parent dies."""
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_POLL_SECONDS)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
-
-
-def _run_local(tasks, workers: int, on_rows: Callable[[list[dict]], None]) -> None:
-    if workers == 1:  # in this process: SIGINT/SIGTERM stop the solve in progress within about a second
-        with stop_requests() as stop:
-            for task in tasks:
-                on_rows(run_chunk(*task, should_stop=stop))
-        return
-    # spawn: a forked child of a process that has started JAX's threads can deadlock.
-    with stop_requests() as stop, _worker_environment(), concurrent.futures.ProcessPoolExecutor(
-            workers, mp_context=multiprocessing.get_context("spawn"), initializer=exit_with_parent,
-            initargs=(os.getpid(),)) as pool:
-        pending = {pool.submit(run_chunk, *task) for task in tasks}
-        while pending:
-            done, pending = concurrent.futures.wait(pending, timeout=PARENT_POLL_SECONDS,
-                                                    return_when=concurrent.futures.FIRST_COMPLETED)
-            for future in done:
-                on_rows(future.result())
-            if stop():  # SIGINT/SIGTERM to the sweep: its workers stop now, and write no row after it
-                for process in list(pool._processes.values()):
-                    process.terminate()
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise KeyboardInterrupt
-
-
-class ClusterLost(RuntimeError):
-    """The Dask scheduler could not be reached, or was lost during the sweep (the rows written are kept)."""
-
-
-def _run_dask(tasks, workers: int, scheduler: str | None, on_rows: Callable[[list[dict]], None]) -> None:
-    """The chunks on a Dask cluster. A worker that dies is replaced and its chunk run again by the scheduler (up to
-    its ``allowed-failures``); a chunk that kills its workers every time is split into its runs, and a run that
-    still does so gets a row saying so (``worker_died_row``) while the others finish. Losing the scheduler raises
-    ClusterLost."""
-    try:
-        from distributed import CancelledError, Client, KilledWorker, LocalCluster, as_completed
-    except ImportError:
-        raise ConfigError("--backend dask needs the 'distributed' package: pip install 'flowsim[dask]'") from None
-    where = "the sweep's LocalCluster" if scheduler is None else f"the Dask scheduler at {scheduler}"
-    with contextlib.ExitStack() as stack:
-        client_log = logging.getLogger("distributed.client")
-        client_log.addFilter(quiet := _WithoutTracebacks())
-        stack.callback(client_log.removeFilter, quiet)
-        if scheduler is None:
-            cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                                       env=WORKER_THREAD_ENV, dashboard_address=None))
-            client = stack.enter_context(Client(cluster))
-        else:
-            try:
-                client = stack.enter_context(Client(scheduler))
-            except OSError as error:
-                raise ClusterLost(f"cannot reach {where}: {error}") from None
-        submitted = {}
-
-        def submit(task) -> object:
-            future = client.submit(run_chunk, *task, pure=False)
-            submitted[future.key] = task
-            return future
-
-        queue = as_completed([submit(task) for task in tasks])
-        for future in queue:
-            config_path, base, specs, out = submitted[future.key]
-            try:
-                rows = future.result()
-            except KilledWorker as error:
-                if len(specs) > 1:  # which run kills its workers: each on its own
-                    for spec in specs:
-                        queue.add(submit((config_path, base, [spec], out)))
-                    continue
-                rows = [worker_died_row(config_path, base, specs[0], out, error)]
-            except CancelledError as error:  # an OSError here is the run's own (a full disk): it propagates as one
-                raise ClusterLost(f"lost {where} during the sweep ({getattr(error, 'reason', None) or error}); the rows "
-                                  "written are kept, and the same command, once the scheduler is back, computes the rest") from None
-            on_rows(rows)
-
-
-class _WithoutTracebacks(logging.Filter):
-    """Drops Dask's logged tracebacks of its own shutdown once the scheduler is lost; its one-line messages stay."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.exc_info is None
-
-
 WORKER_DIED = "worker_died"  # a row's status where every worker that ran it died (out of memory, killed)
 
 
@@ -443,6 +324,17 @@ def worker_died_row(config_path: str | None, base_overrides: tuple[str, ...], sp
                      f"{error.last_worker.address} (out of memory, or killed: see the workers' logs)"}
     write_atomic_json(Path(out) / "rows" / f"{spec.name}.json", row, indent=1)
     return row
+
+
+def _runs_of_chunk(task: tuple) -> list[tuple]:
+    """A chunk's task as one task per run (to find which run kills its workers); [] for a single run."""
+    config_path, base, specs, out = task
+    return [(config_path, base, [spec], out) for spec in specs] if len(specs) > 1 else []
+
+
+def _worker_died_rows(task: tuple, error) -> list[dict]:
+    config_path, base, specs, out = task
+    return [worker_died_row(config_path, base, specs[0], out, error)]
 
 
 def model_kind(row: dict) -> str:
@@ -577,9 +469,9 @@ def _run_sweep_locked(grid, specs, out, config_text, base, seeds, backend, worke
     tasks = [(config_text, base, chunk, str(out)) for chunk in chunks]
     with ticking(alive, every=2 * TICK_SECONDS):
         if backend == "local":
-            _run_local(tasks, workers, on_rows)
+            run_local(run_chunk, tasks, workers, on_rows)
         else:
-            _run_dask(tasks, workers, scheduler, on_rows)
+            run_dask(run_chunk, tasks, workers, scheduler, on_rows, split=_runs_of_chunk, on_killed=_worker_died_rows)
     rows = write_table(out, specs, list(grid))
     two_layer = any("t_upper_specialised" in row for row in rows)  # no stages: its probes' times instead
     plot_sweep_phase_diagram(rows, list(grid), out / "phase_diagram.png",

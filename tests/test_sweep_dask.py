@@ -15,12 +15,12 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from flowsim import sweep  # noqa: E402
+from flowsim import sweep, sweep_backends  # noqa: E402
 
 # rows of a few seconds each: long enough to kill a worker in the middle of one
 ROWS = ["--grid", "time.t_end=[20, 30, 40, 50]", "--set", "loss.kind='monte_carlo'", "--set", "loss.mc_samples=3000",
         "--set", "solver.method='Tsit5'", "--batch", "1"]
-QUIET = {**os.environ, **sweep.WORKER_THREAD_ENV, "PYTHONUNBUFFERED": "1",
+QUIET = {**os.environ, **sweep_backends.WORKER_THREAD_ENV, "PYTHONUNBUFFERED": "1",
          "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "5s"}  # a lost scheduler is given up after 5 s, not 30
 
 

@@ -1,0 +1,136 @@
+"""Where a sweep's chunks run: in this process or a pool of spawned processes (``run_local``), or on a Dask
+distributed cluster (``run_dask``). Every worker process gets the thread settings of WORKER_THREAD_ENV, so both
+backends compute identical results."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from typing import Callable
+
+from flowsim.config import ConfigError
+from flowsim.interrupts import stop_requests
+
+# BLAS and OpenMP threads of every worker process, as Dask's nanny sets them: equal settings give bit-identical
+# results on either backend.
+WORKER_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+@contextlib.contextmanager
+def _worker_environment():
+    """Worker processes inherit the thread settings of WORKER_THREAD_ENV."""
+    saved = {key: os.environ.get(key) for key in WORKER_THREAD_ENV}
+    os.environ.update(WORKER_THREAD_ENV)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+PARENT_POLL_SECONDS = 1.0
+
+
+def exit_with_parent(parent: int) -> None:
+    """In a worker: exit as soon as the sweep process ``parent`` is gone (killed with -9 it cannot stop its
+    pool), checked every PARENT_POLL_SECONDS by a daemon thread: a worker is re-parented when its parent dies."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def run_local(work: Callable, tasks: list[tuple], workers: int, on_result: Callable) -> None:
+    """``on_result(work(*task))`` for every task: in this process when ``workers`` is 1, else in a pool of that many
+    spawned processes. SIGINT/SIGTERM stop the work (KeyboardInterrupt)."""
+    if workers == 1:  # in this process: SIGINT/SIGTERM stop the solve in progress within about a second
+        with stop_requests() as stop:
+            for task in tasks:
+                on_result(work(*task, should_stop=stop))
+        return
+    # spawn: a forked child of a process that has started JAX's threads can deadlock.
+    with stop_requests() as stop, _worker_environment(), concurrent.futures.ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn"), initializer=exit_with_parent,
+            initargs=(os.getpid(),)) as pool:
+        pending = {pool.submit(work, *task) for task in tasks}
+        while pending:
+            done, pending = concurrent.futures.wait(pending, timeout=PARENT_POLL_SECONDS,
+                                                    return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                on_result(future.result())
+            if stop():  # SIGINT/SIGTERM to the sweep: its workers stop now, and write no row after it
+                for process in list(pool._processes.values()):
+                    process.terminate()
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise KeyboardInterrupt
+
+
+class ClusterLost(RuntimeError):
+    """The Dask scheduler could not be reached, or was lost during the sweep (the rows written are kept)."""
+
+
+def run_dask(work: Callable, tasks: list[tuple], workers: int, scheduler: str | None, on_result: Callable, *,
+             split: Callable[[tuple], list[tuple]], on_killed: Callable[[tuple, Exception], object]) -> None:
+    """``on_result(work(*task))`` for every task on a Dask cluster (a LocalCluster of ``workers`` processes, or the
+    scheduler at ``scheduler``). A worker that dies is replaced and its task run again by the scheduler (up to its
+    ``allowed-failures``); a task that kills its workers every time is replaced by ``split(task)``, and one that
+    cannot be split gives ``on_killed(task, error)`` as its result while the others finish. Losing the scheduler
+    raises ClusterLost."""
+    try:
+        from distributed import CancelledError, Client, KilledWorker, LocalCluster, as_completed
+    except ImportError:
+        raise ConfigError("--backend dask needs the 'distributed' package: pip install 'flowsim[dask]'") from None
+    where = "the sweep's LocalCluster" if scheduler is None else f"the Dask scheduler at {scheduler}"
+    with contextlib.ExitStack() as stack:
+        client_log = logging.getLogger("distributed.client")
+        client_log.addFilter(quiet := _WithoutTracebacks())
+        stack.callback(client_log.removeFilter, quiet)
+        if scheduler is None:
+            cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                                       env=WORKER_THREAD_ENV, dashboard_address=None))
+            client = stack.enter_context(Client(cluster))
+        else:
+            try:
+                client = stack.enter_context(Client(scheduler))
+            except OSError as error:
+                raise ClusterLost(f"cannot reach {where}: {error}") from None
+        submitted = {}
+
+        def submit(task) -> object:
+            future = client.submit(work, *task, pure=False)
+            submitted[future.key] = task
+            return future
+
+        queue = as_completed([submit(task) for task in tasks])
+        for future in queue:
+            task = submitted[future.key]
+            try:
+                result = future.result()
+            except KilledWorker as error:
+                parts = split(task)
+                for part in parts:  # which part kills its workers: each on its own
+                    queue.add(submit(part))
+                if parts:
+                    continue
+                result = on_killed(task, error)
+            except CancelledError as error:  # an OSError here is the run's own (a full disk): it propagates as one
+                raise ClusterLost(f"lost {where} during the sweep ({getattr(error, 'reason', None) or error}); the rows "
+                                  "written are kept, and the same command, once the scheduler is back, computes the rest") from None
+            on_result(result)
+
+
+class _WithoutTracebacks(logging.Filter):
+    """Drops Dask's logged tracebacks of its own shutdown once the scheduler is lost; its one-line messages stay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.exc_info is None
