@@ -17,7 +17,7 @@ import numpy as np
 
 from flowsim.config import RunConfig, load_config, transition_override
 from flowsim.assemble import prepare
-from flowsim.observables import compute_observables
+from flowsim.families import compute_observables
 from flowsim.solvers import solve_flow
 from flowsim.stages import StageReport, StageThresholds, detect_stages
 from theory.focus import predict_focus

@@ -17,9 +17,9 @@ from flowsim.config import ConfigError, RunConfig, flat_settings, load_config
 from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, file_digest, read_npz, write_atomic_bytes, write_atomic_npz
 from flowsim.methods import METHOD, method_for
-from flowsim.families import family_of, family_of_observables
+from flowsim.families import compute_observables, family_of, family_of_observables
 from flowsim.models import Model
-from flowsim.observables import MEASURED_BY, OBSERVABLES_NPZ, TRAJECTORY_DIGEST, Observables, compute_observables
+from flowsim.observables import MEASURED_BY, OBSERVABLES_NPZ, TRAJECTORY_DIGEST, Observables
 from flowsim.plots import plot_run_summary
 from flowsim.rundir import (
     CONFIG_FILE,

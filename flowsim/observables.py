@@ -47,7 +47,6 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.linalg import subspace_angles
 
-from flowsim.families import KIND_CONSTANT, family_of
 from flowsim.flow import GradientFlow
 from flowsim.io import REMEDY, DamagedFileError, read_npz, write_atomic_bytes, write_atomic_npz
 from flowsim.losses import mean_field_attention
@@ -173,17 +172,9 @@ def _two_layer_maps(model: TwoLayerTransformer, params: dict, pi: jax.Array) -> 
     return jax.vmap(model.attention_maps, in_axes=(0, None))(params, pi)
 
 
-def compute_observables(
-    trajectory: Trajectory, model: Model, pi: np.ndarray, flow: GradientFlow | None = None, law: SequenceLaw | None = None,
-) -> Observables:
-    """All observables of a trajectory on a chain with frequencies ``pi`` (a sequence task:
-    its query law, and ``law`` the task's exact law of contexts)."""
-    if isinstance(model, PositionalTwoLayerTransformer):
-        if law is None:
-            raise ValueError("the observables of the positional model average over a task's contexts: pass law=task.law")
-        return positional_observables(trajectory, model, law, flow)
-    if isinstance(model, TwoLayerTransformer):
-        return two_layer_observables(trajectory, model, pi, flow)
+def one_layer_observables(trajectory: Trajectory, model: Model, pi: np.ndarray, flow: GradientFlow | None = None) -> Observables:
+    """All observables of a one-layer trajectory on a chain with frequencies ``pi`` (gradient norms when ``flow``
+    is given). Keeps Φ, M and A per saved time: O(T d²) memory (``stage_observables`` keeps O(T d))."""
     phi, value_map, attention = (np.asarray(x) for x in _one_layer_maps(model, dict(trajectory.params), jnp.asarray(pi)))
     matrices = {
         "W0": trajectory.params["W0"],
@@ -207,8 +198,7 @@ def compute_observables(
     if flow is not None:
         for name, norms in gradient_norms(trajectory, flow).items():
             columns[f"grad_norm_{name}"] = norms
-    constants = {"embedding_pc_directions": directions, "embedding_pc_explained": explained, "pi": np.asarray(pi),
-                 KIND_CONSTANT: np.asarray(family_of(model).kind)}
+    constants = {"embedding_pc_directions": directions, "embedding_pc_explained": explained, "pi": np.asarray(pi)}
     return Observables(t=np.asarray(trajectory.t), columns=columns, constants=constants)
 
 
@@ -216,7 +206,7 @@ def stage_observables(trajectory: Trajectory, pi: np.ndarray) -> Observables:
     """What the stage detectors read of a one-layer trajectory (paper model), at any vocabulary size:
     loss, singular values of W0, W1, W_Q, W_K, per-query attention entropy and mass on the frequent
     token, embedding norms. Nothing d x d is kept per time: O(T d² k) time, O(T d) memory (the full
-    ``compute_observables`` keeps Φ, M and A per saved time)."""
+    ``one_layer_observables`` keeps Φ, M and A per saved time)."""
     params = trajectory.params
     log_pi = np.log(np.asarray(pi, dtype=float))
     top = int(np.argmax(pi))
@@ -239,7 +229,7 @@ def stage_observables(trajectory: Trajectory, pi: np.ndarray) -> Observables:
     columns["attention_mass_top"] = np.array(mass)
     columns["embedding_norm"] = np.linalg.norm(params["W0"], axis=2)
     return Observables(t=np.asarray(trajectory.t), columns=columns,
-                       constants={"pi": np.asarray(pi), KIND_CONSTANT: np.asarray("one_layer")})
+                       constants={"pi": np.asarray(pi)})
 
 
 def two_layer_observables(
@@ -268,7 +258,7 @@ def two_layer_observables(
         for name, norms in gradient_norms(trajectory, flow).items():
             columns[f"grad_norm_{name}"] = norms
     return Observables(t=np.asarray(trajectory.t), columns=columns,
-                       constants={"pi": np.asarray(pi), KIND_CONSTANT: np.asarray(family_of(model).kind)})
+                       constants={"pi": np.asarray(pi)})
 
 
 def _positional_probe(model: PositionalTwoLayerTransformer, params: dict, contexts: jax.Array, probability: jax.Array,
@@ -323,7 +313,7 @@ def positional_observables(
         for name, norms in gradient_norms(trajectory, flow).items():
             columns[f"grad_norm_{name}"] = norms
     return Observables(t=np.asarray(trajectory.t), columns=columns,
-                       constants={"pi": law.query_law, KIND_CONSTANT: np.asarray(family_of(model).kind)})
+                       constants={"pi": law.query_law})
 
 
 def gradient_norms(trajectory: Trajectory, flow: GradientFlow) -> dict[str, np.ndarray]:

@@ -50,7 +50,7 @@ from flowsim.assemble import sequence_law, prepare
 from flowsim.experiment import stage_detectors_apply, stages_of
 from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
 from flowsim.methods import METHOD, method_for
-from flowsim.observables import compute_observables
+from flowsim.families import FAMILIES, compute_observables
 from flowsim.progress import TICK_SECONDS, ticking
 from flowsim.rundir import check_output_dir, discard_unused_folder, folder_lock, library_versions
 from flowsim.status import Status
@@ -60,17 +60,8 @@ from flowsim.specialisation import summarise
 from flowsim.sweep_backends import run_dask, run_local
 
 BACKENDS = ("local", "dask")
-# sweep.csv's columns: every row's, then those of the models present (a one-layer sweep has no two-layer probes)
+# sweep.csv's columns: every row's, then those of the model families present (``ModelFamily.table_columns``)
 COMMON_COLUMNS = ("seed", "status", "final_loss")
-
-
-def model_columns() -> dict[str, tuple[str, ...]]:
-    """Each model kind's columns (read at call time: a registered stage adds its onset)."""
-    return {
-        "one_layer": (*(f"onset_{stage.name}" for stage in EVENT_STAGES), "end_condensation", "cycles"),
-        "two_layer": ("t_basis_mature", "premature_index", "t_basis_final", "premature_index_final", "t_upper_specialised",
-                      "basis_turn_at_specialisation", "bayes_loss"),
-    }
 
 
 COST_COLUMNS = ("n_steps", "solve_seconds")
@@ -240,7 +231,7 @@ def resolved_settings(config) -> dict:
 
 def number_columns() -> tuple[str, ...]:
     """The columns a row holds as numbers (or null)."""
-    return ("final_loss", *(column for extra in model_columns().values() for column in extra if column != "cycles"),
+    return ("final_loss", *(column for family in FAMILIES.values() for column in family.table_columns() if column != "cycles"),
             *COST_COLUMNS)
 
 
@@ -354,7 +345,7 @@ def write_table(out: Path, specs: list[RunSpec], grid_keys: Sequence[str]) -> li
                 raise ConfigError(str(error)) from None
     kinds = {model_kind(row) for row in rows}
     columns = ["name", *grid_keys, *COMMON_COLUMNS,
-               *[column for kind, extra in model_columns().items() if kind in kinds for column in extra], *COST_COLUMNS]
+               *[column for kind, family in FAMILIES.items() if kind in kinds for column in family.table_columns()], *COST_COLUMNS]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
@@ -364,20 +355,12 @@ def write_table(out: Path, specs: list[RunSpec], grid_keys: Sequence[str]) -> li
     return rows
 
 
-def summary_columns() -> dict[str, tuple[str, ...]]:
-    """Each stage by the time that dates it everywhere (condensation's end, the others' onset), named so in the
-    header."""
-    return {"one_layer": tuple(stage.column for stage in EVENT_STAGES),
-            "two_layer": ("t_basis_mature", "t_upper_specialised", "bayes_loss")}
-
-
 def summary_table(rows: list[dict]) -> str:
     """The sweep at a glance, one line per row: status, final loss and the model's headline times, an event the
     run did not reach by its horizon written "not reached" (the phase diagram leaves those cells blank)."""
     present = {model_kind(row) for row in rows}
-    summary = summary_columns()
-    kinds = [kind for kind in summary if kind in present]
-    columns = ["name", "status", "final_loss", *[column for kind in kinds for column in summary[kind]]]
+    columns = ["name", "status", "final_loss",
+               *[column for kind, family in FAMILIES.items() if kind in present for column in family.summary_columns()]]
 
     def cell(row: dict, column: str) -> str:
         value = row.get(column)

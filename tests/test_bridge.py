@@ -276,6 +276,7 @@ def test_short_text_run_trains_is_labelled_and_meets_its_surrogate(tmp_path, cor
     observables = flowsim.observables.Observables.load(tmp_path / corpus)
     assert observables["attention"].shape[1:] == (5, 5)  # 4 tracked tokens and "other"
     np.testing.assert_allclose(observables["attention"].sum(axis=2), 1.0, atol=1e-12)
+    assert str(observables.constants["model_kind"]) == "one_layer"  # the kind is recorded, as flowsim's runs record it
     report = label_run(tmp_path / corpus)
     assert report.of("condensation")
     rows, agreement, description = compare_bridge_run(tmp_path / corpus)

@@ -35,7 +35,7 @@ def loss_halved(detection: stages.Detection) -> list[Interval]:
 
 
 def test_a_registered_stage_is_detected_reported_and_tabled(default_flow, paper_chain, registries):
-    from flowsim.sweep import summary_columns
+    from flowsim.families import FAMILIES
 
     flow, params0 = default_flow
     times = np.concatenate([[0.0], np.geomspace(0.1, 300.0, 120)])
@@ -54,7 +54,8 @@ def test_a_registered_stage_is_detected_reported_and_tabled(default_flow, paper_
     assert report.dated()["onset_loss_halved"] == expected
     assert report.events()[("loss_halved", None, None, 1)] == expected
     assert [i for i in report.intervals if i.stage != "loss_halved"] == before.intervals  # the shipped stages unmoved
-    assert "onset_loss_halved" in summary_columns()["one_layer"]
+    assert "onset_loss_halved" in FAMILIES["one_layer"].summary_columns()
+    assert "onset_loss_halved" in FAMILIES["one_layer"].table_columns()
     assert "loss_halved" in report.table()
 
     with pytest.raises(ValueError, match="exists already"):
@@ -125,7 +126,8 @@ def test_observables_carry_their_model_family(default_flow, paper_chain, paper_m
     """Every run's observables name their model's family; observables saved before that are classified by their
     columns; an object of no family, or a family registered twice, is refused."""
     from flowsim.families import FAMILIES, KIND_CONSTANT, ModelFamily, family_of, family_of_observables, register_family
-    from flowsim.observables import Observables, compute_observables
+    from flowsim.families import compute_observables
+    from flowsim.observables import Observables
 
     flow, params0 = default_flow
     trajectory = solve_flow(flow, params0, np.linspace(0.0, 2.0, 5)).trajectory
@@ -140,4 +142,4 @@ def test_observables_carry_their_model_family(default_flow, paper_chain, paper_m
     with pytest.raises(ValueError, match="belongs to no model family"):
         family_of(object())
     with pytest.raises(ValueError, match="exists already"):
-        register_family(ModelFamily("one_layer", (object,), False, "W0", "attention_entropy"))
+        register_family(ModelFamily("one_layer", (object,), FAMILIES["one_layer"].observables, False, "W0", "attention_entropy"))

@@ -25,6 +25,6 @@ def test_the_theory_loads_no_application_module_and_no_matplotlib():
 
 
 def test_the_core_loads_no_theory_and_no_application_module():
-    loaded = modules_loaded_by("import flowsim.assemble, flowsim.solvers, flowsim.observables, flowsim.stages")
+    loaded = modules_loaded_by("import flowsim.assemble, flowsim.solvers, flowsim.observables, flowsim.stages, flowsim.families")
     leaks = [name for name in loaded if name.startswith((*APPLICATION, "theory"))]
     assert not leaks, leaks

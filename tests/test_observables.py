@@ -6,10 +6,10 @@ from conftest import random_params
 
 from flowsim import MarkovChain, OneLayerTransformer, make_loss_function
 from flowsim.flow import GradientFlow
+from flowsim.families import compute_observables
 from flowsim.observables import (
     OBSERVABLES_CSV,
     Observables,
-    compute_observables,
     principal_directions,
     stable_rank,
 )

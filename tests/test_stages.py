@@ -5,7 +5,8 @@ import pytest
 
 from flowsim.config import load_config
 from flowsim.assemble import prepare
-from flowsim.observables import Observables, compute_observables
+from flowsim.families import compute_observables
+from flowsim.observables import Observables
 from flowsim.solvers import solve_flow
 from flowsim.stages import STAGES_JSON, StageThresholds, detect_stages
 

@@ -12,7 +12,7 @@ import flowsim
 from flowsim.config import load_config
 from flowsim.assemble import prepare
 from flowsim.flow import GradientFlow
-from flowsim.observables import compute_observables
+from flowsim.families import compute_observables
 from flowsim.solvers import solve_flow
 from flowsim.stages import detect_stages
 from flowsim.trajectory import Trajectory

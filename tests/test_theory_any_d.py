@@ -11,7 +11,8 @@ from conftest import random_chain
 import flowsim
 from flowsim.config import load_config
 from flowsim.losses import expected_cross_entropy, mean_field_attention
-from flowsim.observables import compute_observables, stage_observables
+from flowsim.families import compute_observables
+from flowsim.observables import stage_observables
 from flowsim.trajectory import Trajectory
 from theory.focus import condensed_point_expressions
 from theory.cycles import dilution_rates, focused_token, observables_until

@@ -31,6 +31,7 @@ from flowsim.bridge.observables import checkpoint_observables, stack_observables
 from flowsim.bridge.train import CHECKPOINT_FILE, DataSource, build_data, type_names
 from flowsim.chains import MarkovChain, bigram_counts, cross_entropy_rate, fit_unigram_weight
 from flowsim.config import ConfigError
+from flowsim.families import family_of
 from flowsim.flow import GradientFlow
 from flowsim.io import DamagedFileError, file_digest, read_json, write_atomic_json
 from flowsim.losses import make_loss_function
@@ -144,7 +145,7 @@ def measured_like_the_run(model, trajectory: Trajectory, data: DataSource) -> Ob
         row = checkpoint_observables(twin.load_flowsim_params(trajectory.at(i)), probe, data.frequencies)
         row["loss"] = row["val_loss"] = np.asarray(trajectory.loss[i])
         rows.append(row)
-    return stack_observables(trajectory.t, rows, probe.pi)
+    return stack_observables(trajectory.t, rows, probe.pi, family_of(model).kind)
 
 
 def ode_beside(run_dir: Path, progress: bool = False) -> tuple[Observables, dict]:

@@ -27,6 +27,7 @@ import torch
 from scipy.linalg import subspace_angles
 
 from flowsim.bridge.models import GPT, OneLayerTorch, TwoLayerTorch
+from flowsim.families import KIND_CONSTANT
 from flowsim.observables import Observables, attention_entropy, doubling_angles, stable_rank
 
 
@@ -123,8 +124,9 @@ def checkpoint_observables(model: torch.nn.Module, probe: ProbeSet, frequencies:
     return columns
 
 
-def stack_observables(t: np.ndarray, rows: list[dict[str, np.ndarray]], pi: np.ndarray) -> Observables:
-    """Stack checkpoint rows into flowsim Observables (stable ranks and basis angles added)."""
+def stack_observables(t: np.ndarray, rows: list[dict[str, np.ndarray]], pi: np.ndarray, kind: str) -> Observables:
+    """Stack checkpoint rows into flowsim Observables (stable ranks and basis angles added) of a model of ``kind``
+    (``model.kind``: a flowsim family's, or "gpt"), recorded among the constants as flowsim's runs record theirs."""
     columns = {name: np.stack([np.asarray(row[name]) for row in rows]) for name in rows[0]}
     for name in [n for n in columns if n.startswith("sv_")]:
         columns[f"stable_rank_{name[3:]}"] = stable_rank(columns[name])
@@ -133,4 +135,4 @@ def stack_observables(t: np.ndarray, rows: list[dict[str, np.ndarray]], pi: np.n
         columns[f"basis_angle_{layer}"] = np.array([subspace_angles(s.T, streams[-1].T).max() for s in streams])
         columns[f"basis_drift_{layer}"] = np.array([0.0] + [subspace_angles(a.T, b.T).max() for a, b in zip(streams[:-1], streams[1:])])
         columns[f"basis_doubling_angle_{layer}"] = doubling_angles(t, [s.T for s in streams])
-    return Observables(t=np.asarray(t, dtype=float), columns=columns, constants={"pi": np.asarray(pi)})
+    return Observables(t=np.asarray(t, dtype=float), columns=columns, constants={"pi": np.asarray(pi), KIND_CONSTANT: np.asarray(kind)})

@@ -350,7 +350,7 @@ def write_outputs(run_dir: Path, config: BridgeConfig, data: DataSource, pi: np.
     writer.writerows(log)
     write_atomic_bytes(run_dir / LOG_FILE, text.getvalue().encode())
     t = np.array([entry["t"] for entry in log])
-    observables = stack_observables(t, rows, pi)
+    observables = stack_observables(t, rows, pi, config.model.kind)
     observables.constants["type_names"] = np.array(type_names(data))
     observables.constants[MEASURED_BY] = np.array("torch")  # measurements, not a cache of trajectory.npz
     observables.save(run_dir)
