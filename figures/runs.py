@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Sequence
 
 from flowsim.config import Sections, load_config
-from flowsim.experiment import execute_run, observables_of_run
+from flowsim.experiment import execute_run
+from flowsim.labelling import observables_of_run
 from flowsim.observables import Observables
 from flowsim.rundir import CONFIG_FILE, META_FILE, load_run
 from flowsim.stages import StageReport, detect_stages

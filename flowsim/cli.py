@@ -140,7 +140,7 @@ def _report_run(result, run_dir: Path) -> None:
 def stages(run_dir: Path = typer.Argument(..., help="A run directory written by `flowsim run`.")) -> None:
     """Label the stages of a run (condensation, focus, dilution, restart, plateau) and print them."""
     from flowsim.config import ConfigError
-    from flowsim.experiment import label_run, partial_note
+    from flowsim.labelling import label_run, partial_note
     from flowsim.rundir import check_not_in_use
 
     try:
@@ -181,7 +181,7 @@ def predict(
 def compare(run_dir: Path = typer.Argument(..., help="A run directory written by `flowsim run`.")) -> None:
     """Put predicted stage onsets beside the detected ones; writes compare.json in the run directory."""
     from flowsim.config import ConfigError
-    from flowsim.experiment import check_labelable, partial_note
+    from flowsim.labelling import check_labelable, partial_note
     from flowsim.rundir import check_not_in_use, load_run
     from flowsim.predictions import COMPARE_JSON, compare_run
     from flowsim.progress import TICK_SECONDS, ticking

@@ -1,5 +1,5 @@
-"""One run end to end: config -> chain, model, loss, flow -> solver -> run directory,
-then observables, stage labels and the summary figure."""
+"""One run end to end: config -> chain, model, loss, flow -> solver -> run directory, then its observables, stage
+labels (``flowsim.labelling``) and summary figure; and the resume of a stopped run."""
 
 from __future__ import annotations
 
@@ -10,16 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from flowsim.assemble import PreparedRun, bayes_loss, sequence_law, model_description, prepare
 from flowsim.config import ConfigError, RunConfig, flat_settings, load_config
 from flowsim.interrupts import stop_requests
-from flowsim.io import DamagedFileError, file_digest, read_npz, write_atomic_bytes, write_atomic_npz
+from flowsim.io import DamagedFileError, read_npz, write_atomic_bytes, write_atomic_npz
 from flowsim.methods import METHOD, method_for
-from flowsim.families import compute_observables, family_of, family_of_observables
-from flowsim.models import Model
-from flowsim.observables import MEASURED_BY, OBSERVABLES_NPZ, TRAJECTORY_DIGEST, Observables
+from flowsim.families import compute_observables
+from flowsim.observables import OBSERVABLES_NPZ
 from flowsim.plots import plot_run_summary
 from flowsim.rundir import (
     CONFIG_FILE,
@@ -32,102 +29,13 @@ from flowsim.rundir import (
     library_versions,
     load_run,
     read_meta,
-    status_of,
     this_process,
     write_config,
     write_meta,
 )
 from flowsim.solvers import FlowResult, ResumePoint, SolverStats, solve_flow
 from flowsim.status import Status
-from flowsim.stages import StageReport, detect_stages
-
-MIN_SAMPLES_FOR_STAGES = 3
-ONE_LAYER_COLUMNS = {"sv_W0", "attention_entropy", "loss"}
-
-
-def observables_of_run(run_dir: Path) -> Observables:
-    """The run's observables: read observables.npz when it holds measurements or was
-    computed from the run's present trajectory.npz, else compute them again and save them."""
-    run_dir = Path(run_dir)
-    if (run_dir / OBSERVABLES_NPZ).is_file():
-        try:
-            observables = Observables.load(run_dir)
-        except DamagedFileError:
-            observables = None  # a cache: recomputed below
-        if observables is not None and MEASURED_BY in observables.constants:
-            return observables
-        digest = file_digest(run_dir / TRAJECTORY_FILE) if (run_dir / TRAJECTORY_FILE).is_file() else None
-        current = observables is not None and ("basis_angle" not in observables.columns
-                                               or "basis_doubling_angle" in observables.columns)  # else an older layout
-        if current and digest is not None and str(observables.constants.get(TRAJECTORY_DIGEST)) == digest:
-            return observables
-    run = load_run(run_dir)
-    prepared = prepare(load_config(run_dir / CONFIG_FILE))
-    observables = compute_observables(run.trajectory, prepared.model, prepared.chain.pi, prepared.flow, sequence_law(prepared.chain))
-    _save_observables(observables, run_dir)
-    return observables
-
-
-def _save_observables(observables: Observables, run_dir: Path) -> None:
-    digest = np.asarray(file_digest(Path(run_dir) / TRAJECTORY_FILE))
-    Observables(observables.t, observables.columns, {**observables.constants, TRAJECTORY_DIGEST: digest}).save(run_dir)
-
-
-def stage_detectors_apply(model: Model) -> bool:
-    """Whether the stage detectors read this model's observables (its family's row says)."""
-    return family_of(model).stage_detectors_apply
-
-
-def stages_of(result: FlowResult, model: Model, observables: Observables) -> StageReport | None:
-    """The stage labels of a solved run (``flowsim run`` and every sweep row), or None where they do not
-    apply: a model the detectors do not read, a run whose state left the flow, or fewer than
-    MIN_SAMPLES_FOR_STAGES saved times after t = 0."""
-    if not stage_detectors_apply(model) or result.status.broken or np.count_nonzero(observables.t > 0) < MIN_SAMPLES_FOR_STAGES:
-        return None
-    return detect_stages(observables)
-
-
-def check_labelable(run_dir: Path) -> str:
-    """The run's status name; a run whose state left the flow (diverged, non-finite) is refused."""
-    meta = read_meta(run_dir)
-    status = status_of(meta)
-    if status in (Status.NON_FINITE.label, Status.DIVERGED.label):
-        raise ConfigError(f"{run_dir}: the run stopped with status {status!r} ({meta.get('message', '')}); "
-                          "its points are not a gradient flow, so its stages are not labelled")
-    return status
-
-
-def label_run(run_dir: Path) -> StageReport:
-    """Detect the stages of a run directory and write stages.json and stages.txt."""
-    check_labelable(run_dir)
-    observables = observables_of_run(run_dir)
-    family = family_of_observables(observables.constants, observables.columns)
-    if family is None or not family.stage_detectors_apply or not ONE_LAYER_COLUMNS <= set(observables.columns):
-        kind = "unknown" if family is None else family.kind
-        raise ConfigError(f"stage detection is defined for the one-layer model; this run has model.kind = {kind!r}")
-    report = detect_stages(observables)
-    report.save(run_dir)
-    return report
-
-
-def partial_note(run_dir: Path) -> str | None:
-    """One line saying that a run stopped before its last save time, or None for a finished run."""
-    run_dir = Path(run_dir)
-    meta = read_meta(run_dir)
-    status = status_of(meta)
-    if status == Status.FINISHED.label:
-        return None
-    reached, t_end = meta.get("t_reached"), meta.get("t_end")
-    if (run_dir / TRAJECTORY_FILE).is_file():  # the saved points, which the table covers (a running solver is ahead)
-        try:
-            reached = float(read_npz(run_dir / TRAJECTORY_FILE, ("t",))["t"][-1])
-        except (DamagedFileError, IndexError):
-            pass
-    where = f", saved up to t = {reached:g}" if isinstance(reached, (int, float)) else ""
-    where += f" of t_end = {t_end:g}" if where and isinstance(t_end, (int, float)) else ""
-    hint = f"; continue it with `flowsim run --resume {run_dir}`" if status in RESUMABLE and "t_end" in meta else ""
-    return f"partial run: status {status}{where}{hint}"
-
+from flowsim.labelling import RESUMABLE, save_observables, stages_of
 
 def execute_run(
     config: RunConfig, run_dir: Path, *, progress: bool = True, prepared: PreparedRun | None = None,
@@ -244,7 +152,7 @@ def _write_outputs(config: RunConfig, run_dir: Path, prepared: PreparedRun, resu
     """Observables, stages and the summary figure of a run that ended, then meta.json, last: every output is there."""
     chain, model = prepared.chain, prepared.model
     observables = compute_observables(result.trajectory, model, chain.pi, prepared.flow, sequence_law(chain))
-    _save_observables(observables, run_dir)
+    save_observables(observables, run_dir)
     stages = stages_of(result, model, observables)
     if stages is not None:
         stages.save(run_dir)
@@ -273,7 +181,6 @@ def _complete_outputs(config: RunConfig, run_dir: Path, prepared: PreparedRun, r
     return result
 
 
-RESUMABLE = (Status.INTERRUPTED.label, Status.STEP_LIMIT.label)
 
 
 def resume_run(run_dir: Path, *, progress: bool = True) -> tuple[FlowResult, bool]:

@@ -21,7 +21,7 @@ import theory
 from flowsim.caches import cache_dir
 from flowsim.config import ConfigError, RunConfig, load_config
 from flowsim.assemble import sequence_law, prepare
-from flowsim.experiment import label_run
+from flowsim.labelling import label_run
 from flowsim.io import REMEDY, DamagedFileError, file_digest, read_json, read_npz, write_atomic_json, write_atomic_npz
 from flowsim.models import PositionalTwoLayerTransformer
 from flowsim.rundir import CONFIG_FILE, load_run

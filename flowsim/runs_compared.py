@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowsim.config import ConfigError, load_config
-from flowsim.experiment import label_run, observables_of_run
+from flowsim.labelling import label_run, observables_of_run
 from flowsim.observables import Observables
 from flowsim.plots import RUN_STYLES, STYLE_NAMES, plot_overlay
 from flowsim.predictions import pathwise_of_run

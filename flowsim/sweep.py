@@ -47,7 +47,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from flowsim.config import ConfigError, flat_settings, load_config
 from flowsim.assemble import sequence_law, prepare
-from flowsim.experiment import stage_detectors_apply, stages_of
+from flowsim.labelling import stage_detectors_apply, stages_of
 from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
 from flowsim.methods import METHOD, method_for
 from flowsim.families import FAMILIES, compute_observables

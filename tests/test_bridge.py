@@ -266,7 +266,7 @@ def test_sgd_on_sampled_sequences_reproduces_the_finite_s_flow(tmp_path):
 def test_short_text_run_trains_is_labelled_and_meets_its_surrogate(tmp_path, corpus, monkeypatch):
     import flowsim.bridge.compare
     from flowsim.bridge.compare import compare_bridge_run
-    from flowsim.experiment import label_run
+    from flowsim.labelling import label_run
 
     overrides = [f"data.kind='{corpus}'", "data.vocab_size=100", "data.s=16", "data.batch_size=64", "model.m=8", "model.k=8",
                  "model.init_eps=1e-3", "optim.lr=1.0", "optim.steps=200", "log.n_checkpoints=20", "log.fold_d=4",

@@ -275,7 +275,7 @@ def test_a_failed_write_keeps_the_trajectory_and_says_what_was_lost(tmp_path, mo
     def cannot_write(observables, run_dir):
         raise OSError(code, os.strerror(code), str(run_dir / "observables.npz"))
 
-    monkeypatch.setattr(experiment, "_save_observables", cannot_write)
+    monkeypatch.setattr(experiment, "save_observables", cannot_write)
     result = _invoke("run", *[i for s in SMALL for i in ("--set", s)], "--out", str(tmp_path / "run"))
     assert result.exit_code == 1 and reason in result.output and "Traceback" not in result.output
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())

@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-APPLICATION = ("flowsim.rundir", "flowsim.experiment", "flowsim.sweep", "flowsim.predictions", "flowsim.plots",
+APPLICATION = ("flowsim.rundir", "flowsim.experiment", "flowsim.labelling", "flowsim.sweep_backends", "flowsim.sweep", "flowsim.predictions", "flowsim.plots",
                "flowsim.runs_compared", "flowsim.cli", "flowsim.bridge", "figures", "matplotlib")
 
 
