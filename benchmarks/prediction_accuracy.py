@@ -22,7 +22,7 @@ from flowsim.solvers import solve_flow
 from flowsim.stages import StageReport, StageThresholds, detect_stages
 from theory.focus import predict_focus
 from theory.origin import predict_condensation
-from theory.predict import compared_rows, predict_run
+from theory.predict import AFTER_HORIZON, Row, compared_rows, predict_run
 from theory.restart import RestartPrediction, propagate_rank
 from theory.mean_field import MeanFieldChain
 
@@ -119,7 +119,8 @@ def overrides_accuracy(chain_overrides: list[str], eps: float, seed: int, horizo
 
 @dataclass(frozen=True)
 class RestartAccuracy:
-    """The predicted σ1 restart (with its rule) beside the measured one on one chain."""
+    """The predicted σ1 restart beside the measured one on one chain: the rank-one transverse equation's (with its
+    rule) and ``predict_run``'s row (read on the flow with direction 1 open from θ(0))."""
 
     pi: list[float]
     lam: float | None
@@ -127,11 +128,16 @@ class RestartAccuracy:
     t_end: float | None  # the measured flow's horizon (None: the prediction is past ``t_cap``, not measured)
     prediction: RestartPrediction
     measured: float | None
+    row: float | None = None  # predict_run's σ1 row on the measured run's save times (None: not computed, or none)
 
     @property
     def error(self) -> float | None:
         predicted = self.prediction.t_onset
         return None if predicted is None or self.measured is None else abs(predicted - self.measured) / self.measured
+
+    @property
+    def row_error(self) -> float | None:
+        return None if self.row is None or self.measured is None else abs(self.row - self.measured) / self.measured
 
 
 def restart_accuracy(pi: list[float], lam: float, eps: float, seed: int = 0, horizon_factor: float = 1.3,
@@ -160,9 +166,18 @@ def overrides_restart_accuracy(chain_overrides: list[str], eps: float, seed: int
     if predicted is None or horizon_factor * predicted > t_cap:
         return RestartAccuracy(pi, lam, eps, None, prediction, None)
     t_end = horizon_factor * predicted
+    row = opened_restart_row(overrides, eps, t_end, n_save)
+    if row.predicted is None and row.note.startswith(AFTER_HORIZON):  # the row's flow restarts later: look that far
+        t_end = min(t_cap, horizon_factor * float(row.note.rsplit("t = ", 1)[1]))
+        row = opened_restart_row(overrides, eps, t_end, n_save)
     report = measured_stages(flow_config(overrides, eps, t_end, n_save))
-    opened = [i.t_start for i in report.of("restart") if i.direction == 1]
-    return RestartAccuracy(pi, lam, eps, t_end, prediction, opened[0] if opened else None)
+    return RestartAccuracy(pi, lam, eps, t_end, prediction, report.first_time("restart", None, 1), row.predicted)
+
+
+def opened_restart_row(overrides: list[str], eps: float, t_end: float, n_save: int) -> Row:
+    """``predict_run``'s σ1 row for the chain's run to ``t_end``."""
+    rows = predict_run(flow_config(overrides, eps, t_end, n_save)).rows
+    return next(row for row in rows if row.stage == "restart" and row.direction == 1)
 
 
 def first_restart(overrides: list[str], eps: float, look: float, n_save: int) -> RestartPrediction:

@@ -2,13 +2,16 @@
 
 Rows (stage names as in stages.json):
 
-* condensation: the time condensation completes (the detector's t_end) and
-* focus, first query: its onset (t_start), both read by the detectors on the rank-one flow from θ(0)
-  (below), which carries every order in ε along the rank-one manifold; Stage I's orbit and Stage II's
-  focus orbit give the same times as ε -> 0 (their constants and asymptotic times are in ``constants``),
-  and Stage II's time is the row where the rank-one flow shows no focus before the confirmed horizon.
-  Condensation is read on the run's save times (``condensation_row``), as the detectors will read the run;
-* restart, direction r = 1, 2, ...: the time σ_r(W0) passes the detector's threshold (t_start),
+* condensation: the time condensation completes (the detector's t_end),
+* focus, first query: its onset (t_start), and
+* restart, direction 1: its onset, all three read by the detectors on the chained prediction's flow from θ(0)
+  (``theory.cycles``): the rank-two flow with direction 1 open from t = 0, which carries every order in ε
+  along α and α2 (the rank-one flow where direction 1 never opens). Stage I's orbit, Stage II's focus orbit
+  and the rank-one transverse equation give the same times as ε -> 0 (their constants and times are in
+  ``constants``); Stage II's time is the first focus row where the flow shows no focus before the confirmed
+  horizon. Condensation is read on the run's save times (``condensation_row``), as the detectors will read
+  the run;
+* restart, direction r = 2, 3, ...: the time σ_r(W0) passes the detector's threshold (t_start),
   Stage IV, from the transverse equation on the rank-r manifold (``theory.restart``: the
   settled-point formula, or the crossing itself when the restart comes before the flow settles);
 * dilution (per query) and focus of the other queries: onsets detected on the predicted
@@ -37,7 +40,8 @@ import numpy as np
 
 from flowsim.config import ConfigError, RunConfig
 from flowsim.assemble import prepare
-from flowsim.stages import StageReport, StageThresholds, detect_condensation, smooth_in_log_time, subject_label
+from flowsim.stages import (StageReport, StageThresholds, detect_condensation, detect_restarts, smooth_in_log_time,
+                            subject_label)
 from theory.cycles import POINTS_PER_DECADE, CyclePrediction, dilution_mechanisms, predict_cycles
 from theory.focus import FocusPrediction, predict_focus
 from theory.origin import CondensationPrediction, predict_condensation
@@ -77,7 +81,9 @@ class Prediction:
                 f"{c.correction:+.4g}, end {c.t_end:.4g}; unstable amplitude a0 = {c.a0:.4g})\n"
                 f"μ2 = {f.mu2:.6g} at the condensed point (h = {f.h:+.4g}; attention amplitude {f.a_attn0:.4g}); "
                 f"queries focus in the order {f.order}, on token {first}{orbit_focus}\n"
-                "the rows' condensation and first focus are the rank-one flow's from θ(0) (every order in ε)"
+                "the rows' condensation, first focus and σ1 restart are read on the flow from θ(0) ("
+                + ("rank two, direction 1 open from t = 0" if self.cycles.first_direction is not None else "rank one")
+                + ": every order in ε along it)"
                 + "".join(f"\n{restart_line(restart)}" for restart in self.cycles.restarts())
                 + "".join(f"\npredicted {i.stage} of q{i.query}: {i.evidence}\n  {mechanism}"
                           for i, mechanism in zip(dilutions, dilution_mechanisms(self.cycles, dilutions))))
@@ -150,7 +156,10 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
              f"t = {t_end:g} is confirmed")
     cycles = predict_cycles(chain, prepared.flow, prepared.model, prepared.params0, condensation.alpha, t_end, progress=progress)
     rows = [timed_row(condensation_row(condensation, cycles, prepared.times), t_end), first_focus_row(focus, cycles, t_end)]
-    rows += [restart_row(restart, t_end) for restart in cycles.restarts()]
+    restarts = cycles.restarts()
+    if cycles.first_direction is not None:  # direction 1 open from θ(0): its restart is read on that flow
+        rows.append(opened_restart_row(cycles, restarts.pop(0), prepared.times, t_end))
+    rows += [restart_row(restart, t_end) for restart in restarts]
     for stage in ("focus", "dilution"):
         for query in focus.order:
             if stage == "focus" and query == focus.order[0]:
@@ -217,6 +226,33 @@ def timed_row(row: Row, t_end: float) -> Row:
     if row.predicted is None or row.predicted <= t_end:
         return row
     return Row(row.stage, row.query, row.direction, None, note=f"{AFTER_HORIZON} t = {t_end:g}: predicted at t = {row.predicted:.4g}")
+
+
+def opened_restart_row(cycles: CyclePrediction, linear: RestartPrediction, times: np.ndarray, t_end: float,
+                       thresholds: StageThresholds | None = None) -> Row:
+    """Direction 1's restart as the detectors will read it on the run's save ``times``: σ(W0) of the flow with
+    direction 1 open from θ(0), interpolated in log-log onto them (the floor the threshold is a multiple of is
+    read at the run's first saved time, as on the run); past the run's last save time, as the detectors read the
+    prediction's own grid. Where σ1 stays below their threshold, a row saying so, with the rank-one transverse
+    equation's crossing (``linear``) for reference. O(T d m²) for σ(W0) on the prediction's T times."""
+    th = StageThresholds() if thresholds is None else thresholds
+    saved = cycles.trajectory.t > 0
+    t_saved = cycles.trajectory.t[saved]
+    sigma = np.linalg.svd(np.asarray(cycles.trajectory.params["W0"])[saved], compute_uv=False)[:, :2]
+    t = np.asarray(times, dtype=float)
+    t = t[(t > 0) & (t <= t_saved[-1])]
+    if len(t) >= 3:
+        on_run = np.exp(np.column_stack([np.interp(np.log(t), np.log(t_saved), np.log(sigma[:, r])) for r in (0, 1)]))
+        opened = detect_restarts(t, smooth_in_log_time(t, on_run, th.smoothing_decades), th)
+        if opened:
+            return Row("restart", None, 1, opened[0].t_start)
+    later = cycles.opened_restart(1)
+    if later is not None:
+        return timed_row(Row("restart", None, 1, later), t_end)
+    reached = float(cycles.trajectory.t[-1])
+    return Row("restart", None, 1, None, note=f"no restart by t = {min(t_end, reached):g}: on the flow with direction 1 "
+                                              f"open from θ(0), σ1 stays below ℓ = {linear.threshold:.3g} (the rank-one "
+                                              f"transverse equation crosses at t = {linear.t_integrated:.4g})")
 
 
 def restart_row(r: RestartPrediction, t_end: float) -> Row:
