@@ -43,15 +43,15 @@ def _percent(value: float | None) -> str:
 
 def chain_table(rows: list[ChainAccuracy], restarts: list[RestartAccuracy]) -> str:
     lines = ["| # | π | λ | condensation: theory / flow | error | first focus: theory / flow | error "
-             "| σ1 restart: theory (rule) / flow | error |",
-             "|---:|---|---:|---|---:|---|---:|---|---:|"]
+             "| σ1 restart: row / flow | error | rank-one transverse equation (rule) | error |",
+             "|---:|---|---:|---|---:|---|---:|---|---:|---|---:|"]
     for index, (row, restart) in enumerate(zip(rows, restarts)):
         lines.append(
             f"| {index} | {', '.join(f'{p:.3f}' for p in row.pi)} | {row.lam:.2f} "
             f"| {_time(row.condensation[0])} / {_time(row.condensation[1])} | {_percent(ChainAccuracy.error(row.condensation))} "
             f"| {_time(row.focus[0])} / {_time(row.focus[1])} | {_percent(ChainAccuracy.error(row.focus))} "
-            f"| {_time(restart.prediction.t_onset)} ({restart.prediction.rule}) / {_time(restart.measured)} "
-            f"| {_percent(restart.error)} |")
+            f"| {_time(restart.row)} / {_time(restart.measured)} | {_percent(restart.row_error)} "
+            f"| {_time(restart.prediction.t_onset)} ({restart.prediction.rule}) | {_percent(restart.error)} |")
     return "\n".join(lines)
 
 
@@ -68,9 +68,11 @@ def summary_table(by_eps: dict[float, list[ChainAccuracy]], restarts_by_eps: dic
             errors = [e for e in (ChainAccuracy.error(getattr(row, stage)) for row in rows) if e is not None]
             lines.append(_summary_line(eps, stage, errors, len(rows)))
         restarts = restarts_by_eps[eps]
+        errors = [r.row_error for r in restarts if r.row_error is not None]
+        lines.append(_summary_line(eps, "σ1 restart (the row: direction 1 open from θ(0))", errors, len(restarts)))
         for rule in ("formula", "before settling"):
             errors = [r.error for r in restarts if r.prediction.rule == rule and r.error is not None]
-            lines.append(_summary_line(eps, f"σ1 restart ({rule})", errors, len(restarts)))
+            lines.append(_summary_line(eps, f"σ1 restart, rank-one transverse equation ({rule})", errors, len(restarts)))
     return "\n".join(lines)
 
 
@@ -126,8 +128,9 @@ def large_vocabularies(args) -> None:
         for d in args.text_d:
             cases.append((f"{corpus} bigram d = {d}", {"P": text_chain(corpus, d, args.data)}))
     lines = ["| chain | ε | condensation: theory / flow | error | first focus: theory / flow | error "
-             "| Stage I / II orbits' errors | σ1 restart: theory (rule) / flow | error | seconds |",
-             "|---|---:|---|---:|---|---:|---|---|---:|---:|"]
+             "| Stage I / II orbits' errors | σ1 restart: row / flow | error | rank-one transverse equation (rule) | error "
+             "| seconds |",
+             "|---|---:|---|---:|---|---:|---|---|---:|---|---:|---:|"]
     for eps in args.eps or [1e-3]:
         for name, chain in cases:
             began = time.perf_counter()
@@ -139,14 +142,14 @@ def large_vocabularies(args) -> None:
                     row = chain_accuracy(chain["pi"], chain["lam"], eps)
                     restart = restart_accuracy(chain["pi"], chain["lam"], eps, t_cap=args.t_cap)
             except RuntimeError as error:  # an exact flow that does not finish is a row, not the end of the table
-                lines.append(f"| {name} | {eps:g} | {error} | | | | | | | {time.perf_counter() - began:.0f} |")
+                lines.append(f"| {name} | {eps:g} | {error} | | | | | | | | | {time.perf_counter() - began:.0f} |")
                 print(lines[-1], flush=True)
                 continue
             line = (f"| {name} | {eps:g} | {_time(row.condensation[0])} / {_time(row.condensation[1])} "
                     f"| {_percent(ChainAccuracy.error(row.condensation))} | {_time(row.focus[0])} / {_time(row.focus[1])} "
                     f"| {_percent(ChainAccuracy.error(row.focus))} | {' / '.join(map(_percent, row.orbit_errors()))} "
-                    f"| {_time(restart.prediction.t_onset)} "
-                    f"({restart.prediction.rule.value}) / {_time(restart.measured)} | {_percent(restart.error)} "
+                    f"| {_time(restart.row)} / {_time(restart.measured)} | {_percent(restart.row_error)} "
+                    f"| {_time(restart.prediction.t_onset)} ({restart.prediction.rule.value}) | {_percent(restart.error)} "
                     f"| {time.perf_counter() - began:.0f} |")
             lines.append(line)
             print(line, flush=True)
@@ -155,8 +158,9 @@ def large_vocabularies(args) -> None:
             f"Seeded chains at d = {', '.join(map(str, args.dims))} ({args.per_size} of the paper family with π ~ Dirichlet(1) "
             f"floored at 0.2/d, {args.per_size} general P with Dirichlet rows floored at 0.1/d) and the bigram surrogates of "
             f"{', '.join(args.corpus)} at d = {', '.join(map(str, args.text_d))} (the bridge's default surrogate, interpolated with the unigram law); m = k = 8, mean-field loss, "
-            f"seed-0 initial point. The theory's condensation and first focus are `predict_run`'s rows (read on the rank-one "
-            f"flow from θ(0)); Stage I / II are the errors of the asymptotic orbits' times. The exact flow (JaxRadau, rtol "
+            f"seed-0 initial point. The theory's condensation, first focus and σ1 restart are `predict_run`'s rows (read on "
+            f"the flow from θ(0) with direction 1 open); the rank-one transverse equation's σ1 is beside them; Stage I / II "
+            f"are the errors of the asymptotic orbits' times. The exact flow (JaxRadau, rtol "
             f"1e-8) runs to twice Stage II's focus and to 1.3 × the "
             f"predicted σ1 restart (at most t = {args.t_cap:g}). {time.perf_counter() - started:.0f} s on a 2-core CPU.", "",
             *lines]
@@ -202,8 +206,9 @@ def main() -> None:
             restarts_by_eps[eps].append(restart)
             print(f"ε = {eps:g} chain {index}: condensation {_percent(ChainAccuracy.error(row.condensation))}, "
                   f"focus {_time(row.focus[0])} / {_time(row.focus[1])} {_percent(ChainAccuracy.error(row.focus))}, "
-                  f"σ1 restart {_time(restart.prediction.t_onset)} ({restart.prediction.rule}) / {_time(restart.measured)} "
-                  f"{_percent(restart.error)}", flush=True)
+                  f"σ1 restart row {_time(restart.row)} / {_time(restart.measured)} {_percent(restart.row_error)}, "
+                  f"transverse equation {_time(restart.prediction.t_onset)} ({restart.prediction.rule}) {_percent(restart.error)}",
+                  flush=True)
     text = [f"## Theory accuracy on a random family (`python benchmarks/theory_accuracy.py --chains {args.chains} "
             f"--seed {args.seed}`)", "",
             f"{args.chains} chains P = λI + (1 - λ)1π^T (d = 3, 4, 5 in turn, π ~ Dirichlet(1) floored at 0.02, "

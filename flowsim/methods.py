@@ -58,11 +58,11 @@ def register(method: Method) -> None:
     METHOD[method.name] = method
 
 
-def check_method(name: str) -> str:
-    """``name`` if it is a known method, else a ValueError naming the known ones."""
+def check_method(name: str, key: str = "solver.method") -> str:
+    """``name`` if it is a known method, else a ValueError naming the configuration ``key`` and the known ones."""
     if name not in METHOD and name != AUTO:
         known = [repr(known_name) for known_name in (AUTO, *METHOD)]
-        raise ValueError(f"solver.method = {name!r} is invalid: input should be {', '.join(known[:-1])} or {known[-1]}")
+        raise ValueError(f"{key} = {name!r} is invalid: input should be {', '.join(known[:-1])} or {known[-1]}")
     return name
 
 

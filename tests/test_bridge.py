@@ -164,6 +164,9 @@ def test_bad_bridge_settings_are_named(tmp_path):
         load_bridge_config(None, ["optim.smoothing_a=0.7", "model.kind='gpt'"])
     with pytest.raises(flowsim.config.ConfigError, match="data.kind"):
         load_bridge_config(None, ["data.kind='shakespeare'"])
+    with pytest.raises(flowsim.config.ConfigError, match="compare.method = 'Radau5' is invalid: input should be 'auto'"):
+        load_bridge_config(None, ["compare.method='Radau5'"])
+    assert load_bridge_config(None, ["compare.method='auto'"]).compare.method == "auto"
     if not torch.cuda.is_available():
         with pytest.raises(flowsim.config.ConfigError, match="no CUDA device"):
             train(load_bridge_config(None, ["data.device='cuda'"]), tmp_path / "cuda", progress=False)
@@ -336,6 +339,8 @@ def test_bridge_validate_puts_theory_ode_and_sgd_side_by_side_and_reuses_every_p
                                             else (None, None))
         assert row["query"] is None or 0 <= row["query"] < 4  # a theory query folded into "other" is dropped
     condensation = next(row for row in payload["rows"] if row["stage"] == "condensation")
+    # σ0(W0) reads the same on the whole vocabulary and on the probe set: the ODE's two readings agree there
+    assert condensation["ode_full_vocabulary"] == pytest.approx(condensation["ode"], rel=1e-6), condensation
     assert condensation["theory_vs_ode"] < 0.10, condensation
     assert condensation["theory_vs_sgd"] == pytest.approx(abs(condensation["theory"] - condensation["sgd"]) / condensation["sgd"])
     assert "| condensation - #1 |" in (out / "validate.md").read_text() and (out / "sgd" / "overlay.png").is_file()

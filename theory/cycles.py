@@ -185,8 +185,8 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
     Each rank's flow settles and crosses its threshold where it does (``propagate_rank``), so an event's
     predicted time does not depend on the horizon once the detectors confirm it; one they cannot confirm is
     named in ``CyclePrediction.confirmation``.
-    Cost: one ``propagate_rank`` per opened direction, and the detectors' observables on the grid,
-    O(d² m) per saved time."""
+    Cost: one ``propagate_rank`` per opened direction (direction 1's twice: the rank-one flow to its crossing, then
+    the rank-two flow from θ(0)), and the detectors' observables on the grid, O(d² m) per saved time."""
     th = StageThresholds() if thresholds is None else thresholds
     look = MAX_REACH * horizon
     grid = prediction_grid(look)

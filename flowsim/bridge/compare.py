@@ -36,7 +36,7 @@ from flowsim.flow import GradientFlow
 from flowsim.io import DamagedFileError, file_digest, read_json, write_atomic_json
 from flowsim.losses import make_loss_function
 from flowsim.models import model_from_config
-from flowsim.observables import MEASURED_BY, OBSERVABLES_NPZ, Observables
+from flowsim.observables import MEASURED_BY, OBSERVABLES_NPZ, Observables, stage_observables
 from flowsim.plots import plot_overlay
 from flowsim.rundir import CONFIG_FILE, TRAJECTORY_FILE, read_meta, status_of
 from flowsim.solvers import solve_flow
@@ -113,7 +113,7 @@ def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress
     it with the run's probe set (the ODE's parameters loaded into the torch twin), so both
     sides are read by identical code. Returns its observables and a description."""
     data = build_data(config)
-    method = config.compare.method or ("Tsit5" if data.chain is not None else "JaxRadau")
+    method = config.compare.method or ("Tsit5" if data.chain is not None else "auto")
     model = model_from_config(config.model, data.vocab_size)
     if data.chain is not None:
         chain, loss_kind = data.chain, "finite"
@@ -130,9 +130,20 @@ def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress
         raise ConfigError(str(error)) from None
     result = solve_flow(flow, params0, t, method=method, rtol=config.compare.rtol, atol=config.compare.atol, progress=progress)
     observables = measured_like_the_run(model, result.trajectory, data)
-    description = {"ode": ode, "method": method, "status": result.status_name,
+    description = {"ode": ode, "method": result.method, "status": result.status_name,
                    "solve_seconds": result.stats.solve_seconds, **extra}
+    if loss_kind == "mean_field":  # the theory's own reading: attention over the whole vocabulary
+        description["full_vocabulary_events"] = full_vocabulary_events(result.trajectory, chain.pi)
     return observables, description
+
+
+def full_vocabulary_events(trajectory: Trajectory, pi: np.ndarray) -> list[dict]:
+    """The first occurrence of every event the detectors see on a one-layer trajectory read as the theory reads its
+    own: the mean-field attention over the whole vocabulary (``stage_observables``), not the run's probe set, whose
+    folded types average a query's attention over windows. O(T d² k)."""
+    events = detect_stages(stage_observables(trajectory, pi)).events()
+    return [{"stage": stage, "query": query, "direction": direction, "t": time}
+            for (stage, query, direction, occurrence), time in events.items() if occurrence == 1]
 
 
 def measured_like_the_run(model, trajectory: Trajectory, data: DataSource) -> Observables:
@@ -155,7 +166,8 @@ def ode_beside(run_dir: Path, progress: bool = False) -> tuple[Observables, dict
     config = load_bridge_config(run_dir / CONFIG_FILE)
     t = Observables.load(run_dir).t
     key = {"compare": config.compare.model_dump(), "t_digest": hashlib.sha256(np.asarray(t, float).tobytes()).hexdigest(),
-           "trajectory_sha256": file_digest(run_dir / TRAJECTORY_FILE)}  # the start the ODE integrates from
+           "trajectory_sha256": file_digest(run_dir / TRAJECTORY_FILE),  # the start the ODE integrates from
+           "readings": ["probe set", "full vocabulary"]}  # what the ODE's description holds (older caches: the first)
     ode_dir = run_dir / ODE_DIR
     if (ode_dir / ODE_JSON).is_file() and (ode_dir / OBSERVABLES_NPZ).is_file():
         try:

@@ -8,7 +8,7 @@
                qk_rho (1: off), qk_hold, qk_ramp (fractions of the steps); Window Smoothing
                smoothing_a (0: off), smoothing_variant
     [log]      n_checkpoints (log-spaced steps), val_batches, probe_per_type, fold_d
-    [compare]  method (default: Tsit5 on Markov data, JaxRadau on text), rtol, atol, the text surrogate's estimator
+    [compare]  method (default: Tsit5 on Markov data, "auto" on text), rtol, atol, the text surrogate's estimator
     device     under [data]: auto | cpu | cuda
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from flowsim.config import (
     ChainConfig,
@@ -31,7 +31,7 @@ from flowsim.config import (
     key,
     load_config,
 )
-from flowsim.methods import METHODS
+from flowsim.methods import check_method
 
 DATA_KINDS = ("markov", "wikitext2", "tinystories")
 MODEL_KINDS = ("one_layer", "two_layer", "gpt")
@@ -101,8 +101,8 @@ class CompareConfig(Section):
     """The flow integrated beside the run by flowsim bridge compare."""
 
     # Tsit5 for the finite-s loss of Markov runs (its exact Hessian costs hundreds of gradients, so stiff
-    # solvers are slow there), JaxRadau for the mean-field surrogate of text runs (no dense Hessian fits)
-    method: Literal[METHODS] | None = key(None, "default: Tsit5 on Markov data, JaxRadau on text")  # type: ignore[valid-type]
+    # solvers are slow there), "auto" for the mean-field surrogate of text runs (JaxBDF at the real vocabulary)
+    method: str | None = key(None, "default: Tsit5 on Markov data, auto (by the flow's size) on text")
     rtol: Positive = key(1e-7, "relative tolerance")
     atol: Positive = key(1e-10, "absolute tolerance")
     surrogate: Literal["interpolated", "additive"] = key(
@@ -112,6 +112,12 @@ class CompareConfig(Section):
         None, "text, interpolated: the unigram law's weight in every row (default: the weight of least "
         "cross-entropy on the validation split)", ge=0, le=1)
     smoothing: float = key(0.1, "text, additive: the pseudo-count added to every bigram count", ge=0)
+
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, name: str | None) -> str | None:
+        return None if name is None else check_method(name, "compare.method")
 
 
 class BridgeConfig(Sections):
