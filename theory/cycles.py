@@ -174,6 +174,39 @@ def check_confirmation(observables: Observables, thresholds: StageThresholds) ->
     return Confirmation(through, differences(placed_events(whole, through), placed_events(earlier, through), t_cut, t_end))
 
 
+class ConfirmationReader:
+    """The chained prediction's reads of its own trajectory: the joined pieces on the grid, their
+    ``stage_observables`` (the last read kept, as the final trajectory is often the one last confirmed), and the
+    confirmations made once the trajectory reaches ``from_t`` (``check_confirmation``)."""
+
+    def __init__(self, chain: MeanFieldChain, flow: GradientFlow, grid: np.ndarray, from_t: float,
+                 thresholds: StageThresholds, progress: Callable[[str], None]):
+        self.chain, self.flow, self.grid, self.from_t, self.thresholds, self.progress = chain, flow, grid, from_t, thresholds, progress
+        self.checked: list[Confirmation] = []
+        self._last: tuple[np.ndarray, dict, Observables] | None = None
+
+    def observables(self, t: np.ndarray, thetas: dict) -> Observables:
+        """The joined trajectory's ``stage_observables``, O(T d² m); those of the last read where it is the same."""
+        if self._last is not None:
+            t_read, thetas_read, observables = self._last
+            if np.array_equal(t, t_read) and all(np.array_equal(thetas[name], thetas_read[name]) for name in thetas):
+                return observables
+        trajectory = Trajectory(t=t, loss=self.flow.loss_along(self.flow.flatten_batch(thetas)), params=thetas)
+        observables = stage_observables(trajectory, self.chain.pi)
+        self._last = (t, thetas, observables)
+        return observables
+
+    def confirmed(self, pieces: list[tuple[np.ndarray, dict]]) -> bool:
+        """Whether the prediction may stop with these pieces: checked once they reach ``from_t``."""
+        t, thetas = joined_on_grid(pieces, self.grid)
+        if t[-1] < self.from_t:
+            return False
+        self.checked.append(check_confirmation(self.observables(t, thetas), self.thresholds))
+        unsettled = "".join(f"; {stage} of q{query} unsettled: {how}" for (stage, query), how in self.checked[-1].unsettled.items())
+        self.progress(f"at t = {t[-1]:.5g}: the events to t = {self.checked[-1].through:.5g} placed{unsettled}")
+        return True
+
+
 def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTransformer, params0, alpha: np.ndarray,
                    horizon: float, thresholds: StageThresholds | None = None,
                    progress: Callable[[str], None] = lambda line: None) -> CyclePrediction:
@@ -195,30 +228,7 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
     A = np.asarray(alpha, dtype=float).reshape(-1, 1)
     initial = {name: np.asarray(value) for name, value in params0.items()}
     params, t_start, stages, first_direction = initial, 0.0, [], None
-    checked: list[Confirmation] = []
-
-    last_read: list[tuple[np.ndarray, dict, Observables]] = []  # the trajectory the last confirmation read
-
-    def observables_of(t: np.ndarray, thetas: dict) -> Observables:
-        """The joined trajectory's ``stage_observables``, O(T d² m): those of the last confirmation where the final
-        trajectory is the one it read (a prediction that stopped there)."""
-        for t_read, thetas_read, observables in last_read:
-            if np.array_equal(t, t_read) and all(np.array_equal(thetas[name], thetas_read[name]) for name in thetas):
-                return observables
-        observables = stage_observables(Trajectory(t=t, loss=flow.loss_along(flow.flatten_batch(thetas)), params=thetas),
-                                        chain.pi)
-        last_read[:] = [(t, thetas, observables)]
-        return observables
-
-    def confirmed(pieces: list[tuple[np.ndarray, dict]]) -> bool:
-        """Checked once the trajectory reaches reach × horizon: the prediction stops there."""
-        t, thetas = joined_on_grid(pieces, grid)
-        if t[-1] < reach * horizon:
-            return False
-        checked.append(check_confirmation(observables_of(t, thetas), th))
-        unsettled = "".join(f"; {stage} of q{query} unsettled: {how}" for (stage, query), how in checked[-1].unsettled.items())
-        progress(f"at t = {t[-1]:.5g}: the events to t = {checked[-1].through:.5g} placed{unsettled}")
-        return True
+    reader = ConfirmationReader(chain, flow, grid, reach * horizon, th, progress)
 
     while True:
         rank = A.shape[1]
@@ -231,7 +241,7 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
         # the trajectory beyond the horizon, at that flow's tolerance, until they confirm the events before it
         shows_only = full or t_start > horizon
         stage = propagate_rank(chain, params, A, t_start, look, threshold, grid,
-                               confirmed=(lambda t, thetas: confirmed(earlier + [(t, thetas)])) if shows_only else None,
+                               confirmed=(lambda t, thetas: reader.confirmed(earlier + [(t, thetas)])) if shows_only else None,
                                confirm_from=reach * horizon, rtol=FULL_RANK_RTOL if shows_only else None)
         crossed = stage.restart.t_integrated
         if not full:
@@ -241,7 +251,7 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
             first_direction = stage
         else:
             stages.append(stage)
-        if crossed is None or crossed > look or full or (not opens_at_start and confirmed(earlier + [(stage.t, stage.params)])):
+        if crossed is None or crossed > look or full or (not opens_at_start and reader.confirmed(earlier + [(stage.t, stage.params)])):
             break
         at_crossing = {name: value[-1] for name, value in stage.params.items()}
         A = np.column_stack([A, next_direction(at_crossing, A)])
@@ -250,11 +260,11 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
             progress(f"direction 1 opens from t = 0 (α2 named at the rank-1 crossing, t = {crossed:.5g})")
     t, thetas = joined_on_grid([(stage.t, stage.params) for stage in stages], grid)
     velocity = joined_on_grid([(stage.t, stage.velocity) for stage in stages], grid)[1]
-    observables = observables_of(t, thetas)
+    observables = reader.observables(t, thetas)
     trajectory = Trajectory(t=t, loss=observables["loss"], params=thetas)
     report = detect_stages(observables, th)
     # unchecked where a rank-r flow did not restart (saved to ``look``, holding its settled state)
-    confirmation = checked[-1] if checked else Confirmation(float(t[-1]) / reach, {})
+    confirmation = reader.checked[-1] if reader.checked else Confirmation(float(t[-1]) / reach, {})
     return CyclePrediction(stages, first_direction, report, trajectory, velocity, chain.pi, confirmation)
 
 
