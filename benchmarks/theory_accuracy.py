@@ -19,7 +19,6 @@ lacks counted. The tables go into benchmarks/RESULTS.md (section theory-accuracy
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -154,8 +153,9 @@ def large_vocabularies(args) -> None:
                     f"| {time.perf_counter() - began:.0f} |")
             lines.append(line)
             print(line, flush=True)
-    text = ["## Theory accuracy at larger vocabularies (`python benchmarks/theory_accuracy.py "
-            + " ".join(sys.argv[1:]) + "`)", "",
+    command = (f"--large --dims {' '.join(map(str, args.dims))} --text-d {' '.join(map(str, args.text_d))}"
+               + "".join(f" --eps {eps:g}" for eps in args.eps or []))
+    text = [f"## Theory accuracy at larger vocabularies (`python benchmarks/theory_accuracy.py {command}`)", "",
             f"Seeded chains at d = {', '.join(map(str, args.dims))} ({args.per_size} of the paper family with π ~ Dirichlet(1) "
             f"floored at 0.2/d, {args.per_size} general P with Dirichlet rows floored at 0.1/d) and the bigram surrogates of "
             f"{', '.join(args.corpus)} at d = {', '.join(map(str, args.text_d))} (the bridge's default surrogate, interpolated with the unigram law); m = k = 8, mean-field loss, "
