@@ -312,19 +312,20 @@ def test_a_prediction_does_not_move_with_the_horizon():
     dilution onset of both. At a horizon of 900 the rank-3 flow starts past it (σ2 passes at t = 980): it is
     followed only until the detectors can confirm the events before 900 (where at 4000 it is followed until it
     reaches the Bayes loss), and those they place alike on its trajectory and on a cut of it are the long
-    horizon's to CONFIRM_RTOL (the others are marked unsettled). Condensation and σ1's restart are the exceptions:
-    they are read on the run's save grid, as the detectors read the run, and that reading moves with the horizon; at
-    each horizon they are the exact flow's to 0.1% and 0.5%."""
+    horizon's to CONFIRM_RTOL (the others are marked unsettled). Condensation, the first focus and σ1's restart are
+    the exceptions: they are read on the run's save grid, as the detectors read the run, and that reading moves with
+    the horizon; at each horizon they are the exact flow's to 0.1%, 0.5% and 0.5%."""
     import theory.cycles as cycles
     from prediction_accuracy import measured_stages
 
     configs = [load_config(None, [f"time.t_end={t_end}"]) for t_end in (900, 1500, 4000)]
     shortest, short, long = (predict_run(config) for config in configs)
-    read_on_run_grid = {("condensation", None, None), ("restart", None, 1)}
+    read_on_run_grid = {("condensation", None, None), ("focus", 0, None), ("restart", None, 1)}
     for prediction, config in zip((short, long), configs[1:]):
         report = measured_stages(config)
         rows = {(row.stage, row.query, row.direction): row.predicted for row in prediction.rows}
         assert rows["condensation", None, None] == pytest.approx(report.of("condensation")[0].t_end, rel=1e-3)
+        assert rows["focus", 0, None] == pytest.approx(report.first_time("focus", 0), rel=5e-3)
         assert rows["restart", None, 1] == pytest.approx(report.first_time("restart", None, 1), rel=5e-3)
     later = {(row.stage, row.query, row.direction): row for row in long.rows}
     compared = 0
@@ -338,7 +339,7 @@ def test_a_prediction_does_not_move_with_the_horizon():
         elif row.note.startswith(AFTER_HORIZON):
             time = float(row.note.rsplit("t = ", 1)[1])
             assert time > 1500 and (later[key].predicted is None or later[key].predicted == pytest.approx(time, rel=1e-3))
-    assert compared >= 4
+    assert compared >= 3
     for prediction in (short, long):  # mass leaves the focused token at every predicted dilution's onset
         dilutions = prediction.cycles.dilutions()
         pairs = [(dilution.query, focused_token(prediction.cycles, dilution)) for dilution in dilutions]
@@ -350,7 +351,7 @@ def test_a_prediction_does_not_move_with_the_horizon():
 
     timed = [row for row in shortest.rows if row.predicted is not None and UNSETTLED not in row.note
              and (row.stage, row.query, row.direction) not in read_on_run_grid]
-    assert len(timed) >= 2
+    assert len(timed) >= 1
     for row in timed:
         assert later[(row.stage, row.query, row.direction)].predicted == pytest.approx(row.predicted, rel=cycles.CONFIRM_RTOL)
     *within, past = shortest.cycles.restarts()

@@ -9,8 +9,8 @@ Rows (stage names as in stages.json):
   along α and α2 (the rank-one flow where direction 1 never opens). Stage I's orbit, Stage II's focus orbit
   and the rank-one transverse equation give the same times as ε -> 0 (their constants and times are in
   ``constants``); Stage II's time is the first focus row where the flow shows no focus before the confirmed
-  horizon. Condensation is read on the run's save times (``condensation_row``), as the detectors will read
-  the run;
+  horizon. All three are read on the run's save times (``condensation_row``, ``first_focus_row``,
+  ``opened_restart_row``), as the detectors will read the run;
 * restart, direction r = 2, 3, ...: the time σ_r(W0) passes the detector's threshold (t_start),
   Stage IV, from the transverse equation on the rank-r manifold (``theory.restart``: the
   settled-point formula, or the crossing itself when the restart comes before the flow settles);
@@ -40,8 +40,9 @@ import numpy as np
 
 from flowsim.config import ConfigError, RunConfig
 from flowsim.assemble import prepare
-from flowsim.stages import (StageReport, StageThresholds, detect_condensation, detect_restarts, smooth_in_log_time,
-                            subject_label)
+from flowsim.observables import stage_observables
+from flowsim.stages import (StageReport, StageThresholds, detect_condensation, detect_focus_and_dilution, detect_restarts,
+                            smooth_in_log_time, subject_label)
 from theory.cycles import POINTS_PER_DECADE, CyclePrediction, dilution_mechanisms, predict_cycles
 from theory.focus import FocusPrediction, predict_focus
 from theory.origin import CondensationPrediction, predict_condensation
@@ -155,7 +156,8 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     progress("Stages III-IV: the rank-r flows, their transverse equations and restarts, until every event before "
              f"t = {t_end:g} is confirmed")
     cycles = predict_cycles(chain, prepared.flow, prepared.model, prepared.params0, condensation.alpha, t_end, progress=progress)
-    rows = [timed_row(condensation_row(condensation, cycles, prepared.times), t_end), first_focus_row(focus, cycles, t_end)]
+    rows = [timed_row(condensation_row(condensation, cycles, prepared.times), t_end),
+            first_focus_row(focus, cycles, prepared.times, t_end)]
     restarts = cycles.restarts()
     if cycles.first_direction is not None:  # direction 1 open from θ(0): its restart is read on that flow
         rows.append(opened_restart_row(cycles, restarts.pop(0), prepared.times, t_end))
@@ -202,12 +204,27 @@ def condensation_row(condensation: CondensationPrediction, cycles: CyclePredicti
                                                                        "condense on the run's save times)")
 
 
-def first_focus_row(focus: FocusPrediction, cycles: CyclePrediction, t_end: float) -> Row:
-    """The first query's focus onset on the rank-one flow; Stage II's focus orbit where that flow shows none
-    before the confirmed horizon; a row saying why where neither does."""
+def first_focus_row(focus: FocusPrediction, cycles: CyclePrediction, times: np.ndarray, t_end: float,
+                    thresholds: StageThresholds | None = None) -> Row:
+    """The first query's focus onset as the detectors will read it on the run's save ``times``: its attention
+    entropy on the prediction's flow from θ(0), interpolated in log t onto them (the detectors time a focus
+    halfway between the entropy's turning points, and the run's last one lies within its horizon); past the
+    run's last save time, as read on the prediction's own grid once confirmed; Stage II's focus orbit where
+    neither shows a focus; a row saying why where nothing does. O(T d² k) for the entropy on T times."""
+    th = StageThresholds() if thresholds is None else thresholds
     first = focus.order[0]
-    found = confirmed_events(cycles, "focus", first)
-    unsettled = cycles.confirmation.unsettled.get(("focus", first))
+    saved = cycles.trajectory.t > 0
+    t_saved = cycles.trajectory.t[saved]
+    t = np.asarray(times, dtype=float)
+    t = t[(t > 0) & (t <= t_saved[-1])]
+    on_run = []
+    if len(t) >= 3:
+        entropy = stage_observables(cycles.trajectory, cycles.pi)["attention_entropy"][saved, first]
+        entropy = np.interp(np.log(t), np.log(t_saved), entropy)
+        on_run = [i for i in detect_focus_and_dilution(t, smooth_in_log_time(t, entropy, th.smoothing_decades), first, th)
+                  if i.stage == "focus"]
+    found = on_run or confirmed_events(cycles, "focus", first)
+    unsettled = None if on_run else cycles.confirmation.unsettled.get(("focus", first))
     if found:
         row = timed_row(Row("focus", first, None, found[0].t_start), t_end)
     elif first in focus.t_onset:
