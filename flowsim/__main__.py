@@ -1,18 +1,23 @@
 """``flowsim`` and ``python -m flowsim``: the command line, with a Ctrl-C during its start-up said in one line."""
 
+import os
 import signal
-import sys
 
 from flowsim.interrupts import INTERRUPTED_STARTING, interrupt_outside_gc_callbacks
 
 
+def _interrupted_while_loading(signum: int, frame) -> None:
+    """Ctrl-C while the command line's modules load: nothing is written yet, so say so and leave at once. A
+    KeyboardInterrupt raised inside a native extension's initialisation can crash the interpreter on its way out."""
+    os.write(2, (INTERRUPTED_STARTING + "\n").encode())
+    os._exit(130)
+
+
 def main() -> None:
-    try:
-        signal.signal(signal.SIGINT, interrupt_outside_gc_callbacks)
-        from flowsim.cli import main as run_command
-    except KeyboardInterrupt:
-        sys.stderr.write(INTERRUPTED_STARTING + "\n")
-        sys.exit(130)
+    signal.signal(signal.SIGINT, _interrupted_while_loading)
+    from flowsim.cli import main as run_command
+
+    signal.signal(signal.SIGINT, interrupt_outside_gc_callbacks)  # from here each command says what it kept
     run_command()
 
 
