@@ -245,20 +245,20 @@ def default_prediction_to_500():
 
 
 def test_the_chained_prediction_stops_once_its_events_are_confirmed(monkeypatch, default_prediction_to_500):
-    """At t_end = 500 the default chain's prediction (the rank-one flow to its σ1 crossing, which names direction
-    1, then the rank-two flow from θ(0)) stops at the σ2 crossing (t = 980 >= 10^0.25 × 500), where the detectors
-    place every event up to 980 / 10^0.25 the same on the trajectory and on its cut 0.1 decade earlier; followed
-    on through rank 3 to MAX_REACH × t_end, it gives the same rows."""
+    """At t_end = 500 the default chain's prediction stops at the σ2 crossing (t = 980 >= 10^0.25 × 500), where
+    the detectors place every event up to 980 / 10^0.25 the same on the trajectory and on its cut 0.1 decade
+    earlier; followed on through rank 3 to MAX_REACH × t_end, it gives the same rows. Beside the chain, the
+    rank-two flow from θ(0) that the first rows are read on."""
     import theory.cycles as cycles
 
     stopped = default_prediction_to_500
-    assert stopped.cycles.first_direction is not None and stopped.cycles.stages[0].t[0] == 0.0
-    assert len(stopped.cycles.stages) == 1 and stopped.cycles.trajectory.t[-1] < cycles.MAX_REACH * 500
+    assert stopped.cycles.opened is not None and stopped.cycles.opened.t[0] == 0.0 and stopped.cycles.opened.rank == 2
+    assert len(stopped.cycles.stages) == 2 and stopped.cycles.trajectory.t[-1] < cycles.MAX_REACH * 500
     assert stopped.cycles.confirmation.confirmed and stopped.cycles.confirmed_through > 500
     # a lookahead that makes the first check come at MAX_REACH × t_end
     monkeypatch.setattr(cycles, "lookahead_decades", lambda th: np.log10(cycles.MAX_REACH) - cycles.CONFIRM_DECADES)
     followed = predict_run(load_config(None, ["time.t_end=500"]))
-    assert len(followed.cycles.stages) == 2 and followed.cycles.trajectory.t[-1] >= cycles.MAX_REACH * 500 * 0.99
+    assert len(followed.cycles.stages) == 3 and followed.cycles.trajectory.t[-1] >= cycles.MAX_REACH * 500 * 0.99
 
     def rows(prediction) -> list[tuple]:
         return [(row.stage, row.query, row.direction, row.predicted, row.note) for row in prediction.rows
@@ -289,7 +289,7 @@ def test_a_crossing_rank_in_pieces_stops_sooner_with_the_same_restarts(monkeypat
     from flowsim.assemble import prepare
 
     prepared = prepare(load_config(None, ["time.t_end=500"]))
-    first = default_prediction_to_500.cycles.first_direction
+    first = default_prediction_to_500.cycles.stages[0]
     at_crossing = {name: value[-1] for name, value in first.params.items()}
     A = np.column_stack([first.A, cycles.next_direction(at_crossing, first.A)])
     floor = np.linalg.svd(np.asarray(prepared.params0["W0"]), compute_uv=False)[2]

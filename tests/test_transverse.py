@@ -154,7 +154,7 @@ def test_chained_rank_flows_predict_later_restarts_focuses_and_dilutions_with_th
     rows = {(row.stage, row.query, row.direction): row for row in compared_rows(prediction.rows, report)}
     for key in [("restart", None, 1), ("restart", None, 2), ("focus", 1, None), ("focus", 3, None), ("dilution", 3, None)]:
         assert rows[key].rel_error is not None and rows[key].rel_error < 0.03, rows[key]
-    assert prediction.cycles.first_direction.restart.rule == "before settling"  # σ1, on the rank-one equation
+    assert prediction.cycles.stages[0].restart.rule == "before settling"  # σ1, on the rank-one equation
     dilutions = prediction.cycles.dilutions()
     assert dilutions
     # every dilution's rates at once (the pairs share each saved time's products), each checked on its own

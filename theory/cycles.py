@@ -2,17 +2,20 @@
 
 On the rank-one manifold the paper chain's flow focuses and then settles, still focused
 (``theory.manifold``): dilution and the next focus need new directions. From θ(0) the prediction
-follows the rank-one flow and its transverse equation (``theory.restart``) up to the crossing of
-direction 1, which names the direction α2 in which the transverse part grew (the top right singular
-vector of W0's transverse part, off α). The prediction then starts again from θ(0) on the rank-two
-manifold spanned by α and α2: the parts of θ(0) along α2 (W0's column, W1's row, W_Q's and W_K's rows)
-are kept at every order from t = 0, where the transverse equation keeps them to first order only. At
-ε = 1e-2 a term bilinear in W0's and W_Q/W_K's parts along α2 opens σ1 and the first foci well before
-the linear equation says (benchmarks/MEASUREMENTS.md, "σ1 at ε = 1e-2 on a text surrogate"); as ε -> 0
-the two agree. From the rank-two flow's restart of direction 2 it continues on the rank-three manifold,
-with the transverse equation of the remaining m - 3 directions, and so on for every rank r < min(d, m).
-The stage detectors then read the predicted trajectory: σ1's restart, the later focuses, every
-dilution, and how the embeddings moved over them.
+follows the rank-one flow and its transverse equation (``theory.restart``) up to the restart of
+direction 1; from that crossing it continues on the rank-two manifold spanned by α and the direction
+α2 in which the transverse part grew (the top right singular vector of W0's transverse part, off the
+directions already open), with the transverse equation of the remaining m - 2 directions, up to
+the restart of direction 2; and so on for every rank r < min(d, m). The stage detectors then read the
+predicted trajectory: the later focuses, every dilution, and how the embeddings moved over them.
+
+**Direction 1 opened from θ(0)** (``CyclePrediction.opened``). Once the rank-one crossing has named α2, the
+rank-two flow is also followed from θ(0) itself, so the parts of θ(0) along α2 (W0's column, W1's row, W_Q's
+and W_K's rows) enter at every order from t = 0, where the transverse equation keeps them to first order only.
+At ε = 1e-2 a term bilinear in W0's and W_Q/W_K's parts along α2 opens σ1 and the first foci well before the
+linear equation says (benchmarks/MEASUREMENTS.md, "σ1 at ε = 1e-2 on a text surrogate"); as ε -> 0 the two
+agree. The rows of condensation, the first focus and σ1 are read on that flow; the later events on the chain
+(from θ(0) on a d = 3-5 family the later foci came out about 1% off, where the chain reads them within 0.2%).
 
 **Dilution, as a sign.** Query i's attention on token f is A_if = π_f e^{Φ_if} / Σ_j π_j e^{Φ_ij}, so
 
@@ -43,8 +46,8 @@ from theory.mean_field import MeanFieldChain
 
 @dataclass(frozen=True)
 class CyclePrediction:
-    stages: list[RankStage]  # the chain: rank 2 from θ(0) (rank 1 where direction 1 does not open), 3, ...
-    first_direction: RankStage | None  # the rank-one flow up to its crossing, which named α2; None: no crossing
+    stages: list[RankStage]  # rank 1, 2, ...: each up to its restart (or t_end)
+    opened: RankStage | None  # the rank-two flow from θ(0) with direction 1 open; None: direction 1 does not open
     report: StageReport  # the detectors on the predicted trajectory
     trajectory: Trajectory
     velocity: dict[str, np.ndarray]  # dθ/dt of the prediction on trajectory.t
@@ -60,16 +63,8 @@ class CyclePrediction:
         return [i for i in self.report.of("dilution") if i.t_start <= self.confirmed_through]
 
     def restarts(self) -> list[RestartPrediction]:
-        """The restart of each direction that can open, by its transverse equation (not the last stage's, once W0
-        has full rank); direction 1's is the rank-one flow's crossing, whose time the rows replace by the
-        detectors' reading on the trajectory (``opened_restart``)."""
-        first = [] if self.first_direction is None else [self.first_direction.restart]
-        return first + [stage.restart for stage in self.stages if np.isfinite(stage.restart.threshold)]
-
-    def opened_restart(self, direction: int) -> float | None:
-        """The detectors' restart onset of ``direction`` on the predicted trajectory (None: not by its end)."""
-        opened = [i.t_start for i in self.report.of("restart") if i.direction == direction]
-        return opened[0] if opened else None
+        """The restart of each direction that can open (not the last stage's, once W0 has full rank)."""
+        return [stage.restart for stage in self.stages if np.isfinite(stage.restart.threshold)]
 
 
 def next_direction(params, A: np.ndarray) -> np.ndarray:
@@ -218,8 +213,8 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
     Each rank's flow settles and crosses its threshold where it does (``propagate_rank``), so an event's
     predicted time does not depend on the horizon once the detectors confirm it; one they cannot confirm is
     named in ``CyclePrediction.confirmation``.
-    Cost: one ``propagate_rank`` per opened direction (direction 1's twice: the rank-one flow to its crossing, then
-    the rank-two flow from θ(0)), and the detectors' observables on the grid, O(d² m) per saved time."""
+    Cost: one ``propagate_rank`` per opened direction, one more for the rank-two flow from θ(0) (``opened``), and
+    the detectors' observables on the grid, O(d² m) per saved time."""
     th = StageThresholds() if thresholds is None else thresholds
     look = MAX_REACH * horizon
     grid = prediction_grid(look)
@@ -227,7 +222,7 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
     floors = np.linalg.svd(np.asarray(params0["W0"]), compute_uv=False)
     A = np.asarray(alpha, dtype=float).reshape(-1, 1)
     initial = {name: np.asarray(value) for name, value in params0.items()}
-    params, t_start, stages, first_direction = initial, 0.0, [], None
+    params, t_start, stages, opened = initial, 0.0, [], None
     reader = ConfirmationReader(chain, flow, grid, reach * horizon, th, progress)
 
     while True:
@@ -243,21 +238,20 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
         stage = propagate_rank(chain, params, A, t_start, look, threshold, grid,
                                confirmed=(lambda t, thetas: reader.confirmed(earlier + [(t, thetas)])) if shows_only else None,
                                confirm_from=reach * horizon, rtol=FULL_RANK_RTOL if shows_only else None)
+        stages.append(stage)
         crossed = stage.restart.t_integrated
         if not full:
             progress(f"rank-{rank} flow: " + ("no restart within reach" if crossed is None else f"σ{rank} passes at t = {crossed:.5g}"))
-        opens_at_start = rank == 1 and not full and crossed is not None and crossed <= look
-        if opens_at_start:  # direction 1 named, the prediction starts again from θ(0) with it open
-            first_direction = stage
-        else:
-            stages.append(stage)
-        if crossed is None or crossed > look or full or (not opens_at_start and reader.confirmed(earlier + [(stage.t, stage.params)])):
+        if crossed is None or crossed > look or full:
             break
-        at_crossing = {name: value[-1] for name, value in stage.params.items()}
-        A = np.column_stack([A, next_direction(at_crossing, A)])
-        params, t_start = (initial, 0.0) if opens_at_start else (at_crossing, crossed)
-        if opens_at_start:
-            progress(f"direction 1 opens from t = 0 (α2 named at the rank-1 crossing, t = {crossed:.5g})")
+        params = {name: value[-1] for name, value in stage.params.items()}
+        A = np.column_stack([A, next_direction(params, A)])
+        if rank == 1 and len(floors) > 2:  # direction 1 named: its rank-two flow from θ(0) too, for the rows
+            progress(f"rank-2 flow from t = 0, direction 1 open (α2 named at the rank-1 crossing, t = {crossed:.5g})")
+            opened = propagate_rank(chain, initial, A, 0.0, look, th.restart_factor * float(floors[2]), grid)
+        if reader.confirmed(earlier + [(stage.t, stage.params)]):
+            break
+        t_start = crossed
     t, thetas = joined_on_grid([(stage.t, stage.params) for stage in stages], grid)
     velocity = joined_on_grid([(stage.t, stage.velocity) for stage in stages], grid)[1]
     observables = reader.observables(t, thetas)
@@ -265,7 +259,7 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
     report = detect_stages(observables, th)
     # unchecked where a rank-r flow did not restart (saved to ``look``, holding its settled state)
     confirmation = reader.checked[-1] if reader.checked else Confirmation(float(t[-1]) / reach, {})
-    return CyclePrediction(stages, first_direction, report, trajectory, velocity, chain.pi, confirmation)
+    return CyclePrediction(stages, opened, report, trajectory, velocity, chain.pi, confirmation)
 
 
 @dataclass(frozen=True)

@@ -41,12 +41,13 @@ import numpy as np
 from flowsim.config import ConfigError, RunConfig
 from flowsim.assemble import prepare
 from flowsim.observables import stage_observables
+from flowsim.trajectory import Trajectory
 from flowsim.stages import (StageReport, StageThresholds, detect_condensation, detect_focus_and_dilution, detect_restarts,
                             smooth_in_log_time, subject_label)
 from theory.cycles import POINTS_PER_DECADE, CyclePrediction, dilution_mechanisms, predict_cycles
 from theory.focus import FocusPrediction, predict_focus
 from theory.origin import CondensationPrediction, predict_condensation
-from theory.restart import REACH_LIMIT, RestartPrediction, RuleName
+from theory.restart import REACH_LIMIT, RankStage, RestartPrediction, RuleName
 from theory.mean_field import MeanFieldChain, origin_rate
 
 NOT_MEASURED, NOT_PREDICTED = "predicted, not measured", "measured, not predicted"
@@ -83,7 +84,7 @@ class Prediction:
                 f"μ2 = {f.mu2:.6g} at the condensed point (h = {f.h:+.4g}; attention amplitude {f.a_attn0:.4g}); "
                 f"queries focus in the order {f.order}, on token {first}{orbit_focus}\n"
                 "the rows' condensation, first focus and σ1 restart are read on the flow from θ(0) ("
-                + ("rank two, direction 1 open from t = 0" if self.cycles.first_direction is not None else "rank one")
+                + ("rank two, direction 1 open from t = 0" if self.cycles.opened is not None else "rank one")
                 + ": every order in ε along it)"
                 + "".join(f"\n{restart_line(restart)}" for restart in self.cycles.restarts())
                 + "".join(f"\npredicted {i.stage} of q{i.query}: {i.evidence}\n  {mechanism}"
@@ -159,8 +160,8 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     rows = [timed_row(condensation_row(condensation, cycles, prepared.times), t_end),
             first_focus_row(focus, cycles, prepared.times, t_end)]
     restarts = cycles.restarts()
-    if cycles.first_direction is not None:  # direction 1 open from θ(0): its restart is read on that flow
-        rows.append(opened_restart_row(cycles, restarts.pop(0), prepared.times, t_end))
+    if cycles.opened is not None:  # direction 1 open from θ(0): its restart is read on that flow
+        rows.append(opened_restart_row(cycles.opened, cycles.pi, restarts.pop(0), prepared.times, t_end))
     rows += [restart_row(restart, t_end) for restart in restarts]
     for stage in ("focus", "dilution"):
         for query in focus.order:
@@ -191,9 +192,10 @@ def condensation_row(condensation: CondensationPrediction, cycles: CyclePredicti
     test over a window; where σ0 overshoots and then keeps growing slowly that test can pass on one grid and not
     on another, so the row reads σ0 on the grid the run is read on. O(T d m²) for σ0 on the prediction's T times."""
     th = StageThresholds() if thresholds is None else thresholds
-    saved = cycles.trajectory.t > 0
-    t_saved = cycles.trajectory.t[saved]
-    sigma0 = np.linalg.norm(np.asarray(cycles.trajectory.params["W0"])[saved], ord=2, axis=(1, 2))
+    rows_flow = rows_trajectory(cycles)
+    saved = rows_flow.t > 0
+    t_saved = rows_flow.t[saved]
+    sigma0 = np.linalg.norm(np.asarray(rows_flow.params["W0"])[saved], ord=2, axis=(1, 2))
     t = np.asarray(times, dtype=float)
     t = t[t > 0]
     on_run = np.exp(np.interp(np.log(t), np.log(t_saved), np.log(sigma0)))
@@ -213,13 +215,14 @@ def first_focus_row(focus: FocusPrediction, cycles: CyclePrediction, times: np.n
     neither shows a focus; a row saying why where nothing does. O(T d² k) for the entropy on T times."""
     th = StageThresholds() if thresholds is None else thresholds
     first = focus.order[0]
-    saved = cycles.trajectory.t > 0
-    t_saved = cycles.trajectory.t[saved]
+    rows_flow = rows_trajectory(cycles)
+    saved = rows_flow.t > 0
+    t_saved = rows_flow.t[saved]
     t = np.asarray(times, dtype=float)
     t = t[(t > 0) & (t <= t_saved[-1])]
     on_run = []
     if len(t) >= 3:
-        entropy = stage_observables(cycles.trajectory, cycles.pi)["attention_entropy"][saved, first]
+        entropy = stage_observables(rows_flow, cycles.pi)["attention_entropy"][saved, first]
         entropy = np.interp(np.log(t), np.log(t_saved), entropy)
         on_run = [i for i in detect_focus_and_dilution(t, smooth_in_log_time(t, entropy, th.smoothing_decades), first, th)
                   if i.stage == "focus"]
@@ -245,31 +248,37 @@ def timed_row(row: Row, t_end: float) -> Row:
     return Row(row.stage, row.query, row.direction, None, note=f"{AFTER_HORIZON} t = {t_end:g}: predicted at t = {row.predicted:.4g}")
 
 
-def opened_restart_row(cycles: CyclePrediction, linear: RestartPrediction, times: np.ndarray, t_end: float,
+def rows_trajectory(cycles: CyclePrediction) -> Trajectory:
+    """The flow the condensation, first-focus and σ1 rows are read on: the rank-two flow from θ(0) with direction
+    1 open where it opens, else the chained prediction's (its first stage is then the rank-one flow from θ(0)).
+    Its loss is left at zero: the rows read W0 and the attention only."""
+    if cycles.opened is None:
+        return cycles.trajectory
+    return Trajectory(t=cycles.opened.t, loss=np.zeros(len(cycles.opened.t)), params=cycles.opened.params)
+
+
+def opened_restart_row(opened: RankStage, pi: np.ndarray, linear: RestartPrediction, times: np.ndarray, t_end: float,
                        thresholds: StageThresholds | None = None) -> Row:
-    """Direction 1's restart as the detectors will read it on the run's save ``times``: σ(W0) of the flow with
-    direction 1 open from θ(0), interpolated in log-log onto them (the floor the threshold is a multiple of is
-    read at the run's first saved time, as on the run); past the run's last save time, as the detectors read the
-    prediction's own grid. Where σ1 stays below their threshold, a row saying so, with the rank-one transverse
-    equation's crossing (``linear``) for reference. O(T d m²) for σ(W0) on the prediction's T times."""
+    """Direction 1's restart as the detectors will read it on the run's save ``times``: σ(W0) of the rank-two flow
+    from θ(0) (``opened``), interpolated in log-log onto them (the floor the threshold is a multiple of is read at
+    the run's first saved time, as on the run); past the run's last save time, as read on that flow's own times.
+    Where σ1 stays below the detectors' threshold, a row saying so, with the rank-one transverse equation's
+    crossing (``linear``) for reference. O(T d m²) for σ(W0) on the flow's T times."""
     th = StageThresholds() if thresholds is None else thresholds
-    saved = cycles.trajectory.t > 0
-    t_saved = cycles.trajectory.t[saved]
-    sigma = np.linalg.svd(np.asarray(cycles.trajectory.params["W0"])[saved], compute_uv=False)[:, :2]
-    t = np.asarray(times, dtype=float)
-    t = t[(t > 0) & (t <= t_saved[-1])]
-    if len(t) >= 3:
-        on_run = np.exp(np.column_stack([np.interp(np.log(t), np.log(t_saved), np.log(sigma[:, r])) for r in (0, 1)]))
-        opened = detect_restarts(t, smooth_in_log_time(t, on_run, th.smoothing_decades), th)
-        if opened:
-            return Row("restart", None, 1, opened[0].t_start)
-    later = cycles.opened_restart(1)
-    if later is not None:
-        return timed_row(Row("restart", None, 1, later), t_end)
-    reached = float(cycles.trajectory.t[-1])
-    return Row("restart", None, 1, None, note=f"no restart by t = {min(t_end, reached):g}: on the flow with direction 1 "
-                                              f"open from θ(0), σ1 stays below ℓ = {linear.threshold:.3g} (the rank-one "
-                                              f"transverse equation crosses at t = {linear.t_integrated:.4g})")
+    saved = opened.t > 0
+    t_saved = opened.t[saved]
+    sigma = np.linalg.svd(np.asarray(opened.params["W0"])[saved], compute_uv=False)[:, :2]
+    for t in (np.asarray(times, dtype=float), t_saved):  # the run's times, then the flow's own past them
+        t = t[(t > 0) & (t <= t_saved[-1])]
+        if len(t) < 3:
+            continue
+        on_t = np.exp(np.column_stack([np.interp(np.log(t), np.log(t_saved), np.log(sigma[:, r])) for r in (0, 1)]))
+        found = detect_restarts(t, smooth_in_log_time(t, on_t, th.smoothing_decades), th)
+        if found:
+            return timed_row(Row("restart", None, 1, found[0].t_start), t_end)
+    return Row("restart", None, 1, None, note=f"no restart by t = {min(t_end, float(opened.t[-1])):g}: on the flow with "
+                                              f"direction 1 open from θ(0), σ1 stays below ℓ = {linear.threshold:.3g} (the "
+                                              f"rank-one transverse equation crosses at t = {linear.t_integrated:.4g})")
 
 
 def restart_row(r: RestartPrediction, t_end: float) -> Row:
