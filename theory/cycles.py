@@ -248,7 +248,8 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
         A = np.column_stack([A, next_direction(params, A)])
         if rank == 1 and len(floors) > 2:  # direction 1 named: its rank-two flow from θ(0) too, for the rows
             progress(f"rank-2 flow from t = 0, direction 1 open (α2 named at the rank-1 crossing, t = {crossed:.5g})")
-            opened = propagate_rank(chain, initial, A, 0.0, look, th.restart_factor * float(floors[2]), grid)
+            # the rows read it up to the horizon, and the detectors a little past it
+            opened = propagate_rank(chain, initial, A, 0.0, reach * horizon, th.restart_factor * float(floors[2]), grid)
         if reader.confirmed(earlier + [(stage.t, stage.params)]):
             break
         t_start = crossed
