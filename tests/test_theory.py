@@ -160,9 +160,10 @@ def test_focus_orbit_grows_at_mu2_and_its_clock_matches_any_small_start():
 @pytest.mark.slow
 def test_matched_focus_prediction_on_a_seeded_random_family():
     """The first focus within 5% at ε = 1e-3 on 21 random chains (d = 3, 4, 5) the theory was not
-    developed on, and closer at ε = 1e-6. Where the theory predicts no focus the flow must show
-    none; a chain whose flow registers no predicted focus must have its σ1 restart by then (the
-    restart interrupts the focus: not a focus prediction's failure)."""
+    developed on, and within 5% (median 1%) at ε = 1e-6 too: the row keeps every order in ε and is read on the
+    run's save times, so both are at the detectors' resolution rather than converging as ε -> 0. Where the
+    theory predicts no focus the flow must show none; a chain whose flow registers no predicted focus must
+    have its σ1 restart by then (the restart interrupts the focus: not a focus prediction's failure)."""
     family = random_family(21, seed=1)
     errors = {}
     for index, (pi, lam) in enumerate(family):
@@ -179,7 +180,7 @@ def test_matched_focus_prediction_on_a_seeded_random_family():
         assert errors[index] < 0.05, row
     assert len(errors) >= 18, errors
     closer = [ChainAccuracy.error(chain_accuracy(*family[index], 1e-6, n_save=300).focus) for index in list(errors)[:5]]
-    assert np.median(closer) < np.median([errors[index] for index in list(errors)[:5]]), (closer, errors)
+    assert max(closer) < 0.05 and np.median(closer) < 0.01, (closer, errors)
 
 
 @pytest.mark.parametrize("pi, rank, t_end", [([0.7, 0.1, 0.1, 0.1], 1, 1000.0), (PAPER_PI, 1, 150.0), (PAPER_PI, 2, 1500.0)])
