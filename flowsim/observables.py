@@ -228,8 +228,7 @@ def stage_observables(trajectory: Trajectory, pi: np.ndarray) -> Observables:
     columns["attention_entropy"] = np.array(entropy)
     columns["attention_mass_top"] = np.array(mass)
     columns["embedding_norm"] = np.linalg.norm(params["W0"], axis=2)
-    return Observables(t=np.asarray(trajectory.t), columns=columns,
-                       constants={"pi": np.asarray(pi)})
+    return Observables(t=np.asarray(trajectory.t), columns=columns, constants={"pi": np.asarray(pi)})
 
 
 def two_layer_observables(
@@ -257,8 +256,7 @@ def two_layer_observables(
     if flow is not None:
         for name, norms in gradient_norms(trajectory, flow).items():
             columns[f"grad_norm_{name}"] = norms
-    return Observables(t=np.asarray(trajectory.t), columns=columns,
-                       constants={"pi": np.asarray(pi)})
+    return Observables(t=np.asarray(trajectory.t), columns=columns, constants={"pi": np.asarray(pi)})
 
 
 def _positional_probe(model: PositionalTwoLayerTransformer, params: dict, contexts: jax.Array, probability: jax.Array,
@@ -312,8 +310,7 @@ def positional_observables(
     if flow is not None:
         for name, norms in gradient_norms(trajectory, flow).items():
             columns[f"grad_norm_{name}"] = norms
-    return Observables(t=np.asarray(trajectory.t), columns=columns,
-                       constants={"pi": law.query_law})
+    return Observables(t=np.asarray(trajectory.t), columns=columns, constants={"pi": law.query_law})
 
 
 def gradient_norms(trajectory: Trajectory, flow: GradientFlow) -> dict[str, np.ndarray]:

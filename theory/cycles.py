@@ -14,8 +14,7 @@ rank-two flow is also followed from θ(0) itself, so the parts of θ(0) along α
 and W_K's rows) enter at every order from t = 0, where the transverse equation keeps them to first order only.
 At ε = 1e-2 a term bilinear in W0's and W_Q/W_K's parts along α2 opens σ1 and the first foci well before the
 linear equation says (benchmarks/MEASUREMENTS.md, "σ1 at ε = 1e-2 on a text surrogate"); as ε -> 0 the two
-agree. The rows of condensation, the first focus and σ1 are read on that flow; the later events on the chain
-(from θ(0) on a d = 3-5 family the later foci came out about 1% off, where the chain reads them within 0.2%).
+agree. The rows of condensation, the first focus and σ1 are read on that flow; the later events on the chain.
 
 **Dilution, as a sign.** Query i's attention on token f is A_if = π_f e^{Φ_if} / Σ_j π_j e^{Φ_ij}, so
 
@@ -49,6 +48,7 @@ class CyclePrediction:
     stages: list[RankStage]  # rank 1, 2, ...: each up to its restart (or t_end)
     opened: RankStage | None  # the rank-two flow from θ(0) with direction 1 open; None: direction 1 does not open
     report: StageReport  # the detectors on the predicted trajectory
+    observables: Observables  # what they read: the trajectory's ``stage_observables``
     trajectory: Trajectory
     velocity: dict[str, np.ndarray]  # dθ/dt of the prediction on trajectory.t
     pi: np.ndarray
@@ -260,7 +260,7 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
     report = detect_stages(observables, th)
     # unchecked where a rank-r flow did not restart (saved to ``look``, holding its settled state)
     confirmation = reader.checked[-1] if reader.checked else Confirmation(float(t[-1]) / reach, {})
-    return CyclePrediction(stages, opened, report, trajectory, velocity, chain.pi, confirmation)
+    return CyclePrediction(stages, opened, report, observables, trajectory, velocity, chain.pi, confirmation)
 
 
 @dataclass(frozen=True)

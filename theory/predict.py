@@ -4,9 +4,9 @@ Rows (stage names as in stages.json):
 
 * condensation: the time condensation completes (the detector's t_end),
 * focus, first query: its onset (t_start), and
-* restart, direction 1: its onset, all three read by the detectors on the chained prediction's flow from θ(0)
-  (``theory.cycles``): the rank-two flow with direction 1 open from t = 0, which carries every order in ε
-  along α and α2 (the rank-one flow where direction 1 never opens). Stage I's orbit, Stage II's focus orbit
+* restart, direction 1: its onset, all three read by the detectors on the prediction's flow from θ(0)
+  (``theory.cycles``, ``rows_observables``): the rank-two flow with direction 1 open from t = 0, which carries
+  every order in ε along α and α2 (the chain's rank-one flow where direction 1 never opens). Stage I's orbit, Stage II's focus orbit
   and the rank-one transverse equation give the same times as ε -> 0 (their constants and times are in
   ``constants``); Stage II's time is the first focus row where the flow shows no focus before the confirmed
   horizon. All three are read on the run's save times (``condensation_row``, ``first_focus_row``,
@@ -40,14 +40,15 @@ import numpy as np
 
 from flowsim.config import ConfigError, RunConfig
 from flowsim.assemble import prepare
-from flowsim.observables import stage_observables
+from flowsim.flow import GradientFlow
+from flowsim.observables import Observables, stage_observables
 from flowsim.trajectory import Trajectory
 from flowsim.stages import (StageReport, StageThresholds, detect_condensation, detect_focus_and_dilution, detect_restarts,
                             smooth_in_log_time, subject_label)
 from theory.cycles import POINTS_PER_DECADE, CyclePrediction, dilution_mechanisms, predict_cycles
 from theory.focus import FocusPrediction, predict_focus
 from theory.origin import CondensationPrediction, predict_condensation
-from theory.restart import REACH_LIMIT, RankStage, RestartPrediction, RuleName
+from theory.restart import REACH_LIMIT, RestartPrediction, RuleName
 from theory.mean_field import MeanFieldChain, origin_rate
 
 NOT_MEASURED, NOT_PREDICTED = "predicted, not measured", "measured, not predicted"
@@ -157,11 +158,12 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     progress("Stages III-IV: the rank-r flows, their transverse equations and restarts, until every event before "
              f"t = {t_end:g} is confirmed")
     cycles = predict_cycles(chain, prepared.flow, prepared.model, prepared.params0, condensation.alpha, t_end, progress=progress)
-    rows = [timed_row(condensation_row(condensation, cycles, prepared.times), t_end),
-            first_focus_row(focus, cycles, prepared.times, t_end)]
+    read = rows_observables(cycles, prepared.flow)
+    rows = [timed_row(condensation_row(condensation, read, prepared.times), t_end),
+            first_focus_row(focus, cycles, read, prepared.times, t_end)]
     restarts = cycles.restarts()
     if cycles.opened is not None:  # direction 1 open from θ(0): its restart is read on that flow
-        rows.append(opened_restart_row(cycles.opened, cycles.pi, restarts.pop(0), prepared.times, t_end))
+        rows.append(opened_restart_row(read, restarts.pop(0), prepared.times, t_end))
     rows += [restart_row(restart, t_end) for restart in restarts]
     for stage in ("focus", "dilution"):
         for query in focus.order:
@@ -182,23 +184,20 @@ def confirmed_events(cycles: CyclePrediction, stage: str, query: int) -> list:
     return [i for i in cycles.report.of(stage, query) if i.t_start <= cycles.confirmed_through]
 
 
-def condensation_row(condensation: CondensationPrediction, cycles: CyclePrediction, times: np.ndarray,
+def condensation_row(condensation: CondensationPrediction, read: Observables, times: np.ndarray,
                      thresholds: StageThresholds | None = None) -> Row:
-    """Condensation's end as the detectors will read it on the run's save ``times``: σ0(W0) of the rank-one flow
-    from θ(0), interpolated in log-log onto them; Stage I's orbit where no condensation is read there.
+    """Condensation's end as the detectors will read it on the run's save ``times``: σ0(W0) of the rows' flow from
+    θ(0) (``read``: ``rows_observables``), interpolated in log-log onto them; Stage I's orbit where no condensation
+    is read there.
 
     Stage I's orbit has no attention, so its σ0 grows to the attention-free scale, while the flow's σ0 levels off
     lower once the focus follows. The detectors end condensation at a fraction of where σ0 flattens, by a slope
     test over a window; where σ0 overshoots and then keeps growing slowly that test can pass on one grid and not
-    on another, so the row reads σ0 on the grid the run is read on. O(T d m²) for σ0 on the prediction's T times."""
+    on another, so the row reads σ0 on the grid the run is read on."""
     th = StageThresholds() if thresholds is None else thresholds
-    rows_flow = rows_trajectory(cycles)
-    saved = rows_flow.t > 0
-    t_saved = rows_flow.t[saved]
-    sigma0 = np.linalg.norm(np.asarray(rows_flow.params["W0"])[saved], ord=2, axis=(1, 2))
     t = np.asarray(times, dtype=float)
     t = t[t > 0]
-    on_run = np.exp(np.interp(np.log(t), np.log(t_saved), np.log(sigma0)))
+    on_run = np.exp(on_save_times(t, read, np.log(read["sv_W0"][:, 0])))
     found = detect_condensation(t, smooth_in_log_time(t, on_run, th.smoothing_decades), th) if len(t) >= 3 else None
     if found is not None:
         return Row("condensation", None, None, found.t_end)
@@ -206,24 +205,19 @@ def condensation_row(condensation: CondensationPrediction, cycles: CyclePredicti
                                                                        "condense on the run's save times)")
 
 
-def first_focus_row(focus: FocusPrediction, cycles: CyclePrediction, times: np.ndarray, t_end: float,
-                    thresholds: StageThresholds | None = None) -> Row:
+def first_focus_row(focus: FocusPrediction, cycles: CyclePrediction, read: Observables, times: np.ndarray,
+                    t_end: float, thresholds: StageThresholds | None = None) -> Row:
     """The first query's focus onset as the detectors will read it on the run's save ``times``: its attention
-    entropy on the prediction's flow from θ(0), interpolated in log t onto them (the detectors time a focus
+    entropy on the rows' flow from θ(0) (``read``), interpolated in log t onto them (the detectors time a focus
     halfway between the entropy's turning points, and the run's last one lies within its horizon); past the
-    run's last save time, as read on the prediction's own grid once confirmed; Stage II's focus orbit where
-    neither shows a focus; a row saying why where nothing does. O(T d² k) for the entropy on T times."""
+    run's last save time, as the chain's detectors read it once confirmed; Stage II's focus orbit where
+    neither shows a focus; a row saying why where nothing does."""
     th = StageThresholds() if thresholds is None else thresholds
     first = focus.order[0]
-    rows_flow = rows_trajectory(cycles)
-    saved = rows_flow.t > 0
-    t_saved = rows_flow.t[saved]
-    t = np.asarray(times, dtype=float)
-    t = t[(t > 0) & (t <= t_saved[-1])]
+    t = within_prediction(times, read)
     on_run = []
     if len(t) >= 3:
-        entropy = stage_observables(rows_flow, cycles.pi)["attention_entropy"][saved, first]
-        entropy = np.interp(np.log(t), np.log(t_saved), entropy)
+        entropy = on_save_times(t, read, read["attention_entropy"][:, first])
         on_run = [i for i in detect_focus_and_dilution(t, smooth_in_log_time(t, entropy, th.smoothing_decades), first, th)
                   if i.stage == "focus"]
     found = on_run or confirmed_events(cycles, "focus", first)
@@ -248,35 +242,49 @@ def timed_row(row: Row, t_end: float) -> Row:
     return Row(row.stage, row.query, row.direction, None, note=f"{AFTER_HORIZON} t = {t_end:g}: predicted at t = {row.predicted:.4g}")
 
 
-def rows_trajectory(cycles: CyclePrediction) -> Trajectory:
-    """The flow the condensation, first-focus and σ1 rows are read on: the rank-two flow from θ(0) with direction
-    1 open where it opens, else the chained prediction's (its first stage is then the rank-one flow from θ(0)).
-    Its loss is left at zero: the rows read W0 and the attention only."""
+def rows_observables(cycles: CyclePrediction, flow: GradientFlow) -> Observables:
+    """What the condensation, first-focus and σ1 rows are read on: the ``stage_observables`` of the rank-two flow
+    from θ(0) with direction 1 open where it opens (O(T d² k) on its T times), else the chain's, whose first stage
+    is then the rank-one flow from θ(0)."""
     if cycles.opened is None:
-        return cycles.trajectory
-    return Trajectory(t=cycles.opened.t, loss=np.zeros(len(cycles.opened.t)), params=cycles.opened.params)
+        return cycles.observables
+    opened = cycles.opened
+    return stage_observables(Trajectory(t=opened.t, loss=flow.loss_along(flow.flatten_batch(opened.params)),
+                                        params=opened.params), cycles.pi)
 
 
-def opened_restart_row(opened: RankStage, pi: np.ndarray, linear: RestartPrediction, times: np.ndarray, t_end: float,
+def within_prediction(times: np.ndarray, read: Observables) -> np.ndarray:
+    """The run's save times t > 0 that the prediction's saved times reach."""
+    t = np.asarray(times, dtype=float)
+    return t[(t > 0) & (t <= read.t[-1])]
+
+
+def on_save_times(t: np.ndarray, read: Observables, series: np.ndarray) -> np.ndarray:
+    """``series`` (one row per saved time of ``read``; a column or a few) at the times ``t`` > 0, linear in log t."""
+    saved = read.t > 0
+    x, values = np.log(read.t[saved]), np.asarray(series)[saved]
+    if values.ndim == 1:
+        return np.interp(np.log(t), x, values)
+    return np.column_stack([np.interp(np.log(t), x, column) for column in values.T])
+
+
+def opened_restart_row(read: Observables, linear: RestartPrediction, times: np.ndarray, t_end: float,
                        thresholds: StageThresholds | None = None) -> Row:
     """Direction 1's restart as the detectors will read it on the run's save ``times``: σ(W0) of the rank-two flow
-    from θ(0) (``opened``), interpolated in log-log onto them (the floor the threshold is a multiple of is read at
+    from θ(0) (``read``), interpolated in log-log onto them (the floor the threshold is a multiple of is read at
     the run's first saved time, as on the run); past the run's last save time, as read on that flow's own times.
     Where σ1 stays below the detectors' threshold, a row saying so, with the rank-one transverse equation's
-    crossing (``linear``) for reference. O(T d m²) for σ(W0) on the flow's T times."""
+    crossing (``linear``) for reference."""
     th = StageThresholds() if thresholds is None else thresholds
-    saved = opened.t > 0
-    t_saved = opened.t[saved]
-    sigma = np.linalg.svd(np.asarray(opened.params["W0"])[saved], compute_uv=False)[:, :2]
-    for t in (np.asarray(times, dtype=float), t_saved):  # the run's times, then the flow's own past them
-        t = t[(t > 0) & (t <= t_saved[-1])]
+    log_sigma = np.log(read["sv_W0"][:, :2])
+    for t in (within_prediction(times, read), within_prediction(read.t, read)):  # the run's times, then the flow's own
         if len(t) < 3:
             continue
-        on_t = np.exp(np.column_stack([np.interp(np.log(t), np.log(t_saved), np.log(sigma[:, r])) for r in (0, 1)]))
+        on_t = np.exp(on_save_times(t, read, log_sigma))
         found = detect_restarts(t, smooth_in_log_time(t, on_t, th.smoothing_decades), th)
         if found:
             return timed_row(Row("restart", None, 1, found[0].t_start), t_end)
-    return Row("restart", None, 1, None, note=f"no restart by t = {min(t_end, float(opened.t[-1])):g}: on the flow with "
+    return Row("restart", None, 1, None, note=f"no restart by t = {min(t_end, float(read.t[-1])):g}: on the flow with "
                                               f"direction 1 open from θ(0), σ1 stays below ℓ = {linear.threshold:.3g} (the "
                                               f"rank-one transverse equation crosses at t = {linear.t_integrated:.4g})")
 
