@@ -3,7 +3,7 @@
 import os
 import signal
 
-from flowsim.interrupts import INTERRUPTED_STARTING, interrupt_outside_gc_callbacks
+from flowsim.interrupts import INTERRUPTED_STARTING, interrupt_when_safe
 
 
 def _interrupted_while_loading(signum: int, frame) -> None:
@@ -17,7 +17,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, _interrupted_while_loading)
     from flowsim.cli import main as run_command
 
-    signal.signal(signal.SIGINT, interrupt_outside_gc_callbacks)  # from here each command says what it kept
+    signal.signal(signal.SIGINT, interrupt_when_safe)  # from here each command says what it kept
     run_command()
 
 

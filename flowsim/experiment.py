@@ -3,6 +3,7 @@ labels (``flowsim.labelling``) and summary figure; and the resume of a stopped r
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import errno
 import hashlib
@@ -135,6 +136,9 @@ def _write_run(config: RunConfig, run_dir: Path, progress: bool, prepared: Prepa
             atol=config.solver.atol, max_steps=config.solver.max_steps, lr=config.solver.lr, progress=progress,
             on_checkpoint=save, should_stop=stop, resume=resume,
         )
+    if stop() and result.status == Status.FINISHED:  # the request came during the last chunk: it still stops here
+        result = dataclasses.replace(result, status=Status.INTERRUPTED,
+                                     message=f"stopped by {stop.signal_name} after the last save time")
     meta["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
     meta["total_wall_time_s"] = time.perf_counter() - started
     if result.radau_state is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import signal
 import threading
 import time
@@ -21,18 +20,33 @@ from typing import Callable, Iterator
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 INTERRUPTED_STARTING = "flowsim: interrupted while the command was starting"  # before any command could say what it kept
 REDELIVERY_SECONDS = 0.05
+IMPORT_MACHINERY = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+raised_interrupt: str | None = None  # the signal interrupt_when_safe last raised as KeyboardInterrupt, until stop_requests sees it
 
 
-def interrupt_outside_gc_callbacks(signum: int, frame) -> None:
-    """SIGINT as KeyboardInterrupt, except inside a garbage-collector callback (JAX registers one, and runs it often
-    while it starts): Python drops an exception raised there, so the signal is sent again REDELIVERY_SECONDS later."""
+def interrupt_when_safe(signum: int, frame) -> None:
+    """SIGINT as KeyboardInterrupt, except where raising it would be lost or fatal, where it is handled again
+    REDELIVERY_SECONDS later (``deliver_later``): inside a garbage-collector callback (JAX registers one, and runs it
+    often while it starts), where Python drops the exception; and inside an import, where an exception raised while
+    a native extension initialises (jaxlib's, loaded when a command first needs JAX) can crash the interpreter. What
+    it raises is remembered in ``raised_interrupt``: a library's bare ``except:`` may swallow it, and the next
+    ``stop_requests`` block then starts with its request set."""
+    global raised_interrupt
     callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
     while frame is not None:
-        if frame.f_code in callbacks:
-            threading.Timer(REDELIVERY_SECONDS, os.kill, (os.getpid(), signum)).start()
+        if frame.f_code in callbacks or frame.f_code.co_filename in IMPORT_MACHINERY:
+            deliver_later(signum)
             return
         frame = frame.f_back
+    raised_interrupt = signal.Signals(signum).name
     raise KeyboardInterrupt
+
+
+def deliver_later(signum: int) -> None:
+    """Handle ``signum`` again with ``interrupt_when_safe`` after REDELIVERY_SECONDS, from a SIGALRM timer: no thread,
+    since starting one inside a signal handler can deadlock on threading's own locks or hold up the interpreter's exit."""
+    signal.signal(signal.SIGALRM, lambda _, frame: interrupt_when_safe(signum, frame))
+    signal.setitimer(signal.ITIMER_REAL, REDELIVERY_SECONDS)
 
 
 class StopRequest:
@@ -52,7 +66,11 @@ class StopRequest:
 def stop_requests() -> Iterator[StopRequest]:
     """Turn SIGINT and SIGTERM into a ``StopRequest`` inside the block (main thread only:
     elsewhere Python delivers no signals, and the request is only set by hand)."""
+    global raised_interrupt
     request = StopRequest()
+    if raised_interrupt is not None:  # a library's bare `except:` swallowed it (JAX has some): it still stops the work
+        request.set(raised_interrupt)
+        raised_interrupt = None
     if threading.current_thread() is not threading.main_thread():
         yield request
         return

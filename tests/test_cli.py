@@ -525,6 +525,34 @@ def test_a_run_whose_last_meta_write_failed_is_finished_by_its_resume(tmp_path, 
     assert not [path.name for path in run_dir.iterdir() if path.name.startswith(".") and path.name != ".flowsim.lock"]
 
 
+def test_a_signal_during_the_last_chunk_still_stops_the_run_and_its_resume_writes_the_outputs(tmp_path, monkeypatch):
+    """SIGINT while the solve's last chunk runs (the request is seen only once it has reached the last save time):
+    the run still stops there, interrupted, with its trajectory whole and no stages or figure; `--resume` writes them
+    without solving again."""
+    import os
+    import signal
+
+    import flowsim.experiment as experiment
+
+    run_dir = tmp_path / "run"
+    real = experiment.solve_flow
+
+    def signalled_while_solving(*args, **kwargs):
+        result = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # stop_requests' handler turns it into a request
+        return result
+
+    with monkeypatch.context() as patched:
+        patched.setattr(experiment, "solve_flow", signalled_while_solving)
+        result = execute_run(load_config(None, SMALL), run_dir, progress=False)
+    assert result.status_name == "interrupted" and "SIGINT" in result.message and result.t_reached == 30.0
+    assert not (run_dir / "summary.png").exists() and not (run_dir / "stages.json").exists()
+    trajectory = (run_dir / "trajectory.npz").read_bytes()
+    resumed = _invoke("run", "--resume", str(run_dir))
+    assert resumed.exit_code == 0 and "its outputs written by a resume" in resumed.output, resumed.output
+    assert (run_dir / "trajectory.npz").read_bytes() == trajectory and (run_dir / "summary.png").stat().st_size > 0
+
+
 @pytest.mark.parametrize("group", [[], ["bridge"]])
 def test_the_help_describes_every_command_without_cutting_it_off(group):
     """`flowsim --help` and `flowsim bridge --help` at 80 columns: every command's line is whole, none ends in '...'."""
