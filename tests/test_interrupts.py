@@ -70,12 +70,11 @@ def test_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(tmp_path, dela
 
 @pytest.mark.parametrize("where", ["gc callback", "import"])
 def test_the_sigint_handler_defers_an_interrupt_that_lands_in_a_gc_callback_or_an_import(monkeypatch, tmp_path, where):
-    """Inside a garbage-collector callback or a module's import the handler raises nothing and sends the signal
-    again; elsewhere it raises KeyboardInterrupt."""
+    """Inside a garbage-collector callback or a module's import the handler raises nothing and asks for the signal
+    to be handled again later; elsewhere it raises KeyboardInterrupt."""
     import gc
     import importlib
     import sys
-    import time
 
     from flowsim import interrupts
 
