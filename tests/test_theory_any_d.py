@@ -19,7 +19,7 @@ from theory.cycles import dilution_rates, focused_token, observables_until
 from theory.manifold import FlowTurnedStiff, ReducedFlow, ReducedState, compiled_reduced_flow
 from theory.mean_field import MeanFieldChain, condensed_point, origin_rate
 from theory.origin import mu1_expression
-from theory.predict import AFTER_HORIZON, UNSETTLED, predict_run
+from theory.predict import AFTER_HORIZON, NOT_PREDICTED, compared_rows, predict_run
 from theory.restart import FIRST_SPAN, STIFF_START, RuleName, follow_reduced_flow
 from theory.transverse import TransverseCoupling, transverse_coupling, transverse_hessian, transverse_velocity
 
@@ -306,40 +306,34 @@ def test_a_crossing_rank_in_pieces_stops_sooner_with_the_same_restarts(monkeypat
     assert pieced.t_reach < whole.t_reach - 100, (pieced.t_reach, whole.t_reach)
 
 
-def test_a_prediction_does_not_move_with_the_horizon():
-    """Every event predicted before t = 1500 is predicted at the same time for horizons 1500 and 4000, the
-    events after 1500 are named with their time, not dropped, and D = d log A_if/dt < 0 at every predicted
-    dilution onset of both. At a horizon of 900 the rank-3 flow starts past it (σ2 passes at t = 980): it is
-    followed only until the detectors can confirm the events before 900 (where at 4000 it is followed until it
-    reaches the Bayes loss), and those they place alike on its trajectory and on a cut of it are the long
-    horizon's to CONFIRM_RTOL (the others are marked unsettled). Condensation, the first focus and σ1's restart are
-    the exceptions: they are read on the run's save grid, as the detectors read the run, and that reading moves with
-    the horizon; at each horizon they are the exact flow's to 0.1%, 0.5% and 0.5%."""
+def test_a_prediction_reads_each_horizon_as_the_exact_flow_does():
+    """At horizons 900, 1500 and 4000 every row timed before the horizon is the exact flow's as the detectors read
+    it there: condensation to 0.1%, the first focus, σ1 and every later focus and dilution to 0.5%, later restarts to
+    1%, and the flow shows no focus or dilution the rows lack. Focus and dilution onsets are read on the run's save
+    times, and like the flow's they move with the horizon (q1's focus: 691 at t_end = 1500, 705 at 4000). An event
+    past the horizon is named with its time, not dropped, and the longer horizon times it. The restarts do not move
+    with the horizon: at 900 the rank-3 flow starts past it (σ2 passes at t = 980) and is followed only until the
+    detectors can confirm the events before 900, where at 4000 it is followed until it reaches the Bayes loss; and
+    D = d log A_if/dt < 0 at every dilution onset the chain confirms."""
     import theory.cycles as cycles
     from prediction_accuracy import measured_stages
 
     configs = [load_config(None, [f"time.t_end={t_end}"]) for t_end in (900, 1500, 4000)]
-    shortest, short, long = (predict_run(config) for config in configs)
-    read_on_run_grid = {("condensation", None, None), ("focus", 0, None), ("restart", None, 1)}
-    for prediction, config in zip((short, long), configs[1:]):
-        report = measured_stages(config)
-        rows = {(row.stage, row.query, row.direction): row.predicted for row in prediction.rows}
-        assert rows["condensation", None, None] == pytest.approx(report.of("condensation")[0].t_end, rel=1e-3)
-        assert rows["focus", 0, None] == pytest.approx(report.first_time("focus", 0), rel=5e-3)
-        assert rows["restart", None, 1] == pytest.approx(report.first_time("restart", None, 1), rel=5e-3)
+    shortest, short, long = predictions = [predict_run(config) for config in configs]
+    tolerance = {"condensation": 1e-3, "focus": 5e-3, "dilution": 5e-3, "restart": 1e-2}
+    for prediction, config in zip(predictions, configs):
+        rows = compared_rows(prediction.rows, measured_stages(config))
+        timed = [row for row in rows if row.predicted is not None and row.measured is not None]
+        assert len(timed) >= 4
+        for row in timed:
+            bound = 5e-3 if (row.stage, row.direction) == ("restart", 1) else tolerance[row.stage]
+            assert row.rel_error <= bound, (config.time.t_end, row)
+        assert not [row for row in rows if row.note == NOT_PREDICTED and row.stage in ("focus", "dilution")], rows
     later = {(row.stage, row.query, row.direction): row for row in long.rows}
-    compared = 0
     for row in short.rows:
-        key = (row.stage, row.query, row.direction)
-        if key in read_on_run_grid:
-            continue
-        if row.predicted is not None:
-            assert later[key].predicted == pytest.approx(row.predicted, rel=1e-9), (row, later[key])
-            compared += 1
-        elif row.note.startswith(AFTER_HORIZON):
+        if row.predicted is None and row.note.startswith(AFTER_HORIZON):
             time = float(row.note.rsplit("t = ", 1)[1])
-            assert time > 1500 and (later[key].predicted is None or later[key].predicted == pytest.approx(time, rel=1e-3))
-    assert compared >= 3
+            assert time > 1500 and later[row.stage, row.query, row.direction].predicted is not None, row
     for prediction in (short, long):  # mass leaves the focused token at every predicted dilution's onset
         dilutions = prediction.cycles.dilutions()
         pairs = [(dilution.query, focused_token(prediction.cycles, dilution)) for dilution in dilutions]
@@ -348,12 +342,6 @@ def test_a_prediction_does_not_move_with_the_horizon():
     for restart_short, restart_long in zip(short.cycles.restarts(), long.cycles.restarts()):
         assert (restart_short.rule, restart_short.t_settle, restart_short.t_integrated) == (
             restart_long.rule, restart_long.t_settle, restart_long.t_integrated)
-
-    timed = [row for row in shortest.rows if row.predicted is not None and UNSETTLED not in row.note
-             and (row.stage, row.query, row.direction) not in read_on_run_grid]
-    assert len(timed) >= 1
-    for row in timed:
-        assert later[(row.stage, row.query, row.direction)].predicted == pytest.approx(row.predicted, rel=cycles.CONFIRM_RTOL)
     *within, past = shortest.cycles.restarts()
     assert [r.t_integrated for r in within] == [r.t_integrated for r in long.cycles.restarts()[:2]]
     assert shortest.cycles.stages[-1].t[0] > 900 and shortest.cycles.confirmed_through > 900

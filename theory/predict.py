@@ -14,13 +14,15 @@ Rows (stage names as in stages.json):
 * restart, direction r = 2, 3, ...: the time σ_r(W0) passes the detector's threshold (t_start),
   Stage IV, from the transverse equation on the rank-r manifold (``theory.restart``: the
   settled-point formula, or the crossing itself when the restart comes before the flow settles);
-* dilution (per query) and focus of the other queries: onsets detected on the predicted
-  trajectory chained through the rank-r manifolds (``theory.cycles``), Stage III, saved on the
-  prediction's own grid and followed past t_end until the detectors can confirm every event before
-  t_end (they place it the same on a shorter cut of the trajectory): a prediction does not move
-  with t_end, and an event after t_end is a row with its time in ``note``. An event whose onset
-  the two cuts place differently (a dilution whose onset lies halfway to a maximum far ahead) is
-  marked ``unsettled`` in ``note``, with how it moved.
+* dilution (per query) and focus of the other queries: onsets on the predicted trajectory chained
+  through the rank-r manifolds (``theory.cycles``), Stage III, read like the first three rows on the
+  run's save times (``events_on_save_times``): the detectors time a focus or a dilution from the
+  entropy's turning points, the last of which may lie near the horizon, so that reading moves with
+  t_end on the run and in the row alike. The chain is followed past t_end until the detectors can
+  confirm every event before it (they place it the same on a shorter cut of its own trajectory), and
+  an event past the run's last save time is a row with its time in ``note``; one whose onset the two
+  cuts place differently (a dilution whose onset lies halfway to a maximum far ahead) is marked
+  ``unsettled``, with how it moved.
 
 ``compare`` lists every row of both sides: predicted and measured (with the relative
 error), predicted but not measured within the run, and measured with no prediction
@@ -169,10 +171,13 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
         for query in focus.order:
             if stage == "focus" and query == focus.order[0]:
                 continue
-            found = confirmed_events(cycles, stage, query)
-            unsettled = cycles.confirmation.unsettled.get((stage, query))
+            found = events_on_save_times(cycles.observables, prepared.times, stage, query)
+            unsettled = None
+            if not found:  # past the run's last save time: the chain's confirmed events, and how an unsettled one moved
+                found = [i for i in confirmed_events(cycles, stage, query) if i.t_start > prepared.times[-1]]
+                unsettled = cycles.confirmation.unsettled.get((stage, query))
             row = timed_row(Row(stage, query, None, found[0].t_start), t_end) if found else Row(stage, query, None, None)
-            if unsettled:  # its onset depends on the trajectory's far future: shown with how it moved
+            if unsettled:
                 row = replace(row, note="; ".join(filter(None, [row.note, f"{UNSETTLED}: {unsettled}"])))
             if found or unsettled:
                 rows.append(row)
@@ -212,14 +217,8 @@ def first_focus_row(focus: FocusPrediction, cycles: CyclePrediction, read: Obser
     halfway between the entropy's turning points, and the run's last one lies within its horizon); past the
     run's last save time, as the chain's detectors read it once confirmed; Stage II's focus orbit where
     neither shows a focus; a row saying why where nothing does."""
-    th = StageThresholds() if thresholds is None else thresholds
     first = focus.order[0]
-    t = within_prediction(times, read)
-    on_run = []
-    if len(t) >= 3:
-        entropy = on_save_times(t, read, read["attention_entropy"][:, first])
-        on_run = [i for i in detect_focus_and_dilution(t, smooth_in_log_time(t, entropy, th.smoothing_decades), first, th)
-                  if i.stage == "focus"]
+    on_run = events_on_save_times(read, times, "focus", first, thresholds)
     found = on_run or confirmed_events(cycles, "focus", first)
     unsettled = None if on_run else cycles.confirmation.unsettled.get(("focus", first))
     if found:
@@ -233,6 +232,18 @@ def first_focus_row(focus: FocusPrediction, cycles: CyclePrediction, read: Obser
     if unsettled:
         row = replace(row, note="; ".join(filter(None, [row.note, f"{UNSETTLED}: {unsettled}"])))
     return row
+
+
+def events_on_save_times(read: Observables, times: np.ndarray, stage: str, query: int,
+                         thresholds: StageThresholds | None = None) -> list:
+    """The detectors' ``stage`` intervals of ``query`` as they will read the run: its attention entropy on ``read``,
+    interpolated in log t onto the run's save ``times`` that ``read`` reaches (O(T) on T times)."""
+    th = StageThresholds() if thresholds is None else thresholds
+    t = within_prediction(times, read)
+    if len(t) < 3:
+        return []
+    entropy = smooth_in_log_time(t, on_save_times(t, read, read["attention_entropy"][:, query]), th.smoothing_decades)
+    return [i for i in detect_focus_and_dilution(t, entropy, query, th) if i.stage == stage]
 
 
 def timed_row(row: Row, t_end: float) -> Row:
