@@ -47,7 +47,7 @@ from flowsim.observables import Observables, stage_observables
 from flowsim.trajectory import Trajectory
 from flowsim.stages import (StageReport, StageThresholds, detect_condensation, detect_focus_and_dilution, detect_restarts,
                             smooth_in_log_time, subject_label)
-from theory.cycles import POINTS_PER_DECADE, CyclePrediction, dilution_mechanisms, predict_cycles
+from theory.cycles import CyclePrediction, dilution_mechanisms, predict_cycles
 from theory.focus import FocusPrediction, predict_focus
 from theory.origin import CondensationPrediction, predict_condensation
 from theory.restart import REACH_LIMIT, RestartPrediction, RuleName
@@ -378,6 +378,5 @@ def table(rows: list[Row], measured: bool = True) -> str:
         lines.append(line + (f"  {note}" if note else ""))
     if measured:
         lines.append("grid: the run's save-time spacing at the measured time (relative): a detector's time moves by up to "
-                     "about that much with the save grid; the prediction is on its own grid of "
-                     f"{POINTS_PER_DECADE} times per decade")
+                     "about that much with the save grid; every row but σ2, σ3, ... is read on these save times, as the run is")
     return "\n".join(lines)
