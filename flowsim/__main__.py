@@ -2,8 +2,9 @@
 
 import os
 import signal
+import sys
 
-from flowsim.interrupts import INTERRUPTED_STARTING, interrupt_when_safe
+from flowsim.interrupts import INTERRUPTED_STARTING, interrupt_when_safe, redeliver_dropped_interrupts
 
 
 def _interrupted_while_loading(signum: int, frame) -> None:
@@ -18,6 +19,7 @@ def main() -> None:
     from flowsim.cli import main as run_command
 
     signal.signal(signal.SIGINT, interrupt_when_safe)  # from here each command says what it kept
+    sys.unraisablehook = redeliver_dropped_interrupts
     run_command()
 
 

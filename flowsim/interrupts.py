@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import signal
+import sys
 import threading
 import time
 from typing import Callable, Iterator
@@ -25,7 +27,7 @@ raised_interrupt: str | None = None  # the signal interrupt_when_safe last raise
 
 
 def interrupt_when_safe(signum: int, frame) -> None:
-    """SIGINT as KeyboardInterrupt, except where raising it would be lost or fatal, where it is handled again
+    """SIGINT as KeyboardInterrupt, except where raising it would be lost or fatal, where it is sent again
     REDELIVERY_SECONDS later (``deliver_later``): inside a garbage-collector callback (JAX registers one, and runs it
     often while it starts), where Python drops the exception; and inside an import, where an exception raised while
     a native extension initialises (jaxlib's, loaded when a command first needs JAX) can crash the interpreter. What
@@ -43,10 +45,23 @@ def interrupt_when_safe(signum: int, frame) -> None:
 
 
 def deliver_later(signum: int) -> None:
-    """Handle ``signum`` again with ``interrupt_when_safe`` after REDELIVERY_SECONDS, from a SIGALRM timer: no thread,
-    since starting one inside a signal handler can deadlock on threading's own locks or hold up the interpreter's exit."""
-    signal.signal(signal.SIGALRM, lambda _, frame: interrupt_when_safe(signum, frame))
+    """Send ``signum`` to this process again after REDELIVERY_SECONDS, from a SIGALRM timer, so that whichever handler
+    is in place then takes it (``stop_requests``' once a run has begun): no thread, since starting one inside a
+    signal handler can deadlock on threading's own locks or hold up the interpreter's exit."""
+    signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signum))
     signal.setitimer(signal.ITIMER_REAL, REDELIVERY_SECONDS)
+
+
+def redeliver_dropped_interrupts(unraisable) -> None:
+    """``sys.unraisablehook``: a KeyboardInterrupt raised where Python can only drop it (a callback from native code,
+    which prints "Exception ignored in ...") is sent again by ``deliver_later`` instead of printed; anything else is
+    reported as Python would."""
+    global raised_interrupt
+    if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+        raised_interrupt = None  # it comes again, so no stop_requests block should start stopped for it
+        deliver_later(signal.SIGINT)
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 class StopRequest:

@@ -111,22 +111,59 @@ def test_the_sigint_handler_defers_an_interrupt_that_lands_in_a_gc_callback_or_a
         interrupts.interrupt_when_safe(signal.SIGINT, sys._getframe())
 
 
-def test_a_deferred_interrupt_is_raised_by_its_timer_once_outside_the_import(monkeypatch):
-    """deliver_later's SIGALRM handles SIGINT again after REDELIVERY_SECONDS: here, in a sleep, it raises."""
+def test_a_deferred_interrupt_comes_back_from_its_timer_to_the_handler_then_in_place(monkeypatch):
+    """deliver_later's SIGALRM sends SIGINT again after REDELIVERY_SECONDS to whatever handler is in place then:
+    interrupt_when_safe raises in a sleep; inside a stop_requests block the request is set and nothing is raised."""
     import time
 
     from flowsim import interrupts
 
     monkeypatch.setattr(interrupts, "raised_interrupt", None)
-    before = signal.getsignal(signal.SIGALRM)
+    before = {number: signal.getsignal(number) for number in (signal.SIGALRM, signal.SIGINT)}
     try:
+        signal.signal(signal.SIGINT, interrupts.interrupt_when_safe)
         with pytest.raises(KeyboardInterrupt):
             interrupts.deliver_later(signal.SIGINT)
             time.sleep(30)
+        assert interrupts.raised_interrupt == "SIGINT"
+        monkeypatch.setattr(interrupts, "raised_interrupt", None)
+        with stop_requests() as stop:
+            interrupts.deliver_later(signal.SIGINT)
+            for _ in range(3000):
+                if stop():
+                    break
+                time.sleep(0.01)
+            assert stop() and stop.signal_name == "SIGINT"
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, before)
-    assert interrupts.raised_interrupt == "SIGINT"
+        for number, handler in before.items():
+            signal.signal(number, handler)
+
+
+def test_an_interrupt_python_drops_is_sent_again_and_other_errors_are_reported(monkeypatch):
+    """sys.unraisablehook = redeliver_dropped_interrupts: a KeyboardInterrupt raised where Python can only drop it
+    (here a __del__) is sent again, not printed, and clears the remembered one; any other error goes to Python's hook."""
+    import sys
+
+    from flowsim import interrupts
+
+    sent, reported = [], []
+    monkeypatch.setattr(interrupts, "deliver_later", sent.append)
+    monkeypatch.setattr(interrupts, "raised_interrupt", "SIGINT")
+    monkeypatch.setattr(sys, "__unraisablehook__", lambda unraisable: reported.append(unraisable.exc_type))
+    monkeypatch.setattr(sys, "unraisablehook", interrupts.redeliver_dropped_interrupts)
+
+    class DroppedIn:
+        def __init__(self, error):
+            self.error = error
+
+        def __del__(self):
+            raise self.error
+
+    DroppedIn(KeyboardInterrupt())
+    assert sent == [signal.SIGINT] and interrupts.raised_interrupt is None and not reported
+    DroppedIn(ValueError("not an interrupt"))
+    assert sent == [signal.SIGINT] and reported == [ValueError]
 
 
 def test_an_interrupt_a_library_swallowed_still_stops_the_next_block_of_work(monkeypatch):
