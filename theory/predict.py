@@ -167,11 +167,12 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     if cycles.opened is not None:  # direction 1 open from θ(0): its restart is read on that flow
         rows.append(opened_restart_row(read, restarts.pop(0), prepared.times, t_end))
     rows += [restart_row(restart, t_end) for restart in restarts]
+    on_run = {query: events_on_save_times(cycles.observables, prepared.times, query) for query in focus.order}
     for stage in ("focus", "dilution"):
         for query in focus.order:
             if stage == "focus" and query == focus.order[0]:
                 continue
-            found = events_on_save_times(cycles.observables, prepared.times, stage, query)
+            found = [i for i in on_run[query] if i.stage == stage]
             unsettled = None
             if not found:  # past the run's last save time: the chain's confirmed events, and how an unsettled one moved
                 found = [i for i in confirmed_events(cycles, stage, query) if i.t_start > prepared.times[-1]]
@@ -218,7 +219,7 @@ def first_focus_row(focus: FocusPrediction, cycles: CyclePrediction, read: Obser
     run's last save time, as the chain's detectors read it once confirmed; Stage II's focus orbit where
     neither shows a focus; a row saying why where nothing does."""
     first = focus.order[0]
-    on_run = events_on_save_times(read, times, "focus", first, thresholds)
+    on_run = [i for i in events_on_save_times(read, times, first, thresholds) if i.stage == "focus"]
     found = on_run or confirmed_events(cycles, "focus", first)
     unsettled = None if on_run else cycles.confirmation.unsettled.get(("focus", first))
     if found:
@@ -234,16 +235,16 @@ def first_focus_row(focus: FocusPrediction, cycles: CyclePrediction, read: Obser
     return row
 
 
-def events_on_save_times(read: Observables, times: np.ndarray, stage: str, query: int,
+def events_on_save_times(read: Observables, times: np.ndarray, query: int,
                          thresholds: StageThresholds | None = None) -> list:
-    """The detectors' ``stage`` intervals of ``query`` as they will read the run: its attention entropy on ``read``,
-    interpolated in log t onto the run's save ``times`` that ``read`` reaches (O(T) on T times)."""
+    """The detectors' focus and dilution intervals of ``query`` as they will read the run: its attention entropy on
+    ``read``, interpolated in log t onto the run's save ``times`` that ``read`` reaches (O(T) on T times)."""
     th = StageThresholds() if thresholds is None else thresholds
     t = within_prediction(times, read)
     if len(t) < 3:
         return []
     entropy = smooth_in_log_time(t, on_save_times(t, read, read["attention_entropy"][:, query]), th.smoothing_decades)
-    return [i for i in detect_focus_and_dilution(t, entropy, query, th) if i.stage == stage]
+    return detect_focus_and_dilution(t, entropy, query, th)
 
 
 def timed_row(row: Row, t_end: float) -> Row:
