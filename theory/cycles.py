@@ -202,6 +202,11 @@ class ConfirmationReader:
         return True
 
 
+def never_confirmed(t: np.ndarray, thetas: dict) -> bool:
+    """A shown flow that no confirmation stops early: it is followed to its ``look`` (``propagate_rank``)."""
+    return False
+
+
 def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTransformer, params0, alpha: np.ndarray,
                    horizon: float, thresholds: StageThresholds | None = None,
                    progress: Callable[[str], None] = lambda line: None) -> CyclePrediction:
@@ -213,7 +218,8 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
     Each rank's flow settles and crosses its threshold where it does (``propagate_rank``), so an event's
     predicted time does not depend on the horizon once the detectors confirm it; one they cannot confirm is
     named in ``CyclePrediction.confirmation``.
-    Cost: one ``propagate_rank`` per opened direction, one more for the rank-two flow from θ(0) (``opened``), and
+    Cost: one ``propagate_rank`` per opened direction, one more for the rank-two flow from θ(0) (``opened``, only
+    shown: followed to the detectors' confirmation reach past the horizon, its own restart not looked for), and
     the detectors' observables on the grid, O(d² m) per saved time."""
     th = StageThresholds() if thresholds is None else thresholds
     look = MAX_REACH * horizon
@@ -248,8 +254,9 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
         A = np.column_stack([A, next_direction(params, A)])
         if rank == 1 and len(floors) > 2:  # direction 1 named: its rank-two flow from θ(0) too, for the rows
             progress(f"rank-2 flow from t = 0, direction 1 open (α2 named at the rank-1 crossing, t = {crossed:.5g})")
-            # the rows read it up to the horizon, and the detectors a little past it
-            opened = propagate_rank(chain, initial, A, 0.0, reach * horizon, th.restart_factor * float(floors[2]), grid)
+            # the rows read it up to the horizon, and the detectors a little past it: it is only shown, to there
+            opened = propagate_rank(chain, initial, A, 0.0, reach * horizon, th.restart_factor * float(floors[2]), grid,
+                                    confirmed=never_confirmed, confirm_from=reach * horizon)
         if reader.confirmed(earlier + [(stage.t, stage.params)]):
             break
         t_start = crossed

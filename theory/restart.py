@@ -401,7 +401,8 @@ def propagate_rank(chain: MeanFieldChain, params, A: np.ndarray, t_start: float,
 
     tolerance = rtol if rtol is not None else FULL_RANK_RTOL if full_rank else REDUCED_RTOL
     path = follow_reduced_flow(reduced_flow, project(params, A), t_start, rate_of, followed_far_enough,
-                               until=look if full_rank else REACH_LIMIT, rtol=tolerance, pieces=1 if full_rank else PIECES_PER_SPAN)
+                               until=look if full_rank or confirmed is not None else REACH_LIMIT, rtol=tolerance,
+                               pieces=1 if full_rank else PIECES_PER_SPAN)
     t_settle = settle_time(path, rate_of)
     rate, peak = float(path.rates[-1]), float(path.rates.max())
     t_integrated = transverse.crossing
