@@ -193,7 +193,7 @@ def power_iteration(field: Callable) -> Callable:
 
         def going(carry):
             count, _, _, norm, moved = carry
-            return (count < iterations) & ((count < 2) | (moved > tolerance * norm))
+            return (count < iterations) & ((count < 2) | (moved >= tolerance * norm))  # tolerance 0: every product
 
         count, u, Ju, _, _ = jax.lax.while_loop(going, product, (0, jnp.zeros_like(v), v, 0.0, jnp.inf))
         return u, Ju, count

@@ -88,6 +88,7 @@ def run_dask(work: Callable, tasks: list[tuple], workers: int, scheduler: str | 
     raises ClusterLost."""
     try:
         from distributed import CancelledError, Client, KilledWorker, LocalCluster, as_completed
+        from distributed.comm.core import CommClosedError
     except ImportError:
         raise ConfigError("--backend dask needs the 'distributed' package: pip install 'flowsim[dask]'") from None
     where = "the sweep's LocalCluster" if scheduler is None else f"the Dask scheduler at {scheduler}"
@@ -123,7 +124,9 @@ def run_dask(work: Callable, tasks: list[tuple], workers: int, scheduler: str | 
                 if parts:
                     continue
                 result = on_killed(task, error)
-            except CancelledError as error:  # an OSError here is the run's own (a full disk): it propagates as one
+            # the scheduler gone: the future cancelled, or the connection closed while its result was fetched (Dask's
+            # own OSError); any other OSError here is the run's own (a full disk): it propagates as one
+            except (CancelledError, CommClosedError) as error:
                 raise ClusterLost(f"lost {where} during the sweep ({getattr(error, 'reason', None) or error}); the rows "
                                   "written are kept, and the same command, once the scheduler is back, computes the rest") from None
             on_result(result)

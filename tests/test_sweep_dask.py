@@ -142,3 +142,36 @@ def test_a_run_that_exhausts_its_workers_memory_is_marked_and_the_others_finish(
     assert finished["status"] == "finished" and finished["final_loss"] > 0
     assert died["status"] == sweep.WORKER_DIED and "died" in died["reason"] and died["final_loss"] is None
     assert "worker_died" in (out / "sweep.csv").read_text()
+
+
+def test_a_connection_closed_while_a_result_is_fetched_is_the_lost_scheduler(monkeypatch):
+    """The scheduler dying while a finished run's result is being fetched (Dask's CommClosedError, an OSError) is the
+    lost scheduler, one line, as a cancelled future is: the cluster test above meets that race now and then."""
+    from distributed.comm.core import CommClosedError
+
+    class Future:
+        key = "run-0"
+
+        def result(self):
+            raise CommClosedError("in <TCP (closed) ConnectionPool.gather>: ConnectionResetError: [Errno 104] Connection reset by peer")
+
+    class ClientOfALostScheduler:
+        def __init__(self, address):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            return False
+
+        def submit(self, work, *task, pure):
+            return Future()
+
+    monkeypatch.setattr(distributed, "Client", ClientOfALostScheduler)
+    monkeypatch.setattr(distributed, "as_completed", iter)
+    results = []
+    with pytest.raises(sweep_backends.ClusterLost, match="^lost the Dask scheduler at tcp://127.0.0.1:1 during the sweep"):
+        sweep_backends.run_dask(print, [("row",)], 1, "tcp://127.0.0.1:1", results.append, split=lambda task: [],
+                                on_killed=lambda task, error: None)
+    assert results == []

@@ -202,9 +202,13 @@ class ConfirmationReader:
         return True
 
 
-def never_confirmed(t: np.ndarray, thetas: dict) -> bool:
-    """A shown flow that no confirmation stops early: it is followed to its ``look`` (``propagate_rank``)."""
-    return False
+def rank_two_from_start(chain: MeanFieldChain, params0, A: np.ndarray, reach: float, threshold: float,
+                        grid: np.ndarray) -> RankStage:
+    """The rank-two flow with direction 1 open from θ(0) (``A``: α and α2), for the rows: they read it up to the
+    horizon and the detectors a little past it, so it is only shown, to ``reach`` unless σ2 passes ``threshold``
+    first; its own restart is not looked for (``propagate_rank`` with a confirmation that never comes)."""
+    return propagate_rank(chain, params0, A, 0.0, reach, threshold, grid, confirmed=lambda t, thetas: False,
+                          confirm_from=reach)
 
 
 def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTransformer, params0, alpha: np.ndarray,
@@ -254,9 +258,7 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
         A = np.column_stack([A, next_direction(params, A)])
         if rank == 1 and len(floors) > 2:  # direction 1 named: its rank-two flow from θ(0) too, for the rows
             progress(f"rank-2 flow from t = 0, direction 1 open (α2 named at the rank-1 crossing, t = {crossed:.5g})")
-            # the rows read it up to the horizon, and the detectors a little past it: it is only shown, to there
-            opened = propagate_rank(chain, initial, A, 0.0, reach * horizon, th.restart_factor * float(floors[2]), grid,
-                                    confirmed=never_confirmed, confirm_from=reach * horizon)
+            opened = rank_two_from_start(chain, initial, A, reach * horizon, th.restart_factor * float(floors[2]), grid)
         if reader.confirmed(earlier + [(stage.t, stage.params)]):
             break
         t_start = crossed
