@@ -46,7 +46,8 @@ def test_one_layer_matches_tight_reference(overrides, rtol):
     assert result.stats.njev >= 1 and result.stats.n_steps > 10
 
 
-@pytest.mark.parametrize("config", ["baseline.toml", "smoothing_0.2.toml"])
+# the complex route's parts are checked alone below; the whole of it at tight tolerance is among the slow checks
+@pytest.mark.parametrize("config", ["baseline.toml", pytest.param("smoothing_0.2.toml", marks=pytest.mark.slow)])
 def test_two_layer_matches_tight_reference(config):
     """baseline: J = -H, a real eigensystem; depth smoothing makes J non-symmetric (complex route)."""
     prepared = prepare(load_config(f"{CONFIGS}/{config}", [*SAVE_GRID, "time.t_end=12"]))  # through the Q/K ramp
