@@ -178,10 +178,8 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
                 found = [i for i in confirmed_events(cycles, stage, query) if i.t_start > prepared.times[-1]]
                 unsettled = cycles.confirmation.unsettled.get((stage, query))
             row = timed_row(Row(stage, query, None, found[0].t_start), t_end) if found else Row(stage, query, None, None)
-            if unsettled:
-                row = replace(row, note="; ".join(filter(None, [row.note, f"{UNSETTLED}: {unsettled}"])))
             if found or unsettled:
-                rows.append(row)
+                rows.append(noting_unsettled(row, unsettled))
     return Prediction(rows, condensation, focus, cycles, t_end)
 
 
@@ -230,9 +228,12 @@ def first_focus_row(focus: FocusPrediction, cycles: CyclePrediction, read: Obser
         drop = focus.orbit.entropy[0] - focus.orbit.entropy.min()
         row = Row("focus", first, None, None, note=f"no focus: on the focus orbit the entropy falls only {drop:.3g} nats "
                                                    f"(a focus needs {StageThresholds().focus_drop:g})")
-    if unsettled:
-        row = replace(row, note="; ".join(filter(None, [row.note, f"{UNSETTLED}: {unsettled}"])))
-    return row
+    return noting_unsettled(row, unsettled)
+
+
+def noting_unsettled(row: Row, unsettled: str | None) -> Row:
+    """``row`` with how an unsettled onset moved between the chain's two cuts added to its note (None: as it is)."""
+    return replace(row, note="; ".join(filter(None, [row.note, f"{UNSETTLED}: {unsettled}"]))) if unsettled else row
 
 
 def events_on_save_times(read: Observables, times: np.ndarray, query: int,
