@@ -585,6 +585,7 @@ def test_a_bridge_run_whose_summary_could_not_be_written_is_not_called_finished(
     assert (tmp_path / "run" / "summary.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # a SIGINT mid-run and its resume are checked in the default selection above
 def test_a_bridge_run_killed_at_a_random_moment_resumes_to_the_uninterrupted_observables(tmp_path):
     """SIGKILL (no chance to save) at a seeded random moment after the first checkpoint, then the same command:
     the final observables and log equal an uninterrupted run's bit for bit on this CPU (batches are drawn by step,
