@@ -493,6 +493,16 @@ def init_state(problem: RadauProblem, y0, loss, times, t_end, rtol, atol) -> Rad
     return refresh_eigensystems(problem.eigensystem, state, state.status == RUNNING, loss, first=True)
 
 
+def extrapolated_stages(state: RadauState, h):
+    """Newton's first guess for the stages of a step of size h from state.t: the last step's collocation
+    polynomial, extrapolated (zero before the first step). Cost: O(s² n) per member."""
+    t, y = state.t, state.y
+    h_prev = jnp.where(state.n_steps > 0, t - state.t_old, 1.0)
+    x = (t[:, None] + h[:, None] * jnp.asarray(C)[None, :] - state.t_old[:, None]) / h_prev[:, None]
+    Z0 = state.y_old[:, None, :] + jnp.einsum("bsi,bin->bsn", collocation_weights(x), state.Z) - y[:, None, :]
+    return jnp.where((state.n_steps > 0)[:, None, None], Z0, 0.0)
+
+
 def attempt_step(problem: RadauProblem, state: RadauState, loss, times, t_end, rtol, atol, max_attempts) -> RadauState:
     """One step attempt for every running member: accept, reject, or retry with a fresh J."""
     active = state.status == RUNNING
@@ -504,12 +514,7 @@ def attempt_step(problem: RadauProblem, state: RadauState, loss, times, t_end, r
     active = active & ~too_small
     h = jnp.where(active, h, 1.0)  # keeps the masked arithmetic finite
 
-    # Newton's first guess: the last step's collocation polynomial, extrapolated.
-    h_prev = jnp.where(state.n_steps > 0, t - state.t_old, 1.0)
-    x = (t[:, None] + h[:, None] * jnp.asarray(C)[None, :] - state.t_old[:, None]) / h_prev[:, None]
-    Z0 = state.y_old[:, None, :] + jnp.einsum("bsi,bin->bsn", collocation_weights(x), state.Z) - y[:, None, :]
-    Z0 = jnp.where((state.n_steps > 0)[:, None, None], Z0, 0.0)
-
+    Z0 = extrapolated_stages(state, h)
     scale = atol + jnp.abs(y) * rtol
     newton_tol = jnp.maximum(10 * jnp.finfo(float).eps / rtol, jnp.minimum(0.03, rtol**0.5))
     newton = newton_solve(problem, state.jacobian, t, y, h, Z0, scale, newton_tol, state.contraction, active,

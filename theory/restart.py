@@ -264,6 +264,7 @@ class TransverseAlongPath:
         self.k = Z0.shape[0] // 2 - chain.d  # Z0 has 2d + 2k rows
         self.scale = float(np.abs(Z0).max(initial=0.0)) or 1.0  # Z starts at the initial scale and does not shrink much
         self.pieces, self.crossings = [], []
+        self.settled: FrozenTransverse | None = None  # the closed form past the reach (``settle_at``)
 
     def __call__(self, path: ReducedPath) -> bool:
         if not self.crossings:
@@ -305,8 +306,15 @@ class TransverseAlongPath:
         """When σ_r(W0) passed the threshold (None: not within the integrated span)."""
         return self.crossings[0] if self.crossings else None
 
+    def settle_at(self, state: ReducedState, t: float) -> None:
+        """The rank-r flow has settled at ``state`` (time t, its reach): past t, H_T is frozen there and Z follows
+        exp(-τ H_T) Z(t) in closed form (one dense eigendecomposition, O((2d + 2k)³))."""
+        self.settled = FrozenTransverse.at(TransverseCoupling(self.chain, state), self.at(t), t)
+
     def at(self, t: float) -> np.ndarray:
-        """Z(t) within the integrated span (held at its end beyond it)."""
+        """Z(t) within the integrated span; past a settled reach its closed form, else held at the span's end."""
+        if self.settled is not None and t > self.settled.t0:
+            return self.settled.at_time(t)
         ends = np.array([piece.t[-1] for piece in self.pieces])
         piece = self.pieces[min(int(np.searchsorted(ends, t)), len(self.pieces) - 1)]
         return piece.sol(min(t, piece.t[-1])).reshape(self.shape)
@@ -349,20 +357,31 @@ def restart_rule(chain: MeanFieldChain, reduced_flow: ReducedFlow, path: Reduced
     return RuleVerdict(RuleName.FORMULA, None if tau is None else t_settle + tau, amplitude, t_leading)
 
 
+class TransverseRate:
+    """The transverse rate σ_max(C) at a packed reduced state. Successive samples along a path are close, so
+    each Lanczos starts from the last sample's left singular vector. Cost: a few O(d² r) products."""
+
+    def __init__(self, chain: MeanFieldChain, k: int):
+        self.chain, self.k, self.nearby = chain, k, None
+
+    def __call__(self, y: np.ndarray) -> float:
+        state = ReducedState.unpack(y, self.chain.d, self.k)
+        rate, self.nearby, _ = TransverseCoupling(self.chain, state).top(start=self.nearby)
+        return rate
+
+
 def propagate_rank(chain: MeanFieldChain, params, A: np.ndarray, t_start: float, look: float,
                    threshold: float, grid: np.ndarray,
                    confirmed: Callable[[np.ndarray, dict[str, np.ndarray]], bool] | None = None,
                    confirm_from: float = 0.0, rtol: float | None = None) -> RankStage:
     """Follow the rank-r flow and the transverse equation from ``params`` at ``t_start``; predict the restart
-    of direction r = A.shape[1] (σ_r(W0) passing ``threshold``). Where the flow settles and when the
-    transverse part crosses are found without reference to ``look``, which only bounds the saved trajectory
-    (``grid`` times up to the crossing or ``look``). Given ``confirmed``, the flow only shows the detectors the
-    trajectory (a rank that starts past the horizon, or full rank: no direction left to open, threshold ∞):
-    unless it crosses first, it stops at ``look``, or where ``confirmed(saved times, parameters)``, asked as
-    each piece of it ends past ``confirm_from``, says the trajectory so far is enough, and its restart lies past
-    where it stopped. ``rtol`` is the rank-r flow's tolerance (default REDUCED_RTOL, FULL_RANK_RTOL at full rank).
-    Cost: the reduced flow (``follow_reduced_flow``) and the linear transverse equation, (2d + 2k)(m - r)
-    equations at O(d² (m - r + r)) per evaluation."""
+    of direction r = A.shape[1] (σ_r(W0) passing ``threshold``). The settling and the crossing are found
+    without reference to ``look``, which only bounds the saved trajectory (``grid`` times up to the crossing or
+    ``look``). Given ``confirmed`` (a rank that starts past the horizon, or full rank: threshold ∞), the flow is
+    only shown: unless it crosses first, it stops at ``look`` or once ``confirmed(saved times, parameters)``, asked
+    as each piece ends past ``confirm_from``, says the trajectory so far is enough. ``rtol``: the rank-r flow's
+    tolerance (default REDUCED_RTOL, FULL_RANK_RTOL at full rank). Cost: the reduced flow and the linear
+    transverse equation, (2d + 2k)(m - r) equations at O(d² m) per evaluation."""
     A = np.asarray(A, dtype=float)
     rank, E = A.shape[1], complement(A)
     d, k = chain.d, np.shape(params["W_Q"])[1]
@@ -371,20 +390,8 @@ def propagate_rank(chain: MeanFieldChain, params, A: np.ndarray, t_start: float,
     transverse = TransverseAlongPath(chain, A, E, transverse_part(params, E), threshold,
                                      TRANSVERSE_RTOL if confirmed is None else SHOWN_TRANSVERSE_RTOL)
 
-    nearby = [None]  # the last sample's left singular vector: the next Lanczos starts there
-
-    def rate_of(y: np.ndarray) -> float:
-        rate, nearby[0], _ = TransverseCoupling(chain, ReducedState.unpack(y, d, k)).top(start=nearby[0])
-        return rate
-
-    frozen = None  # the settled closed form of Z past the reach (below)
-
-    def transverse_at(t: float) -> np.ndarray:
-        if full_rank:
-            return np.zeros(transverse.shape)
-        if frozen is not None and t > frozen.t0:
-            return frozen.at_time(t)
-        return transverse.at(t)
+    rate_of = TransverseRate(chain, k)
+    transverse_at = (lambda t: np.zeros(transverse.shape)) if full_rank else transverse.at
 
     def followed_far_enough(path_so_far: ReducedPath) -> bool:
         if not full_rank:
@@ -407,11 +414,11 @@ def propagate_rank(chain: MeanFieldChain, params, A: np.ndarray, t_start: float,
     rate, peak = float(path.rates[-1]), float(path.rates.max())
     t_integrated = transverse.crossing
 
-    # past the reduced flow's reach it has settled: H_T is frozen there and Z follows exp(-τ H_T) in closed form
+    # past the reduced flow's reach it has settled: Z follows its closed form there, which may cross
     if not full_rank and t_integrated is None and path.converged and rate > DEGENERATE_RATE * peak:
         end_state = ReducedState.unpack(path.y(path.t_reach), d, k)
-        frozen = FrozenTransverse.at(TransverseCoupling(chain, end_state), transverse.at(path.t_reach), path.t_reach)
-        tau = settled_crossing(end_state, A, E, frozen, rank, threshold, rate)
+        transverse.settle_at(end_state, path.t_reach)
+        tau = settled_crossing(end_state, A, E, transverse.settled, rank, threshold, rate)
         t_integrated = None if tau is None else path.t_reach + tau
 
     verdict = RuleVerdict(RuleName.FULL_RANK, None) if full_rank else restart_rule(
