@@ -127,7 +127,10 @@ class OneLayerTransformer:
         M = W0 W1 (d x d) is never formed: f = ((attention W0) [W_V]) W1 costs O(N d m) for
         N rows instead of the O(N d²) of attention @ M (O(d² m) for the mean field, not d³).
         """
-        mixed = self._matmul(attention, params["W0"])
+        return self.logits_from_mixed(params, self._matmul(attention, params["W0"]), query)
+
+    def logits_from_mixed(self, params: Params, mixed: jax.Array, query: jax.Array) -> jax.Array:
+        """Logits from the attention-weighted embedding ``mixed`` (..., m) of each query: O(N d m) for N rows."""
         if self.value_matrix:
             mixed = self._matmul(mixed, params["W_V"])
         logits = self._matmul(mixed, params["W1"])
@@ -152,8 +155,9 @@ class OneLayerTransformer:
         phi = self.attention_logits(params)
         scores = phi[query[:, None], tokens]  # (batch, s): Φ[x_s, x_j]
         weights = jax.nn.softmax(scores, axis=-1)
-        attention_over_types = jnp.einsum("bs,bsd->bd", weights, jax.nn.one_hot(tokens, self.d, dtype=weights.dtype))
-        return self.logits_from_attention(params, attention_over_types, query)
+        # Σ_j a_j W0[x_j] from the context's rows: O(batch s m), where attention over types would be O(batch s d)
+        mixed = jnp.einsum("bs,bsm->bm", weights, params["W0"][tokens])
+        return self.logits_from_mixed(params, mixed, query)
 
 
 
