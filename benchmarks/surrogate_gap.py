@@ -58,7 +58,8 @@ def three_flows(corpus: str, overrides: list[str], n_windows: int, work: Path, s
     params0 = Trajectory.load(run_dir / TRAJECTORY_FILE).at(0)
     flow = GradientFlow(make_window_loss(model, windows), params0)
     started = time.perf_counter()
-    result = solve_flow(flow, params0, run.t, method="JaxRadau", rtol=config.compare.rtol, atol=config.compare.atol,
+    method = config.compare.method or "auto"  # the surrogate's own: by the flow's size on text
+    result = solve_flow(flow, params0, run.t, method=method, rtol=config.compare.rtol, atol=config.compare.atol,
                         progress=True)
     text_s = time.perf_counter() - started
     if not result.success:
@@ -75,9 +76,14 @@ def three_flows(corpus: str, overrides: list[str], n_windows: int, work: Path, s
         subject = names[query] if query is not None else f"σ{direction}" if direction is not None else "-"
         rows.append({"event": f"{stage} {subject}" + (f" #{occurrence}" if occurrence > 1 else ""),
                      **{side: events[side].get(key) for side in events}})
-    final = {"surrogate loss": float(surrogate["loss"][-1]), "window loss": float(text["loss"][-1]),
+    # σ1(W0) at the end on each side, against the detectors' restart level ℓ1 (restart_factor × σ1(W0(0)))
+    sigma1 = {side: float(np.asarray(observables["sv_W0"])[-1, 1]) for side, observables in
+              (("surrogate", surrogate), ("text", text), ("sgd", run))}
+    level = float(detect_stages(run).thresholds.restart_factor * np.asarray(run["sv_W0"])[0, 1])
+    final = {"σ1 at t_end": sigma1, "restart level": level, "surrogate loss": float(surrogate["loss"][-1]), "window loss": float(text["loss"][-1]),
              "SGD validation loss": float(run["loss"][-1]), "t_end": float(run.t[-1]), "windows": n_windows,
-             "train_s": train_s, "text_flow_s": text_s}
+             "train_s": train_s, "text_flow_s": text_s,
+             "method": method, "stats": result.stats}
     return rows, final
 
 
@@ -88,14 +94,17 @@ def gap(a: float | None, b: float | None) -> str:
 def table(corpus: str, rows: list[dict], final: dict) -> str:
     show = lambda value: "–" if value is None else f"{value:.4g}"  # noqa: E731
     lines = [f"### {corpus} (t = {final['t_end']:g}; {final['windows']} windows; train {final['train_s']:.0f} s, "
-             f"window flow {final['text_flow_s']:.0f} s)", "",
+             f"window flow {final['text_flow_s']:.0f} s: {final['stats'].n_steps} steps, {final['stats'].nfev} fields)", "",
              "| event | surrogate | text (window flow) | SGD | surrogate vs text | text vs SGD | surrogate vs SGD |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         lines.append(f"| {row['event']} | {show(row['surrogate'])} | {show(row['text'])} | {show(row['sgd'])} | "
                      f"{gap(row['surrogate'], row['text'])} | {gap(row['text'], row['sgd'])} | {gap(row['surrogate'], row['sgd'])} |")
+    sigma1 = final["σ1 at t_end"]
     lines += ["", f"Loss at t = {final['t_end']:g}: surrogate (mean-field) {final['surrogate loss']:.4f}, window flow "
-                  f"{final['window loss']:.4f}, SGD (validation) {final['SGD validation loss']:.4f}."]
+                  f"{final['window loss']:.4f}, SGD (validation) {final['SGD validation loss']:.4f}. σ1(W0) there: "
+                  f"surrogate {sigma1['surrogate']:.3g}, window flow {sigma1['text']:.3g}, SGD {sigma1['sgd']:.3g} "
+                  f"(restart level {final['restart level']:.3g})."]
     return "\n".join(lines)
 
 

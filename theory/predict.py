@@ -213,9 +213,9 @@ def first_focus_row(focus: FocusPrediction, cycles: CyclePrediction, read: Obser
                     t_end: float, thresholds: StageThresholds | None = None) -> Row:
     """The first query's focus onset as the detectors will read it on the run's save ``times``: its attention
     entropy on the rows' flow from θ(0) (``read``), interpolated in log t onto them (the detectors time a focus
-    halfway between the entropy's turning points, and the run's last one lies within its horizon); past the
-    run's last save time, as the chain's detectors read it once confirmed; Stage II's focus orbit where
-    neither shows a focus; a row saying why where nothing does."""
+    halfway between the entropy's turning points, and the run's last one lies within its horizon); where it shows
+    none there (past the run's last save time, or not on the rows' flow at all), as the chain's detectors read it
+    once confirmed; Stage II's focus orbit where neither shows a focus; a row saying why where nothing does."""
     first = focus.order[0]
     on_run = [i for i in events_on_save_times(read, times, first, thresholds) if i.stage == "focus"]
     found = on_run or confirmed_events(cycles, "focus", first)
