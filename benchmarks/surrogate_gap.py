@@ -8,7 +8,8 @@ run's probe set and labelled by the same detectors:
 
 1. the surrogate: the mean-field flow of the training split's bigram chain (`flowsim bridge compare`'s ODE);
 2. the text: the exact full-batch gradient flow of the training loss on N fixed windows of the training
-   split (``flowsim.losses.make_window_loss``), the flow SGD follows as lr -> 0 on that sample;
+   split (``flowsim.losses.make_window_loss``, integrated by ``compare.method``, auto by default: JaxBDF at
+   d = 1001), the flow SGD follows as lr -> 0 on that sample;
 3. the SGD run of ``configs/bridge/CORPUS-d64.toml`` (its steps set by ``--set optim.steps=...``), or with
    ``--size onelayer`` of the d = 1001 example ``CORPUS-onelayer.toml``.
 
