@@ -149,15 +149,18 @@ class OneLayerTransformer:
         return self.logits_over_types(params, jnp.log(pi)[None, :], jnp.arange(self.d))
 
     def forward(self, params: Params, tokens: jax.Array) -> jax.Array:
-        """Logits over the vocabulary for a batch of contexts ``tokens`` (shape (batch, s))."""
+        """Logits over the vocabulary for a batch of contexts ``tokens`` (shape (batch, s)). Cost: O(d² k) for Φ,
+        O(batch s min(d, m)) for the attention-weighted embedding and O(batch d m) for the logits."""
         tokens = jnp.asarray(tokens)
         query = tokens[:, -1]
         phi = self.attention_logits(params)
         scores = phi[query[:, None], tokens]  # (batch, s): Φ[x_s, x_j]
         weights = jax.nn.softmax(scores, axis=-1)
-        # Σ_j a_j W0[x_j] from the context's rows: O(batch s m), where attention over types would be O(batch s d)
-        mixed = jnp.einsum("bs,bsm->bm", weights, params["W0"][tokens])
-        return self.logits_from_mixed(params, mixed, query)
+        # the cheaper of two exact routes: attention over the d types, O(batch s d), or Σ_j a_j W0[x_j], O(batch s m)
+        if self.d <= self.m:
+            attention_over_types = jnp.einsum("bs,bsd->bd", weights, jax.nn.one_hot(tokens, self.d, dtype=weights.dtype))
+            return self.logits_from_attention(params, attention_over_types, query)
+        return self.logits_from_mixed(params, jnp.einsum("bs,bsm->bm", weights, params["W0"][tokens]), query)
 
 
 
