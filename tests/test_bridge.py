@@ -507,6 +507,24 @@ def test_the_window_loss_is_the_torch_batch_loss_over_all_windows():
 
 @pytest.mark.slow
 @needs_data
+def test_the_surrogate_gap_benchmark_puts_three_routes_to_one_event_side_by_side(tmp_path):
+    """benchmarks/surrogate_gap.py at a tiny size (d = 16, t = 10, 256 windows): the surrogate's flow, the window flow
+    and SGD, three independent routes, condense within 5% of each other, and σ1 at the end is read off each."""
+    from surrogate_gap import table, three_flows
+
+    overrides = ["optim.steps=400", "data.vocab_size=15", "log.track=[]"]
+    rows, final = three_flows("wikitext2", overrides, 256, tmp_path, "d64")
+    condensation = next(row for row in rows if row["event"].startswith("condensation"))
+    sides = [condensation[side] for side in ("surrogate", "text", "sgd")]
+    assert all(value is not None for value in sides), rows
+    assert max(sides) / min(sides) - 1 < 0.05, rows
+    assert final["stats"].nfev > 0 and final["windows"] == 256
+    assert all(0 < final["σ1 at t_end"][side] < final["restart level"] for side in ("surrogate", "text", "sgd")), final
+    assert "| condensation - |" in table("wikitext2", rows, final)
+
+
+@pytest.mark.slow
+@needs_data
 def test_the_device_check_script_runs_end_to_end_within_its_budget(tmp_path):
     """benchmarks/gpu_validation.sh on this CPU at a tiny size (d = 32, t = 8; a 2-layer GPT of width 16): both
     corpora at three learning rates beside their ODE, the GPT study, and the few small files it promises."""
