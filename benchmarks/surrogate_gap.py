@@ -41,7 +41,7 @@ def three_flows(corpus: str, overrides: list[str], n_windows: int, work: Path, s
     from flowsim.observables import Observables
     from flowsim.rundir import TRAJECTORY_FILE
     from flowsim.solvers import solve_flow
-    from flowsim.stages import detect_stages
+    from flowsim.stages import StageThresholds, detect_stages
     from flowsim.trajectory import Trajectory
 
     config = load_bridge_config(f"configs/bridge/{corpus}-{size}.toml", overrides)
@@ -80,11 +80,11 @@ def three_flows(corpus: str, overrides: list[str], n_windows: int, work: Path, s
     # σ1(W0) at the end on each side, against the detectors' restart level ℓ1 (restart_factor × σ1(W0(0)))
     sigma1 = {side: float(np.asarray(observables["sv_W0"])[-1, 1]) for side, observables in
               (("surrogate", surrogate), ("text", text), ("sgd", run))}
-    level = float(detect_stages(run).thresholds.restart_factor * np.asarray(run["sv_W0"])[0, 1])
-    final = {"σ1 at t_end": sigma1, "restart level": level, "surrogate loss": float(surrogate["loss"][-1]), "window loss": float(text["loss"][-1]),
-             "SGD validation loss": float(run["loss"][-1]), "t_end": float(run.t[-1]), "windows": n_windows,
-             "train_s": train_s, "text_flow_s": text_s,
-             "method": method, "stats": result.stats}
+    level = StageThresholds().restart_factor * float(np.asarray(run["sv_W0"])[0, 1])
+    final = {"σ1 at t_end": sigma1, "restart level": level, "surrogate loss": float(surrogate["loss"][-1]),
+             "window loss": float(text["loss"][-1]), "SGD validation loss": float(run["loss"][-1]),
+             "t_end": float(run.t[-1]), "windows": n_windows, "train_s": train_s, "text_flow_s": text_s,
+             "stats": result.stats}
     return rows, final
 
 

@@ -6,8 +6,10 @@ The shipped d = 1001 example's model (m = k = 16) on N training windows of s = 6
 Each route's vector field and J·v (``jax.linearize``) are compiled, called once, then timed as the mean of
 ``--repeats`` calls, in one process:
 
-* rows: Σ_j a_j W0[x_j] from the context's embedding rows, O(N s m) (``OneLayerTransformer.forward`` where d > m);
-* types: attention over the d token types through a one-hot tensor of the context, O(N s d) (its route where d <= m).
+* rows: Σ_j a_j W0[x_j] from the context's embedding rows, O(N s m) (``OneLayerTransformer.mixture_over_rows``,
+  the model's route where d > m);
+* types: attention over the d token types through a one-hot tensor of the context, O(N s d)
+  (``mixture_over_types``, its route where d <= m).
 """
 
 from __future__ import annotations
@@ -29,12 +31,8 @@ from flowsim.models import OneLayerTransformer
 class TypesRoute(OneLayerTransformer):
     """The same model, its positional pass always through attention over token types."""
 
-    def forward(self, params, tokens):
-        tokens = jnp.asarray(tokens)
-        query = tokens[:, -1]
-        weights = jax.nn.softmax(self.attention_logits(params)[query[:, None], tokens], axis=-1)
-        attention = jnp.einsum("bs,bsd->bd", weights, jax.nn.one_hot(tokens, self.d, dtype=weights.dtype))
-        return self.logits_from_attention(params, attention, query)
+    def context_mixture(self, params, weights, tokens):
+        return self.mixture_over_types(params, weights, tokens)
 
 
 def mean_seconds(function, argument, repeats: int) -> float:
@@ -52,6 +50,8 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
+    if args.windows < 1 or args.repeats < 1:
+        parser.error(f"--windows and --repeats must be at least 1, got {args.windows} and {args.repeats}")
     config = load_bridge_config(example_config(args.corpus), [])
     data = build_data(config)
     windows = data.corpus.batch(args.windows, config.data.s + 1, config.data.seed + 7919, 0, "train").numpy()

@@ -156,11 +156,23 @@ class OneLayerTransformer:
         phi = self.attention_logits(params)
         scores = phi[query[:, None], tokens]  # (batch, s): Φ[x_s, x_j]
         weights = jax.nn.softmax(scores, axis=-1)
-        # the cheaper of two exact routes: attention over the d types, O(batch s d), or Σ_j a_j W0[x_j], O(batch s m)
+        return self.logits_from_mixed(params, self.context_mixture(params, weights, tokens), query)
+
+    def context_mixture(self, params: Params, weights: jax.Array, tokens: jax.Array) -> jax.Array:
+        """Σ_j a_j W0[x_j] for attention weights a over each context's positions, by the cheaper of two exact
+        routes: through the d token types where d <= m, else from the context's embedding rows."""
         if self.d <= self.m:
-            attention_over_types = jnp.einsum("bs,bsd->bd", weights, jax.nn.one_hot(tokens, self.d, dtype=weights.dtype))
-            return self.logits_from_attention(params, attention_over_types, query)
-        return self.logits_from_mixed(params, jnp.einsum("bs,bsm->bm", weights, params["W0"][tokens]), query)
+            return self.mixture_over_types(params, weights, tokens)
+        return self.mixture_over_rows(params, weights, tokens)
+
+    def mixture_over_types(self, params: Params, weights: jax.Array, tokens: jax.Array) -> jax.Array:
+        """``context_mixture`` through the attention over token types (a one-hot context): O(batch s d)."""
+        attention_over_types = jnp.einsum("bs,bsd->bd", weights, jax.nn.one_hot(tokens, self.d, dtype=weights.dtype))
+        return self._matmul(attention_over_types, params["W0"])
+
+    def mixture_over_rows(self, params: Params, weights: jax.Array, tokens: jax.Array) -> jax.Array:
+        """``context_mixture`` from the context's embedding rows: O(batch s m)."""
+        return jnp.einsum("bs,bsm->bm", weights, params["W0"][tokens])
 
 
 
