@@ -107,7 +107,7 @@ def random_transition_matrix(d: int, seed: int) -> np.ndarray:
 def text_chain(corpus: str, d: int, data_dir: Path) -> np.ndarray:
     """The bigram chain of a corpus's training split over its top d - 1 words and <unk> (the bridge's default
     surrogate: interpolated with the unigram law at the weight of least validation cross-entropy)."""
-    from flowsim.bridge.compare import text_surrogate
+    from flowsim.bridge.surrogate import text_surrogate
     from flowsim.bridge.config import CompareConfig
     from flowsim.bridge.data import load_corpus
 

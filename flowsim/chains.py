@@ -14,6 +14,8 @@ allowed: it never occurs in the stationary data and receives no attention.
 
 from __future__ import annotations
 
+import functools
+
 from typing import Sequence, get_args
 
 import numpy as np
@@ -144,6 +146,27 @@ def cross_entropy_rate(P: np.ndarray, ids: np.ndarray) -> float:
     probabilities = np.asarray(P)[ids[:-1], ids[1:]]
     with np.errstate(divide="ignore"):
         return float(-np.mean(np.log(probabilities)))
+
+
+BISECTION_FROM_SIZE = 200  # tokens; below it the whole-row comparison is faster (benchmarks/MEASUREMENTS.md)
+
+
+def inverse_cdf_rows(cumulative: np.ndarray, rows: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """For each i, the number of entries of ``cumulative[rows[i]]`` that are <= u[i] (u in [0, 1)): the token that
+    inverse-transform sampling draws from row ``rows[i]`` of a transition matrix whose row-wise cumulative sums
+    are ``cumulative``. Those rows are non-decreasing below 1, so the entries <= u are a prefix, whose length
+    is found by binary lifting: ⌊log2 d⌋ + 1 rounds of one gather per draw, O(n log d). Comparing whole rows,
+    O(n d), is the faster route at small d."""
+    d = cumulative.shape[1]
+    if d <= BISECTION_FROM_SIZE:
+        return (u[:, None] >= cumulative[rows]).sum(axis=1)
+    count = np.zeros(len(u), dtype=np.int64)
+    step = 1 << (d.bit_length() - 1)  # the largest power of two <= d
+    while step:
+        candidate = np.minimum(count + step, d)
+        count = np.where(cumulative[rows, candidate - 1] <= u, candidate, count)
+        step >>= 1
+    return count
 
 
 def fit_unigram_weight(counts: np.ndarray, held_out: np.ndarray, tolerance: float = 1e-5) -> float:
@@ -329,16 +352,20 @@ class MarkovChain:
         if n_sequences < 1 or length < 1:
             raise ValueError(f"need n_sequences >= 1 and length >= 1, got {n_sequences} and {length}")
         rng = np.random.default_rng(seed)
-        cumulative_P = np.cumsum(self.P, axis=1)
-        cumulative_P[:, -1] = 1.0  # guard against round-off leaving a gap at the top
         paths = np.empty((n_sequences, length), dtype=np.int64)
         start_cdf = np.cumsum(self.start_distribution)
         start_cdf[-1] = 1.0
         paths[:, 0] = np.searchsorted(start_cdf, rng.random(n_sequences), side="right")
         for position in range(1, length):
-            u = rng.random(n_sequences)[:, None]
-            paths[:, position] = (u >= cumulative_P[paths[:, position - 1]]).sum(axis=1)
+            paths[:, position] = inverse_cdf_rows(self._cumulative_P, paths[:, position - 1], rng.random(n_sequences))
         return paths
+
+    @functools.cached_property
+    def _cumulative_P(self) -> np.ndarray:
+        cumulative = np.cumsum(self.P, axis=1)
+        cumulative[:, -1] = 1.0  # guard against round-off leaving a gap at the top
+        cumulative.flags.writeable = False
+        return cumulative
 
     def cache_key(self) -> bytes:
         """Bytes that identify (P, π, start): used to cache exact context laws."""

@@ -150,6 +150,9 @@ def test_a_stopped_run_resumes_to_the_same_parameters(tmp_path, kind):
         assert torch.equal(value, states[1][name]), name
     with pytest.raises(flowsim.config.ConfigError, match="different configuration"):
         train(load_bridge_config(None, [*overrides, "optim.lr=0.3"]), tmp_path / "whole", progress=False)
+    saved = tmp_path / "resumed" / "config.toml"  # as an older version wrote it, before data.train_on existed
+    saved.write_text("".join(line for line in saved.read_text().splitlines(keepends=True) if not line.startswith("train_on")))
+    assert train(config, tmp_path / "resumed", progress=False).finished
     observables = flowsim.observables.Observables.load(tmp_path / "whole")
     layers = {"markov_one_layer": [""], "markov_two_layer": ["_1", "_2"], "markov_gpt": ["_1", "_2"]}[kind]
     for suffix in layers:  # per-layer attention over the 4 token types, rows summing to 1
@@ -201,7 +204,7 @@ def test_the_default_text_surrogate_at_d1001_keeps_the_corpus_frequencies_and_be
     cross-entropy no worse than additive smoothing's at its best α (searched here over log α)."""
     import scipy.optimize
 
-    from flowsim.bridge.compare import text_surrogate
+    from flowsim.bridge.surrogate import text_surrogate
     from flowsim.bridge.train import build_data
     from flowsim.chains import cross_entropy_rate
 
@@ -222,6 +225,38 @@ def test_the_default_text_surrogate_at_d1001_keeps_the_corpus_frequencies_and_be
     best = scipy.optimize.minimize_scalar(additive, bounds=(np.log(1e-4), np.log(1.0)), method="bounded")
     assert description["validation_cross_entropy"] <= best.fun
     assert description["validation_cross_entropy"] == pytest.approx(cross_entropy_rate(chain.P, data.corpus.valid), abs=1e-12)
+
+
+@needs_data
+def test_training_on_the_surrogate_draws_its_chain_and_keeps_the_texts_validation_and_probe_windows():
+    """data.train_on = 'surrogate': every training batch is a seeded sample of the text's bigram chain (the chain of
+    the ODE beside the run), whose bigram frequencies over many steps are the chain's P within sampling error;
+    validation batches and probe windows are the text run's, value for value. Markov data is refused."""
+    from flowsim.bridge.data import markov_batch
+    from flowsim.bridge.surrogate import text_surrogate
+    from flowsim.bridge.train import build_data
+
+    settings = ["data.kind='wikitext2'", "data.vocab_size=7", f"data.data_dir='{DATA_DIR}'", "data.s=8", "data.batch_size=64",
+                "log.fold_d=4"]
+    text = build_data(load_bridge_config(None, settings))
+    surrogate = build_data(load_bridge_config(None, settings + ["data.train_on='surrogate'"]))
+    chain, _ = text_surrogate(text.corpus, text.config.compare)
+    np.testing.assert_array_equal(surrogate.surrogate.P, chain.P)
+    assert text.surrogate is None
+    for step in (0, 1, 57):
+        np.testing.assert_array_equal(surrogate.batch(step).numpy(), markov_batch(chain, 64, 9, 0, step).numpy())
+        np.testing.assert_array_equal(surrogate.batch(step, "valid").numpy(), text.batch(step, "valid").numpy())
+    sequences = np.concatenate([surrogate.batch(step).numpy() for step in range(300)])  # 300 × 64 × 8 transitions
+    counts = np.zeros((8, 8))
+    np.add.at(counts, (sequences[:, :-1].ravel(), sequences[:, 1:].ravel()), 1.0)
+    visits = counts.sum(axis=1, keepdims=True)
+    standard_error = np.sqrt(chain.P * (1 - chain.P) / visits)
+    assert np.all(np.abs(counts / visits - chain.P) <= 5 * standard_error + 1e-12)
+    probe, text_probe = surrogate.probe_set(), text.probe_set()
+    np.testing.assert_array_equal(probe.contexts.numpy(), text_probe.contexts.numpy())
+    np.testing.assert_array_equal(probe.pi, text_probe.pi)
+    with pytest.raises(flowsim.config.ConfigError, match="data.train_on = 'surrogate' needs a text corpus"):
+        load_bridge_config(None, ["data.train_on='surrogate'"])
 
 
 @needs_data
@@ -507,19 +542,21 @@ def test_the_window_loss_is_the_torch_batch_loss_over_all_windows():
 
 @pytest.mark.slow
 @needs_data
-def test_the_surrogate_gap_benchmark_puts_three_routes_to_one_event_side_by_side(tmp_path):
-    """benchmarks/surrogate_gap.py at a tiny size (d = 16, t = 10, 256 windows): the surrogate's flow, the window flow
-    and SGD, three independent routes, condense within 5% of each other, and σ1 at the end is read off each."""
-    from surrogate_gap import table, three_flows
+def test_the_surrogate_gap_benchmark_puts_four_routes_to_one_event_side_by_side(tmp_path):
+    """benchmarks/surrogate_gap.py at a tiny size (d = 16, t = 10, 256 windows): the surrogate's flow, the window flow,
+    SGD on the text and SGD on the surrogate chain, four independent routes, condense within 5% of each other, and
+    σ1 at the end is read off each."""
+    from surrogate_gap import four_routes, table
 
     overrides = ["optim.steps=400", "data.vocab_size=15", "log.track=[]"]
-    rows, final = three_flows("wikitext2", overrides, 256, tmp_path, "d64")
+    rows, final = four_routes("wikitext2", overrides, 256, tmp_path, "d64")
+    routes = ("surrogate", "text", "sgd", "surrogate_sgd")
     condensation = next(row for row in rows if row["event"].startswith("condensation"))
-    sides = [condensation[side] for side in ("surrogate", "text", "sgd")]
+    sides = [condensation[side] for side in routes]
     assert all(value is not None for value in sides), rows
     assert max(sides) / min(sides) - 1 < 0.05, rows
     assert final["stats"].nfev > 0 and final["windows"] == 256
-    assert all(0 < final["σ1 at t_end"][side] < final["restart level"] for side in ("surrogate", "text", "sgd")), final
+    assert all(0 < final["σ1 at t_end"][side] < final["restart level"] for side in routes), final
     assert "| condensation - |" in table("wikitext2", rows, final)
 
 

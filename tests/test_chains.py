@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from flowsim import MarkovChain
-from flowsim.chains import bigram_counts, cross_entropy_rate, fit_unigram_weight, stationary_distribution
+from flowsim.chains import bigram_counts, cross_entropy_rate, fit_unigram_weight, inverse_cdf_rows, stationary_distribution
 
 
 def test_paper_family_matrix_and_stationarity():
@@ -32,6 +32,24 @@ def test_sampling_frequencies_and_transitions_match_the_chain():
     np.add.at(pairs, (paths[:, :-1].ravel(), paths[:, 1:].ravel()), 1)
     np.testing.assert_allclose(pairs / pairs.sum(1, keepdims=True), chain.P, atol=0.01)
     np.testing.assert_array_equal(paths, chain.sample(4000, 30, seed=3))  # seeded
+
+
+def test_the_bisection_draws_exactly_the_token_that_comparing_the_whole_row_draws():
+    """inverse_cdf_rows against the count of entries <= u of the whole row, on rows with zeros (flat runs), a row
+    whose round-off overshoots 1 before its last entry, and u on the row's own breakpoints."""
+    rng = np.random.default_rng(0)
+    for d in (2, 3, 7, 64, 201, 256, 257, 1001):
+        P = rng.dirichlet(np.full(d, 0.3), size=d)
+        P[:, rng.random(d) < 0.3] = 0.0  # flat runs in the cumulative sums
+        P[:, 0] += 1e-3
+        P /= P.sum(axis=1, keepdims=True)
+        cumulative = np.cumsum(P, axis=1)
+        cumulative[0, -3:-1] = 1.0 + 2e-16  # round-off above 1 before the last entry
+        cumulative[:, -1] = 1.0
+        rows = rng.integers(0, d, 4000)
+        u = rng.random(4000)
+        u[:1000] = np.minimum(cumulative[rows[:1000], rng.integers(0, d, 1000)], np.nextafter(1.0, 0.0))  # ties
+        np.testing.assert_array_equal(inverse_cdf_rows(cumulative, rows, u), (u[:, None] >= cumulative[rows]).sum(axis=1))
 
 
 def test_uniform_start():

@@ -5,7 +5,7 @@
   run's own probe set (the ODE parameters loaded into the torch model), so both sides
   are read by identical code.
 * Text: a Markov surrogate, the bigram chain of the training split over the run's whole
-  vocabulary (``text_surrogate``: d = vocab_size + 1, by default interpolated with the
+  vocabulary (``surrogate.text_surrogate``: d = vocab_size + 1, by default interpolated with the
   unigram law so that its π is the corpus's token frequencies), with the mean-field loss,
   from the run's own initial parameters and measured with the run's probe set as well;
   folding into tracked types and "other" is only how both sides are displayed.
@@ -24,12 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from flowsim.bridge.config import BridgeConfig, CompareConfig, load_bridge_config
-from flowsim.bridge.data import Corpus
+from flowsim.bridge.config import BridgeConfig, load_bridge_config
 from flowsim.bridge.models import torch_model_for
 from flowsim.bridge.observables import checkpoint_observables, stack_observables
+from flowsim.bridge.surrogate import text_surrogate
 from flowsim.bridge.train import CHECKPOINT_FILE, DataSource, build_data, type_names
-from flowsim.chains import MarkovChain, bigram_counts, cross_entropy_rate, fit_unigram_weight
 from flowsim.config import ConfigError
 from flowsim.families import family_of
 from flowsim.flow import GradientFlow
@@ -75,37 +74,6 @@ def order_agreement(predicted: dict[tuple, float], measured: dict[tuple, float])
         return None
     same = sum(np.sign(predicted[a] - predicted[b]) == np.sign(measured[a] - measured[b]) for a, b in pairs)
     return float(same / len(pairs))
-
-
-def text_surrogate(corpus: Corpus, settings: CompareConfig) -> tuple[MarkovChain, dict]:
-    """The bigram chain of a corpus's training split over its whole vocabulary (d = vocab_size + 1,
-    <unk> included, nothing folded), and a description of the estimator.
-
-    ``compare.surrogate = "interpolated"`` (the default): the training split read as a cycle and
-    P[i, j] = (1 - w) c_ij / n_i + w π_j, with π the training token frequencies, which is then
-    exactly the chain's stationary law; w = ``compare.unigram_weight``, by default the weight of
-    least bigram cross-entropy on the validation split. The criterion is fixed in advance and looks
-    only at the corpus: the chain must keep the corpus's π (the condensation rate and every attention
-    prior log π are read from it), and among such chains it must predict held-out text best.
-    ``"additive"``: P[i, j] = (c_ij + α) / Σ_j' (c_ij' + α), α = ``compare.smoothing``.
-    O(d²) to build (O(d³) for π under additive smoothing)."""
-    d = len(corpus.vocabulary)
-    if settings.surrogate == "additive":
-        chain = MarkovChain.from_counts(bigram_counts(corpus.train, d), settings.smoothing)
-        estimator = f"additive smoothing {settings.smoothing:g}"
-        parameters = {"smoothing": settings.smoothing}
-    else:
-        counts = bigram_counts(corpus.train, d, cyclic=True)
-        weight = settings.unigram_weight
-        chosen = "set" if weight is not None else "chosen by validation cross-entropy"
-        weight = fit_unigram_weight(counts, corpus.valid) if weight is None else weight
-        chain = MarkovChain.from_counts_interpolated(counts, weight)
-        estimator = f"interpolated with the unigram law, weight {weight:.4g} ({chosen})"
-        parameters = {"unigram_weight": weight}
-    frequencies = np.bincount(corpus.train, minlength=d) / len(corpus.train)
-    return chain, {"surrogate": settings.surrogate, "estimator": estimator, **parameters, "surrogate_d": chain.d,
-                   "validation_cross_entropy": cross_entropy_rate(chain.P, corpus.valid),
-                   "pi_total_variation": float(0.5 * np.abs(chain.pi - frequencies).sum())}
 
 
 def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress: bool = False) -> tuple[Observables, dict]:

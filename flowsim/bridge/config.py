@@ -1,7 +1,8 @@
 """Configuration of a bridge training run: TOML sections, validated like flowsim's.
 
     [chain]    the Markov chain when data.kind = "markov" (flowsim's [chain] keys)
-    [data]     kind (markov | wikitext2 | tinystories), data_dir, source, vocab_size, s, batch_size, seed
+    [data]     kind (markov | wikitext2 | tinystories), data_dir, source, vocab_size, s, batch_size, seed,
+               train_on (text | surrogate)
     [model]    kind (one_layer | two_layer | gpt), the paper models' m, k, options and init_eps;
                the GPT family's n_layer, d_model, n_head, ffn, norm, bias, ffn_mult
     [optim]    name (sgd | adamw), lr, steps, momentum, weight_decay; the upper-Q/K schedule
@@ -50,6 +51,9 @@ class DataConfig(Section):
     s: PositiveInt = key(64, "context length")
     batch_size: PositiveInt = key(1024, "sequences per step")
     seed: int = key(0, "seed of the batches and of the paper models' initial draw")
+    train_on: Literal["text", "surrogate"] = key(
+        "text", "text corpora: train on the text, or on sequences of its bigram surrogate chain ([compare]'s "
+                "estimator, the chain of the ODE beside the run); validation and probe windows stay the text's")
     device: Literal["auto", "cpu", "cuda"] = key("auto", "torch device; auto: cuda when available")
 
 
@@ -132,6 +136,13 @@ class BridgeConfig(Sections):
     def _smoothing_needs_blocks(self) -> "BridgeConfig":
         if self.optim.smoothing_a > 0 and self.model.kind == "one_layer":
             raise ValueError("optim.smoothing_a > 0 needs repeated blocks (model.kind = 'two_layer' or 'gpt')")
+        return self
+
+    @model_validator(mode="after")
+    def _surrogate_needs_text(self) -> "BridgeConfig":
+        if self.data.train_on == "surrogate" and self.data.kind == "markov":
+            raise ValueError("data.train_on = 'surrogate' needs a text corpus (data.kind = 'wikitext2' or 'tinystories'); "
+                             "Markov data is its own chain")
         return self
 
     @property

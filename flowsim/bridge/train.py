@@ -30,7 +30,7 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from flowsim.bridge.config import BridgeConfig
+from flowsim.bridge.config import BridgeConfig, load_bridge_config
 from flowsim.bridge.data import Corpus, folded_types, load_corpus, markov_batch
 from flowsim.bridge.models import GPT, GPTConfig, torch_model_for
 from flowsim.bridge.observables import (
@@ -40,6 +40,7 @@ from flowsim.bridge.observables import (
     stack_observables,
 )
 from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer
+from flowsim.bridge.surrogate import text_surrogate
 from flowsim.budget import check_memory
 from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError
@@ -81,6 +82,7 @@ class DataSource:
     config: BridgeConfig
     chain: MarkovChain | None
     corpus: Corpus | None
+    surrogate: MarkovChain | None = None  # the text's bigram chain, the training batches' source under data.train_on = "surrogate"
 
     @property
     def vocab_size(self) -> int:
@@ -108,6 +110,8 @@ class DataSource:
         seed = data.seed if split == "train" else data.seed + VALIDATION_SEED_OFFSET
         if self.chain is not None:
             return markov_batch(self.chain, data.batch_size, data.s + 1, seed, step)
+        if self.surrogate is not None and split == "train":
+            return markov_batch(self.surrogate, data.batch_size, data.s + 1, seed, step)
         return self.corpus.batch(data.batch_size, data.s + 1, seed, step, split)
 
     def probe_set(self) -> ProbeSet:
@@ -126,7 +130,8 @@ def build_data(config: BridgeConfig) -> DataSource:
         corpus = load_corpus(config.data.kind, config.data.vocab_size, config.data.data_dir, config.data.source)
     except (ValueError, FileNotFoundError) as error:
         raise ConfigError(str(error)) from None
-    return DataSource(config, None, corpus)
+    surrogate = text_surrogate(corpus, config.compare)[0] if config.data.train_on == "surrogate" else None
+    return DataSource(config, None, corpus, surrogate)
 
 
 def build_model(config: BridgeConfig, vocab_size: int) -> torch.nn.Module:
@@ -204,7 +209,8 @@ def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at
     check_training_size(config, data.vocab_size)
     run_dir = Path(run_dir)
     toml_text = config.to_toml()
-    if (run_dir / CONFIG_FILE).is_file() and (run_dir / CONFIG_FILE).read_text() != toml_text:
+    # compared as settings, not as text: a run saved before a key with a default existed still resumes
+    if (run_dir / CONFIG_FILE).is_file() and load_bridge_config(run_dir / CONFIG_FILE) != config:
         raise ConfigError(f"{run_dir} holds a run with a different configuration; resume with the same config or choose a new folder")
     with folder_lock(run_dir), stop_requests() as stop:
         return _train_locked(config, run_dir, data, device, toml_text, progress, stop_at_step, stop)

@@ -32,8 +32,9 @@ from typing import Callable
 
 import numpy as np
 
-from flowsim.bridge.compare import compare_bridge_run, relative_error, text_surrogate
+from flowsim.bridge.compare import compare_bridge_run, relative_error
 from flowsim.bridge.config import BridgeConfig, load_bridge_config
+from flowsim.bridge.surrogate import text_surrogate
 from flowsim.bridge.train import DataSource, build_data, train
 from flowsim.config import ConfigError, RunConfig, find_config
 from flowsim.io import write_atomic_json, write_atomic_npz, write_atomic_text
