@@ -15,7 +15,6 @@ allowed: it never occurs in the stationary data and receives no attention.
 from __future__ import annotations
 
 import functools
-
 from typing import Sequence, get_args
 
 import numpy as np
@@ -148,7 +147,7 @@ def cross_entropy_rate(P: np.ndarray, ids: np.ndarray) -> float:
         return float(-np.mean(np.log(probabilities)))
 
 
-BISECTION_FROM_SIZE = 200  # tokens; below it the whole-row comparison is faster (benchmarks/MEASUREMENTS.md)
+BINARY_SEARCH_FROM_SIZE = 200  # tokens; below it the whole-row comparison is faster (benchmarks/MEASUREMENTS.md)
 
 
 def inverse_cdf_rows(cumulative: np.ndarray, rows: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -158,7 +157,7 @@ def inverse_cdf_rows(cumulative: np.ndarray, rows: np.ndarray, u: np.ndarray) ->
     is found by binary lifting: ⌊log2 d⌋ + 1 rounds of one gather per draw, O(n log d). Comparing whole rows,
     O(n d), is the faster route at small d."""
     d = cumulative.shape[1]
-    if d <= BISECTION_FROM_SIZE:
+    if d <= BINARY_SEARCH_FROM_SIZE:
         return (u[:, None] >= cumulative[rows]).sum(axis=1)
     count = np.zeros(len(u), dtype=np.int64)
     step = 1 << (d.bit_length() - 1)  # the largest power of two <= d

@@ -34,7 +34,7 @@ def test_sampling_frequencies_and_transitions_match_the_chain():
     np.testing.assert_array_equal(paths, chain.sample(4000, 30, seed=3))  # seeded
 
 
-def test_the_bisection_draws_exactly_the_token_that_comparing_the_whole_row_draws():
+def test_the_binary_search_draws_exactly_the_token_that_comparing_the_whole_row_draws():
     """inverse_cdf_rows against the count of entries <= u of the whole row, on rows with zeros (flat runs), a row
     whose round-off overshoots 1 before its last entry, and u on the row's own breakpoints."""
     rng = np.random.default_rng(0)
