@@ -309,8 +309,9 @@ def check_loss_size(kind: str, d: int, s: int, model: Model, mc_samples: int = 0
     """Refuse (``flowsim.budget.BudgetError``) a finite-s or Monte Carlo loss too large for the
     memory budget, before anything is allocated. Per state (or sampled context) the estimate
     counts its arrays and the activations of a Hessian-vector product: 8·(8d + 2m) bytes per
-    state; 8·(s + 1)·(2d + 2m) bytes per sampled sequence. The message also gives the
-    dynamic programme's work, about s·d·states operations."""
+    state; 8·((s + 1)·(2 min(d, m) + 2m) + 4d) bytes per sampled sequence (the models read a context
+    through its m-wide embedding rows where d > m, ``OneLayerTransformer.context_mixture``). The message
+    also gives the dynamic programme's work, about s·d·states operations."""
     width = int(getattr(model, "m", d))
     if kind == "finite":
         states = finite_loss_states(d, s)
@@ -320,7 +321,7 @@ def check_loss_size(kind: str, d: int, s: int, model: Model, mc_samples: int = 0
                      f"about {operations:.2g} operations, {operations / 1e9:.2g} s at 1e9 per second)",
                      "lower loss.s, or use loss.kind = 'monte_carlo' or 'mean_field'")
     elif kind == "monte_carlo":
-        check_memory(8.0 * mc_samples * (s + 1) * (2 * d + 2 * width),
+        check_memory(8.0 * mc_samples * ((s + 1) * (2 * min(d, width) + 2 * width) + 4 * d),
                      f"loss.kind = 'monte_carlo' with {mc_samples} sequences of s = {s}", "lower loss.mc_samples or loss.s")
 
 

@@ -519,6 +519,35 @@ def test_the_d64_text_example_labels_condensation_beside_the_ode(tmp_path):
     assert (tmp_path / "run" / "overlay.png").stat().st_size > 10_000  # the run beside the ODE
 
 
+@needs_data
+def test_the_sampled_surrogate_ode_follows_the_chains_loss_at_the_runs_context_length(tmp_path):
+    """compare.surrogate_loss = 'sampled': the ODE beside a text run follows the surrogate chain's loss at the run's s on
+    compare.samples seeded sequences. Its loss at t = 0 is the torch twin's batch loss on those sequences (another
+    route), not the mean-field loss of the same chain."""
+    from flowsim.bridge.compare import ode_beside
+    from flowsim.bridge.surrogate import text_surrogate
+    from flowsim.bridge.train import batch_loss, build_data
+    from flowsim.losses import population_loss_mean_field
+    from flowsim.rundir import TRAJECTORY_FILE
+    from flowsim.trajectory import Trajectory
+
+    settings = ["data.kind='wikitext2'", "data.vocab_size=7", f"data.data_dir='{DATA_DIR}'", "data.s=6", "data.batch_size=32",
+                "log.fold_d=4", "log.n_checkpoints=4", "log.probe_per_type=4", "log.val_batches=1", "optim.steps=20",
+                "model.m=4", "model.k=3", "model.init_eps=0.3", "compare.surrogate_loss='sampled'", "compare.samples=300",
+                "compare.method='Tsit5'"]
+    config = load_bridge_config(None, settings)
+    train(config, tmp_path / "run", progress=False)
+    ode, description = ode_beside(tmp_path / "run")
+    assert description["ode"].startswith("loss at s = 6 on 300 sampled sequences of the bigram chain")
+    params0 = Trajectory.load(tmp_path / "run" / TRAJECTORY_FILE).at(0)
+    chain, _ = text_surrogate(build_data(config).corpus, config.compare)
+    model = OneLayerTransformer(d=8, m=4, k=3)
+    twin = torch_model_for(model).load_flowsim_params(params0)
+    sampled = batch_loss(twin, torch.as_tensor(chain.sample(300, 7, 0))).item()
+    assert float(ode["loss"][0]) == pytest.approx(sampled, rel=1e-10)
+    assert abs(sampled - float(population_loss_mean_field(params0, chain, model))) > 1e-4
+
+
 def test_the_window_loss_is_the_torch_batch_loss_over_all_windows():
     """flowsim's full-batch window loss against the torch twin's training loss on the same windows, and its
     gradient against the twin's autograd gradient."""

@@ -88,19 +88,24 @@ def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress
         ode = f"finite-s exact loss, s = {config.data.s}, from the run's initial parameters"
         extra = {}
     else:
-        (chain, extra), loss_kind = text_surrogate(data.corpus, config.compare), "mean_field"
-        ode = (f"mean-field loss on the bigram chain of the training split over all {chain.d} tokens "
+        chain, extra = text_surrogate(data.corpus, config.compare)
+        sampled = config.compare.surrogate_loss == "sampled"
+        loss_kind = "monte_carlo" if sampled else "mean_field"
+        law = (f"loss at s = {config.data.s} on {config.compare.samples} sampled sequences of" if sampled
+               else "mean-field loss on")
+        ode = (f"{law} the bigram chain of the training split over all {chain.d} tokens "
                f"({extra['estimator']}), from the run's initial parameters")
     params0 = Trajectory.load(run_dir / TRAJECTORY_FILE).at(0)  # the run's own start
     try:
-        flow = GradientFlow(make_loss_function(model, chain, loss_kind, config.data.s), params0)
+        loss = make_loss_function(model, chain, loss_kind, config.data.s, mc_samples=config.compare.samples)
+        flow = GradientFlow(loss, params0)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     result = solve_flow(flow, params0, t, method=method, rtol=config.compare.rtol, atol=config.compare.atol, progress=progress)
     observables = measured_like_the_run(model, result.trajectory, data)
     description = {"ode": ode, "method": result.method, "status": result.status_name,
                    "solve_seconds": result.stats.solve_seconds, **extra}
-    if loss_kind == "mean_field":  # the theory's own reading: attention over the whole vocabulary
+    if data.chain is None:  # text: also the theory's own reading, attention over the whole vocabulary
         description["full_vocabulary_events"] = full_vocabulary_events(result.trajectory, chain.pi)
     return observables, description
 

@@ -10,6 +10,7 @@
                smoothing_a (0: off), smoothing_variant
     [log]      n_checkpoints (log-spaced steps), val_batches, probe_per_type, fold_d
     [compare]  method (default: Tsit5 on Markov data, "auto" on text), rtol, atol, the text surrogate's estimator
+               and loss (mean-field, or sampled at the run's s)
     device     under [data]: auto | cpu | cuda
 """
 
@@ -116,6 +117,11 @@ class CompareConfig(Section):
         None, "text, interpolated: the unigram law's weight in every row (default: the weight of least "
         "cross-entropy on the validation split)", ge=0, le=1)
     smoothing: float = key(0.1, "text, additive: the pseudo-count added to every bigram count", ge=0)
+    surrogate_loss: Literal["mean_field", "sampled"] = key(
+        "mean_field", "text: the surrogate chain's loss the ODE follows: 'mean_field' (s -> ∞, exact) or 'sampled', "
+        "its loss at the run's context length s on compare.samples sequences of the chain (seeded, so the flow is "
+        "deterministic)")
+    samples: PositiveInt = key(32768, "text, sampled: sequences of the surrogate chain, each s + 1 tokens")
 
 
     @field_validator("method")
