@@ -6,7 +6,8 @@
   are read by identical code.
 * Text: a Markov surrogate, the bigram chain of the training split over the run's whole
   vocabulary (``surrogate.text_surrogate``: d = vocab_size + 1, by default interpolated with the
-  unigram law so that its π is the corpus's token frequencies), with the mean-field loss,
+  unigram law so that its π is the corpus's token frequencies), with the mean-field loss (or, with
+  ``compare.surrogate_loss = "sampled"``, its loss at the run's s on sampled sequences),
   from the run's own initial parameters and measured with the run's probe set as well;
   folding into tracked types and "other" is only how both sides are displayed.
 

@@ -1,8 +1,8 @@
 """The text's Markov surrogate: the bigram chain of a corpus's training split over its whole vocabulary.
 
-It is the chain whose mean-field flow ``flowsim bridge compare`` puts beside a text run, and, with
-``data.train_on = "surrogate"``, the chain a run's training batches are drawn from instead of the text
-(so that SGD on the surrogate can be set beside SGD on the text).
+It is the chain whose flow (mean-field, or at the run's s: ``compare.surrogate_loss``) ``flowsim bridge
+compare`` puts beside a text run, and, with ``data.train_on = "surrogate"``, the chain a run's training
+batches are drawn from instead of the text (so that SGD on the surrogate can be set beside SGD on the text).
 """
 
 from __future__ import annotations
