@@ -50,15 +50,15 @@ def four_routes(corpus: str, overrides: list[str], n_windows: int, work: Path, s
     from flowsim.stages import StageThresholds, detect_stages
     from flowsim.trajectory import Trajectory
 
-    config = load_bridge_config(f"configs/bridge/{corpus}-{size}.toml", overrides)
+    config_path = f"configs/bridge/{corpus}-{size}.toml"
+    config = load_bridge_config(config_path, overrides)
     run_dir = work / corpus
     started = time.perf_counter()
     train(config, run_dir, progress=True)
     train_s = time.perf_counter() - started
     surrogate_run_dir = work / f"{corpus}-surrogate-sgd"
     started = time.perf_counter()
-    train(config.model_copy(update={"data": config.data.model_copy(update={"train_on": "surrogate"})}), surrogate_run_dir,
-          progress=True)
+    train(load_bridge_config(config_path, [*overrides, "data.train_on='surrogate'"]), surrogate_run_dir, progress=True)
     surrogate_train_s = time.perf_counter() - started
     compare_bridge_run(run_dir)  # the surrogate's ODE, cached in RUN/ode
     surrogate, _ = ode_beside(run_dir)
@@ -102,8 +102,8 @@ def four_routes(corpus: str, overrides: list[str], n_windows: int, work: Path, s
 
 def sigma1_departures(observables, factors: tuple[float, ...] = DEPARTURE_FACTORS) -> dict[tuple, float]:
     """The first save time at which σ1(W0) exceeds each factor times its start, keyed like the detectors' events
-    (stage ``"σ1 > 2 × start"``, no query or direction). Read off the raw series: the detectors' restart (10 times, smoothed) comes
-    late at d = 1001, where SGD's σ1 grows slowly."""
+    (stage ``"σ1 > 2 × start"``, no query or direction). Read off the raw series: the detectors' restart (10 times,
+    smoothed) comes late at d = 1001, where SGD's σ1 grows slowly."""
     t, sigma1 = np.asarray(observables.t), np.asarray(observables["sv_W0"])[:, 1]
     above = {factor: np.flatnonzero(sigma1 > factor * sigma1[0]) for factor in factors}
     return {(f"σ1 > {factor:g} × start", None, None, 1): float(t[hits[0]]) for factor, hits in above.items() if len(hits)}
