@@ -17,12 +17,14 @@ Peers beside flowsim's own methods (``--methods``), both matrix-free, as a large
 
 * ``CVODE``: SUNDIALS CVODE (BDF, Newton with GMRES) through scikit-sundae, given the exact
   Jacobian-vector product J v = -∇²L v from JAX (one forward-over-reverse product);
+* ``CVODE-DQ``: the same, its J v by CVODE's own difference quotient (one field evaluation each);
 * ``Kvaerno5-GMRES``: diffrax's Kvaerno5 with optimistix's Newton iteration, its linear systems solved
   by lineax's GMRES on the linearised field (no Jacobian formed), compiled end to end like JaxRadau.
 
 ``--rtols`` runs every method at each tolerance, so that methods compare at equal loss error:
 the summary gives, per case, the fastest run of each method within JaxRadau's loss error and the
-ratio of its solve time to JaxRadau's. ``field share`` is the solve time one vector-field
+ratio of its solve time to JaxRadau's. ``JaxBDF-exact`` is JaxBDF with exact J·v (``jax.linearize``) instead
+of its default forward differences. ``field share`` is the solve time one vector-field
 evaluation (timed alone) accounts for, nfev × t_field / solve s: how close a method runs to the
 cost of the fields it needs.
 """
@@ -30,6 +32,8 @@ cost of the fields it needs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import os
 import resource
@@ -77,8 +81,10 @@ def case_config(label: str):
 PEER_RTOL = 1e-6  # the peers' tolerance when none is given
 
 
-def solve_cvode(flow, theta0: np.ndarray, times: np.ndarray, rtol: float, atol: float, max_steps: int) -> dict:
-    """CVODE (BDF, GMRES on J v from JAX) from θ0, saved at ``times``. Returns the saved states and counts."""
+def solve_cvode(flow, theta0: np.ndarray, times: np.ndarray, rtol: float, atol: float, max_steps: int,
+                exact_products: bool = True) -> dict:
+    """CVODE (BDF, GMRES on J v from JAX, or on its own difference quotients) from θ0, saved at ``times``.
+    Returns the saved states and counts (``njev``: J v products; by difference, each is one more field)."""
     import jax
     from sksundae.cvode import CVODE, CVODEJacTimes
 
@@ -95,7 +101,8 @@ def solve_cvode(flow, theta0: np.ndarray, times: np.ndarray, rtol: float, atol: 
         counts["njv"] += 1
         Jv[:] = np.asarray(product(t, y, v))
 
-    solver = CVODE(rhs, method="BDF", linsolver="gmres", krylov_dim=20, jactimes=CVODEJacTimes(None, jv),
+    jactimes = CVODEJacTimes(None, jv) if exact_products else None
+    solver = CVODE(rhs, method="BDF", linsolver="gmres", krylov_dim=20, jactimes=jactimes,
                    rtol=rtol, atol=atol, max_num_steps=max_steps)
     started = time.perf_counter()
     result = solver.solve(times, theta0)
@@ -103,7 +110,7 @@ def solve_cvode(flow, theta0: np.ndarray, times: np.ndarray, rtol: float, atol: 
     finished = bool(result.success) and len(result.t) == len(times)
     return {"states": np.asarray(result.y), "status": "finished" if finished else f"failed: {result.message}",
             "t_reached": float(result.t[-1]), "solve_s": solve_s, "compile_s": 0.0, "steps": int(getattr(result, "nsteps", 0) or 0) or None,
-            "nfev": counts["nfev"], "njev": counts["njv"]}
+            "nfev": counts["nfev"], "njev": counts["njv"] if exact_products else None}
 
 
 def solve_kvaerno_krylov(flow, theta0: np.ndarray, times: np.ndarray, rtol: float, atol: float, max_steps: int) -> dict:
@@ -142,7 +149,9 @@ def solve_kvaerno_krylov(flow, theta0: np.ndarray, times: np.ndarray, rtol: floa
             "nfev": None, "njev": None}
 
 
-PEERS = {"CVODE": solve_cvode, "Kvaerno5-GMRES": solve_kvaerno_krylov}
+PEERS = {"CVODE": solve_cvode, "CVODE-DQ": functools.partial(solve_cvode, exact_products=False),
+         "Kvaerno5-GMRES": solve_kvaerno_krylov}
+VARIANTS = {"JaxBDF-exact": ("JaxBDF", {"jacobian_products": "exact"})}  # flowsim methods with options
 
 
 def field_seconds(flow, theta0: np.ndarray, repeats: int = 50) -> float:
@@ -175,7 +184,14 @@ def run_one(label: str, method: str, rtol: float | None, atol: float | None, max
         loss = flow.loss_along(peer.pop("states"))
         row = peer
     else:
-        result = solve_flow(flow, prepared.params0, prepared.times, method=method, rtol=rtol, atol=atol, max_steps=max_steps)
+        method_object = method
+        if method in VARIANTS:
+            from flowsim.solvers import method_named
+
+            name, options = VARIANTS[method]
+            method_object = dataclasses.replace(method_named(name), **options)
+        result = solve_flow(flow, prepared.params0, prepared.times, method=method_object, rtol=rtol, atol=atol,
+                            max_steps=max_steps)
         loss, stats = result.trajectory.loss, result.stats
         row = {"status": result.status_name, "t_reached": result.t_reached, "compile_s": stats.compile_seconds,
                "solve_s": stats.solve_seconds, "steps": stats.n_steps, "nfev": stats.nfev, "njev": stats.njev}

@@ -6,9 +6,11 @@ when h changes). Two things differ, which suit large gradient flows. Each simpli
 
     (I - c J) Δ = c f(y) - ψ - d,      c = h / α_q,
 
-is solved by GMRES on products J·v from JAX (``jax.linearize`` of the field at the step's predicted point), so
-nothing of size n² is formed or factorised and a step-size change costs nothing; and the Newton iteration stops at
-CVODE's tolerance, not scipy's tighter one (NEWTON_TOLERANCE). The whole loop, Newton and Krylov iterations
+is solved by GMRES on products J·v at the step's predicted point, so nothing of size n² is formed or factorised
+and a step-size change costs nothing; and the Newton iteration stops at CVODE's tolerance, not scipy's tighter one
+(NEWTON_TOLERANCE). A product is a forward difference of the field by default (one field evaluation, and accurate
+to about √ε, far inside the Krylov tolerance; the Newton residual itself is always the exact field), or exact from
+``jax.linearize``, whose tangent of a gradient costs about two field evaluations at large d. The whole loop, Newton and Krylov iterations
 included, is one XLA ``while_loop`` with no host round trip.
 
 The parts, each a pure function testable alone:
@@ -22,8 +24,8 @@ The parts, each a pure function testable alone:
 
 ``attempt_step`` composes them, ``advance`` loops it, ``build_bdf`` compiles ``init`` and ``advance`` for one flow.
 
-Cost per Newton iteration: one field evaluation (the first comes with the linearisation), the GMRES products
-(J·v costs about one field evaluation) and O(n KRYLOV_DIM) vector work; memory O(n (MAX_ORDER + KRYLOV_DIM))
+Cost per Newton iteration: one field evaluation, the GMRES products (one field evaluation each by difference,
+one tangent of the field exactly) and O(n KRYLOV_DIM) vector work; memory O(n (MAX_ORDER + KRYLOV_DIM))
 besides the save buffer. The Krylov solves are inexact (to LINEAR_TOLERANCE of the Newton tolerance), which
 bounds the attainable error as it does CVODE's.
 """
@@ -56,10 +58,12 @@ ROWS = MAX_ORDER + 3  # D holds the differences of orders 0 .. MAX_ORDER + 2
 
 
 class BdfProblem(NamedTuple):
-    """The flow's field ``vector_field(t, θ, loss)`` and the rate schedule's kinks (steps end exactly on them)."""
+    """The flow's field ``vector_field(t, θ, loss)``, the rate schedule's kinks (steps end exactly on them) and how
+    the Newton solves form J·v: ``"difference"`` (one field evaluation each) or ``"exact"`` (``jax.linearize``)."""
 
     vector_field: Callable
     kinks: tuple[float, ...]
+    jacobian_products: str = "difference"
 
     def next_stop(self, t, t_end):
         """The next kink after t, or t_end."""
@@ -80,7 +84,7 @@ class BdfState(NamedTuple):
     status: jax.Array  # () a Status
     n_steps: jax.Array  # () accepted
     n_rejected: jax.Array  # ()
-    nfev: jax.Array  # () field evaluations (a linearisation counts one)
+    nfev: jax.Array  # () field evaluations (a linearisation counts one, a difference product one)
     n_products: jax.Array  # () J·v products
 
 
@@ -119,10 +123,11 @@ def rescale(D: jax.Array, order, factor) -> jax.Array:
 
 def gmres(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol) -> tuple[jax.Array, jax.Array]:
     """x with ‖b - A x‖₂ <= tol, or the least-squares x over the Krylov space of KRYLOV_DIM products, from x0 = 0.
-    Returns (x, products used). Arnoldi with classical Gram-Schmidt applied twice, the Hessenberg matrix reduced
-    by Givens rotations as it grows, so the residual is known at each product without forming x.
-    (jax.scipy's gmres spends two more products per solve on explicit residuals; a Newton solve here often
-    needs only one or two.) Cost: k products and O(k n KRYLOV_DIM) for k products used."""
+    Returns (x, products used). Arnoldi with modified Gram-Schmidt applied twice over the basis built so far, the
+    Hessenberg matrix reduced by Givens rotations as it grows, so the residual is known at each product without
+    forming x. (jax.scipy's gmres spends two more products per solve on explicit residuals; a Newton solve here
+    often needs only one or two.) Cost: k products and O(k² n) vector work for k products used: only the k basis
+    vectors built are read, which at n ~ 10⁴ costs less than a field evaluation, where the whole basis would not."""
     size = b.shape[0]
     beta = jnp.linalg.norm(b)
     V = jnp.zeros((KRYLOV_DIM + 1, size)).at[0].set(b / jnp.where(beta > 0, beta, 1.0))
@@ -134,17 +139,22 @@ def gmres(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol) -> tuple[
         k, V, R, rotations, g = carry
         return (k < KRYLOV_DIM) & (jnp.abs(g[k]) > tol)
 
+    def orthogonalise(V, k, w, column):
+        """w minus its projections on V[0..k], one basis vector at a time; the coefficients added to ``column``."""
+        def project(j, carry):
+            w, column = carry
+            h = V[j] @ w
+            return w - h * V[j], column.at[j].add(h)
+
+        return jax.lax.fori_loop(0, k + 1, project, (w, column))
+
     def arnoldi_step(carry):
         k, V, R, rotations, g = carry
-        w = matvec(V[k])
-        earlier = (jnp.arange(KRYLOV_DIM + 1) <= k)[:, None]
-        h_first = (V * earlier) @ w
-        w = w - h_first @ V
-        h_second = (V * earlier) @ w
-        w = w - h_second @ V
+        w, column = orthogonalise(V, k, matvec(V[k]), jnp.zeros(KRYLOV_DIM + 1))
+        w, column = orthogonalise(V, k, w, column)  # twice is enough (Giraud et al.)
         norm = jnp.linalg.norm(w)
         V = V.at[k + 1].set(jnp.where(norm > 0, w / jnp.where(norm > 0, norm, 1.0), 0.0))
-        column = (h_first + h_second).at[k + 1].set(norm)
+        column = column.at[k + 1].set(norm)
 
         def rotate(i, column):
             c, s = rotations[i]
@@ -164,7 +174,8 @@ def gmres(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol) -> tuple[
     unused = jnp.arange(KRYLOV_DIM) >= used
     triangle = jnp.where(unused[None, :] | unused[:, None], jnp.eye(KRYLOV_DIM), R[:KRYLOV_DIM])
     coefficients = jax.scipy.linalg.solve_triangular(triangle, jnp.where(unused, 0.0, g[:KRYLOV_DIM]), lower=False)
-    return coefficients @ V[:KRYLOV_DIM], used
+    x = jax.lax.fori_loop(0, used, lambda j, x: x + coefficients[j] * V[j], jnp.zeros(size))
+    return x, used
 
 
 class NewtonResult(NamedTuple):
@@ -172,16 +183,30 @@ class NewtonResult(NamedTuple):
     n_iter: jax.Array
     y: jax.Array
     d: jax.Array  # y - y_predict: the correction, from which the error is estimated
-    nfev: jax.Array
+    nfev: jax.Array  # field evaluations, a difference product's included
     n_products: jax.Array
 
 
-def newton_solve(field: Callable, t_new, y_predict, c, psi, scale, tol) -> NewtonResult:
+def difference_product(field_at: Callable, y: jax.Array, f_y: jax.Array, u: jax.Array) -> jax.Array:
+    """J(y) u ≈ (f(y + σu) - f(y)) / σ with σ = √ε (1 + ‖y‖) / ‖u‖ (2-norms): a perturbation of about √ε relative
+    to y, so truncation and round-off each cost about √ε ‖J u‖. One field evaluation."""
+    u_norm = jnp.linalg.norm(u)
+    sigma = jnp.sqrt(jnp.finfo(y.dtype).eps) * (1 + jnp.linalg.norm(y)) / jnp.where(u_norm > 0, u_norm, 1.0)
+    return (field_at(y + sigma * u) - f_y) / sigma
+
+
+def newton_solve(field: Callable, t_new, y_predict, c, psi, scale, tol, exact_products: bool = False) -> NewtonResult:
     """scipy's ``solve_bdf_system``: at most NEWTON_MAXITER iterations y ← y + Δ, (I - c J) Δ = c f(y) - ψ - d,
-    J the field's Jacobian at ``y_predict`` applied by ``jax.linearize``; stopped as diverging when the
-    contraction rate ρ >= 1 or ρ^(left)/(1-ρ) ‖Δ‖ > tol, converged when ρ/(1-ρ) ‖Δ‖ < tol (norms scaled by
-    ``scale``). Each Δ is GMRES's in scaled variables, to a residual of LINEAR_TOLERANCE × tol (RMS)."""
-    f_predict, jvp = jax.linearize(lambda y: field(t_new, y), y_predict)
+    J the field's Jacobian at ``y_predict`` applied by forward differences (``difference_product``) or, with
+    ``exact_products``, by ``jax.linearize``; stopped as diverging when the contraction rate ρ >= 1 or
+    ρ^(left)/(1-ρ) ‖Δ‖ > tol, converged when ρ/(1-ρ) ‖Δ‖ < tol (norms scaled by ``scale``). Each Δ is GMRES's in
+    scaled variables, to a residual of LINEAR_TOLERANCE × tol (RMS)."""
+    field_at = lambda y: field(t_new, y)  # noqa: E731
+    if exact_products:
+        f_predict, jvp = jax.linearize(field_at, y_predict)
+    else:
+        f_predict = field_at(y_predict)
+        jvp = lambda u: difference_product(field_at, y_predict, f_predict, u)  # noqa: E731
     size = y_predict.shape[0]
     residual_tol = LINEAR_TOLERANCE * tol * jnp.sqrt(size)
 
@@ -205,7 +230,7 @@ def newton_solve(field: Callable, t_new, y_predict, c, psi, scale, tol) -> Newto
     start = (jnp.zeros((), jnp.int32), y_predict, jnp.zeros_like(y_predict), jnp.array(jnp.nan), jnp.array(False),
              ~jnp.all(jnp.isfinite(f_predict)), f_predict, jnp.ones((), jnp.int32), jnp.zeros((), jnp.int32))
     k, y, d, _, converged, _, _, nfev, products = jax.lax.while_loop(lambda c: ~c[5], iterate, start)
-    return NewtonResult(converged, k, y, d, nfev, products)
+    return NewtonResult(converged, k, y, d, nfev if exact_products else nfev + products, products)
 
 
 def order_change(order, error_norm, D, scale, safety):
@@ -290,7 +315,8 @@ def attempt_step(problem: BdfProblem, state: BdfState, loss, times, t_end, rtol,
     psi = jnp.where((rows >= 1) & (rows <= order), jnp.asarray(np.pad(GAMMA, (0, ROWS - len(GAMMA)))), 0.0) @ D
     psi = psi / jnp.asarray(ALPHA)[order]
     c = h / jnp.asarray(ALPHA)[order]
-    newton = newton_solve(field, t_new, y_predict, c, psi, scale, NEWTON_TOLERANCE)
+    newton = newton_solve(field, t_new, y_predict, c, psi, scale, NEWTON_TOLERANCE,
+                          exact_products=problem.jacobian_products == "exact")
 
     safety = 0.9 * (2 * NEWTON_MAXITER + 1) / (2 * NEWTON_MAXITER + newton.n_iter)
     scale = atol + rtol * jnp.abs(newton.y)

@@ -223,7 +223,7 @@ def _radau_state_from_arrays(arrays: dict[str, np.ndarray], batch: int, size: in
 # JaxBDF: the compiled matrix-free BDF loop, one flow
 
 
-_BDF_COMPILED: dict[tuple, bdf.BdfFunctions] = {}  # by flow structure and save slots
+_BDF_COMPILED: dict[tuple, bdf.BdfFunctions] = {}  # by flow structure, save slots and J·v route
 
 
 @dataclass
@@ -239,18 +239,25 @@ class BdfIntegration(Integration):
 @dataclass(frozen=True)
 class JaxBDF(Method):
     """Variable-order BDF compiled end to end in JAX, its Newton systems solved by GMRES on J·v products
-    (``flowsim.bdf``): nothing of size n² is held, so it suits the largest flows."""
+    (``flowsim.bdf``): nothing of size n² is held, so it suits the largest flows. ``jacobian_products``:
+    ``"difference"`` (one field evaluation a product) or ``"exact"`` (``jax.linearize``; about two at large d)."""
 
+    jacobian_products: str = "difference"
     name = "JaxBDF"
+
+    def __post_init__(self) -> None:
+        if self.jacobian_products not in ("difference", "exact"):
+            raise ValueError(f"JaxBDF's jacobian_products must be 'difference' or 'exact', got {self.jacobian_products!r}")
 
     def start(self, problem: Problem) -> BdfIntegration:
         flow, times = problem.flow, problem.times
         loss = flow.loop_loss
         slots = _save_slots(len(times), flow.size)
-        key, compile_seconds = (flow.structure_key, slots), 0.0
+        key, compile_seconds = (flow.structure_key, slots, self.jacobian_products), 0.0
         if key not in _BDF_COMPILED:
             field_of_member = functools.partial(flow_functions.vector_field, flow.structure)
-            _BDF_COMPILED[key] = bdf.build_bdf(bdf.BdfProblem(field_of_member, flow.rates.kinks), slots, flow.size, loss)
+            bdf_problem = bdf.BdfProblem(field_of_member, flow.rates.kinks, self.jacobian_products)
+            _BDF_COMPILED[key] = bdf.build_bdf(bdf_problem, slots, flow.size, loss)
             compile_seconds = _BDF_COMPILED[key].compile_seconds
         functions = _BDF_COMPILED[key]
         times_device = padded_save_times(times, slots)

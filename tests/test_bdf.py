@@ -2,6 +2,7 @@
 
 from math import comb
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -87,22 +88,33 @@ def stiff_nonlinear_problem(n: int = 12):
     return A, rng.normal(size=n)
 
 
-@pytest.fixture(scope="module")
-def small_bdf():
-    A, y0 = stiff_nonlinear_problem()
-    problem = bdf.BdfProblem(lambda t, y, A: -A @ y - 0.1 * jnp.sin(y), ())
-    times = np.linspace(0.0, 10.0, 11)
-    return problem, bdf.build_bdf(problem, len(times), len(y0), jnp.asarray(A)), A, y0, times
+def test_the_difference_product_is_the_jacobian_product_to_about_root_epsilon():
+    """Against jax.jvp on a nonlinear field whose entries span six decades, for directions of every size."""
+    rng = np.random.default_rng(3)
+    A, _ = stiff_nonlinear_problem()
+    y = jnp.asarray(rng.normal(size=len(A)) * np.logspace(-3, 3, len(A)))
+
+    def field_at(y):
+        return -jnp.asarray(A) @ jnp.tanh(y) - 0.1 * jnp.sin(y) * y
+
+    for u_scale in (1e-12, 1.0, 1e6):
+        u = jnp.asarray(rng.normal(size=len(A))) * u_scale
+        exact = jax.jvp(field_at, (y,), (u,))[1]
+        approximate = bdf.difference_product(field_at, y, field_at(y), u)
+        assert float(jnp.linalg.norm(approximate - exact) / jnp.linalg.norm(exact)) < 1e-6, u_scale
+    assert np.all(np.asarray(bdf.difference_product(field_at, y, field_at(y), jnp.zeros(len(A)))) == 0)
 
 
-@pytest.mark.parametrize("rtol", [1e-4, 1e-7])
-def test_the_whole_method_follows_scipys_bdf(small_bdf, rtol):
-    """Same formulas and control as scipy's BDF: about the same work and error on a stiff nonlinear system."""
-    problem, functions, A, y0, times = small_bdf
-    atol = 1e-12
+def run_small_bdf(functions, A, y0, times, rtol, atol=1e-12):
     state = functions.init(jnp.asarray(y0), jnp.asarray(A), jnp.asarray(times), times[-1], rtol, atol)
-    state = functions.advance(state, jnp.asarray(A), jnp.asarray(times), times[-1], times[-1], rtol, atol,
-                              np.int32(10**5), np.int32(2**31 - 1))
+    return functions.advance(state, jnp.asarray(A), jnp.asarray(times), times[-1], times[-1], rtol, atol,
+                             np.int32(10**5), np.int32(2**31 - 1))
+
+
+@pytest.fixture(scope="module")
+def small_problem():
+    A, y0 = stiff_nonlinear_problem()
+    times = np.linspace(0.0, 10.0, 11)
 
     def field(t, y):
         return -A @ y - 0.1 * np.sin(y)
@@ -111,17 +123,49 @@ def test_the_whole_method_follows_scipys_bdf(small_bdf, rtol):
         return -A - 0.1 * np.diag(np.cos(y))
 
     reference = solve_ivp(field, (0, 10), y0, method="Radau", rtol=1e-12, atol=1e-14, t_eval=times, jac=jacobian)
-    scipy_bdf = solve_ivp(field, (0, 10), y0, method="BDF", rtol=rtol, atol=atol, t_eval=times, jac=jacobian)
+    scipy_runs = {rtol: solve_ivp(field, (0, 10), y0, method="BDF", rtol=rtol, atol=1e-12, t_eval=times, jac=jacobian)
+                  for rtol in (1e-4, 1e-7)}
+    return A, y0, times, reference, scipy_runs
+
+
+@pytest.fixture(scope="module")
+def small_bdf(small_problem):
+    A, y0, times = small_problem[:3]
+    return {route: bdf.build_bdf(bdf.BdfProblem(lambda t, y, A: -A @ y - 0.1 * jnp.sin(y), (), route),
+                                 len(times), len(y0), jnp.asarray(A))
+            for route in ("exact", "difference")}
+
+
+@pytest.mark.parametrize("rtol", [1e-4, 1e-7])
+def test_the_whole_method_follows_scipys_bdf(small_problem, small_bdf, rtol):
+    """Same formulas and control as scipy's BDF (exact J·v, as scipy's Jacobian is): about the same work and error
+    on a stiff nonlinear system."""
+    A, y0, times, reference, scipy_runs = small_problem
+    state = run_small_bdf(small_bdf["exact"], A, y0, times, rtol)
     assert int(state.status) == bdf.FINISHED and int(state.n_saved) == len(times)
     error = np.abs(np.asarray(state.saved) - reference.y.T).max()
-    scipy_error = np.abs(scipy_bdf.y.T - reference.y.T).max()
+    scipy_error = np.abs(scipy_runs[rtol].y.T - reference.y.T).max()
     assert error < 3 * scipy_error + 1e-12
-    assert abs(int(state.nfev) - scipy_bdf.nfev) <= 0.1 * scipy_bdf.nfev
+    assert abs(int(state.nfev) - scipy_runs[rtol].nfev) <= 0.1 * scipy_runs[rtol].nfev
     np.testing.assert_array_equal(np.asarray(state.saved[0]), y0)
 
 
-def test_steps_end_on_the_kinks_and_a_chunked_run_takes_the_same_steps(small_bdf):
-    _, _, A, y0, times = small_bdf
+@pytest.mark.parametrize("rtol", [1e-4, 1e-7])
+def test_difference_products_keep_the_methods_accuracy(small_problem, small_bdf, rtol):
+    """J·v by forward differences changes only the Newton iteration's path, not what it converges to: the error
+    stays within scipy's, and each product is counted as a field evaluation."""
+    A, y0, times, reference, scipy_runs = small_problem
+    state = run_small_bdf(small_bdf["difference"], A, y0, times, rtol)
+    assert int(state.status) == bdf.FINISHED and int(state.n_saved) == len(times)
+    error = np.abs(np.asarray(state.saved) - reference.y.T).max()
+    assert error < 3 * np.abs(scipy_runs[rtol].y.T - reference.y.T).max() + 1e-12
+    exact = run_small_bdf(small_bdf["exact"], A, y0, times, rtol)
+    newton_fields = int(state.nfev) - int(state.n_products)
+    assert int(state.n_products) > 0 and abs(newton_fields - int(exact.nfev)) <= 0.5 * int(exact.nfev)
+
+
+def test_steps_end_on_the_kinks_and_a_chunked_run_takes_the_same_steps(small_problem):
+    A, y0, times = small_problem[:3]
     problem = bdf.BdfProblem(lambda t, y, A: -jnp.where(t > 2.5, 2.0, 1.0) * (A @ y), (2.5,))
     functions = bdf.build_bdf(problem, len(times), len(y0), jnp.asarray(A))
     arguments = (jnp.asarray(A), jnp.asarray(times), times[-1])

@@ -215,17 +215,28 @@ def test_the_large_flow_newton_control_reaches_the_same_flow(default_flow):
         np.testing.assert_allclose(large.trajectory.params[name], usual.trajectory.params[name], atol=1e-4)
 
 
-def test_jaxbdf_follows_jaxradau_through_the_stages(default_flow):
-    """The matrix-free BDF against the Radau loop on the default flow, through condensation, the focus
-    and the next direction opening: the loss within the tolerance's reach, with its own steps."""
+@pytest.mark.parametrize("products", ["difference", "exact"])
+def test_jaxbdf_follows_jaxradau_through_the_stages(default_flow, products):
+    """The matrix-free BDF, with J·v by differences (the default) or exact, against the Radau loop on the default
+    flow, through condensation, the focus and the next direction opening: the loss within the tolerance's reach,
+    with its own steps."""
+    from flowsim.solvers import JaxBDF
+
     flow, params0 = default_flow
     times = np.linspace(0.0, 400.0, 41)
     radau = solve_flow(flow, params0, times, rtol=1e-9, atol=1e-13)
-    result = solve_flow(flow, params0, times, method="JaxBDF", rtol=1e-8, atol=1e-13)
+    result = solve_flow(flow, params0, times, method=JaxBDF(jacobian_products=products), rtol=1e-8, atol=1e-13)
     assert result.success and result.stats.njev > 0 and result.stats.n_steps != radau.stats.n_steps
     np.testing.assert_array_equal(result.trajectory.t, times)
     np.testing.assert_allclose(result.trajectory.loss, radau.trajectory.loss, rtol=1e-6)
     assert abs(radau.trajectory.loss[-1] - radau.trajectory.loss[0]) > 0.1  # the flow moved
+
+
+def test_jaxbdf_refuses_an_unknown_product_route():
+    from flowsim.solvers import JaxBDF
+
+    with pytest.raises(ValueError, match="jacobian_products must be 'difference' or 'exact', got 'forward'"):
+        JaxBDF(jacobian_products="forward")
 
 
 def test_a_diverging_gradient_descent_stops_with_status_diverged(default_flow):
