@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from report import write_section
@@ -221,8 +222,17 @@ def in_subprocess(label: str, method: str, rtol=None, atol=None, max_steps=200_0
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
+def fastest_of(repeats: int, run: Callable[[], dict]) -> dict:
+    """The run with the shortest solve of ``repeats`` (each in a fresh process): on a shared machine one solve's
+    time varies by up to 1.5× from one process to the next, while the counts do not."""
+    rows = [run() for _ in range(repeats)]
+    timed = [row for row in rows if row.get("solve_s") is not None]
+    best = min(timed, key=lambda row: row["solve_s"]) if timed else rows[-1]
+    return {**best, "repeats": repeats} if repeats > 1 else best
+
+
 def benchmark(cases: list[str], methods: list[str], max_steps: int, timeout: float,
-              rtols: list[float | None] = (None,)) -> list[dict]:
+              rtols: list[float | None] = (None,), repeats: int = 1) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for label in cases:
@@ -242,7 +252,8 @@ def benchmark(cases: list[str], methods: list[str], max_steps: int, timeout: flo
                 for rtol in rtols:
                     print(f"[{label}] {method} rtol {rtol} ...", file=sys.stderr, flush=True)
                     path = Path(folder) / f"{label}-{method}-{rtol}.npy"
-                    row = in_subprocess(label, method, rtol=rtol, max_steps=max_steps, loss_out=path, timeout=timeout)
+                    row = fastest_of(repeats, lambda: in_subprocess(label, method, rtol=rtol, max_steps=max_steps,
+                                                                    loss_out=path, timeout=timeout))
                     row.setdefault("n", n)
                     row.setdefault("rtol", rtol)
                     if reference_loss is not None and path.is_file():
@@ -299,6 +310,8 @@ def main() -> None:
     parser.add_argument("--rtols", default="", help="comma-separated tolerances every method runs at (default: each method's own)")
     parser.add_argument("--max-steps", type=int, default=20_000, help="step budget of every method")
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds each (case, method) process may take")
+    parser.add_argument("--repeats", type=int, default=1, help="run each (case, method, rtol) this many times, each in "
+                        "a fresh process, and report the fastest solve")
     parser.add_argument("--platform", choices=("cpu", "cuda"), default=None,
                         help="JAX's backend for every run (default: JAX's own choice); CVODE's own work stays on the host")
     parser.add_argument("--gpu", action="store_true", help=f"the device check: {GPU_PRESET}")
@@ -323,14 +336,17 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown cases {sorted(unknown)}; expected some of {list(CASES)}")
     rtols = [float(value) for value in args.rtols.split(",") if value] or [None]
-    rows = benchmark(cases, args.methods.split(","), args.max_steps, args.timeout, rtols)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    rows = benchmark(cases, args.methods.split(","), args.max_steps, args.timeout, rtols, args.repeats)
     text = table(rows) + "\n\nAt equal loss error:\n\n" + equal_error_summary(rows, args.baseline)
     print(text)
     if args.out is not None:
         command = "python benchmarks/scaling.py " + " ".join(sys.argv[1:])
         devices = sorted({row["device"] for row in rows if "device" in row}) or ["unknown device"]
+        fastest = f"; each solve time the fastest of {args.repeats} processes" if args.repeats > 1 else ""
         write_section(args.out, args.section,
-                      f"# Scaling benchmark\n\nProduced by `{command}` ({', '.join(devices)}, float64).\n\n{text}")
+                      f"# Scaling benchmark\n\nProduced by `{command}` ({', '.join(devices)}, float64{fastest}).\n\n{text}")
 
 
 if __name__ == "__main__":

@@ -305,13 +305,18 @@ def finite_loss_states(d: int, s: int) -> int:
     return math.comb(s + d - 1, d - 1) * d
 
 
-def check_loss_size(kind: str, d: int, s: int, model: Model, mc_samples: int = 0) -> None:
+LOSS_SETTINGS = {"s": "loss.s", "mc_samples": "loss.mc_samples"}  # the settings a message names
+
+
+def check_loss_size(kind: str, d: int, s: int, model: Model, mc_samples: int = 0,
+                    settings: dict[str, str] = LOSS_SETTINGS) -> None:
     """Refuse (``flowsim.budget.BudgetError``) a finite-s or Monte Carlo loss too large for the
     memory budget, before anything is allocated. Per state (or sampled context) the estimate
     counts its arrays and the activations of a Hessian-vector product: 8·(8d + 2m) bytes per
     state; 8·((s + 1)·(2 min(d, m) + 2m) + 4d) bytes per sampled sequence (the models read a context
     through its m-wide embedding rows where d > m, ``OneLayerTransformer.context_mixture``). The message
-    also gives the dynamic programme's work, about s·d·states operations."""
+    also gives the dynamic programme's work, about s·d·states operations, and names s and the sample count
+    by ``settings`` (the bridge sets them through its own keys)."""
     width = int(getattr(model, "m", d))
     if kind == "finite":
         states = finite_loss_states(d, s)
@@ -319,10 +324,11 @@ def check_loss_size(kind: str, d: int, s: int, model: Model, mc_samples: int = 0
         check_memory(8.0 * states * (8 * d + 2 * width),
                      f"loss.kind = 'finite' with s = {s}, d = {d} ({states:.3g} count states; building them takes "
                      f"about {operations:.2g} operations, {operations / 1e9:.2g} s at 1e9 per second)",
-                     "lower loss.s, or use loss.kind = 'monte_carlo' or 'mean_field'")
+                     f"lower {settings['s']}, or use loss.kind = 'monte_carlo' or 'mean_field'")
     elif kind == "monte_carlo":
         check_memory(8.0 * mc_samples * ((s + 1) * (2 * min(d, width) + 2 * width) + 4 * d),
-                     f"loss.kind = 'monte_carlo' with {mc_samples} sequences of s = {s}", "lower loss.mc_samples or loss.s")
+                     f"the Monte Carlo loss on {mc_samples} sequences of s = {s}",
+                     f"lower {settings['mc_samples']} or {settings['s']}")
 
 
 def make_loss_function(
@@ -332,6 +338,7 @@ def make_loss_function(
     s: int | None = None,
     mc_samples: int = 4096,
     mc_seed: int = 0,
+    settings: dict[str, str] = LOSS_SETTINGS,
 ) -> Partial:
     """The loss as a function of the parameters alone, ``loss(params) -> scalar``.
 
@@ -339,6 +346,7 @@ def make_loss_function(
     function that takes it as an argument traces the data instead of baking large
     constants into the compiled code. ``monte_carlo`` is the empirical loss on one
     fixed set of ``mc_samples`` sampled sequences (seeded): its flow is deterministic.
+    ``settings`` names s and ``mc_samples`` in error messages (``LOSS_SETTINGS``: the run config's keys).
     """
     if model.d != chain.d:
         raise ValueError(f"the model has d = {model.d} tokens but the chain has d = {chain.d}")
@@ -347,14 +355,14 @@ def make_loss_function(
     if kind == "mean_field":
         return Partial(ModelLoss(_mean_field_core, model), pi=jnp.asarray(chain.pi), P=jnp.asarray(chain.P))
     if s is None or not isinstance(s, (int, np.integer)) or s < 1:
-        raise ValueError(f"loss.kind = {kind!r} needs a positive integer context length loss.s, got {s!r}")
-    check_loss_size(kind, chain.d, int(s), model, mc_samples)
+        raise ValueError(f"loss.kind = {kind!r} needs a positive integer context length {settings['s']}, got {s!r}")
+    check_loss_size(kind, chain.d, int(s), model, mc_samples, settings)
     if kind == "finite":
         P, log_counts, query, probability = _count_law_arrays(chain, context_count_law(chain, s))
         core = ModelLoss(_count_law_core, model)
         return Partial(core, P=P, log_counts=log_counts, query=query, probability=probability)
     if not isinstance(mc_samples, (int, np.integer)) or mc_samples < 2:
-        raise ValueError(f"loss.mc_samples must be an integer >= 2, got {mc_samples!r}")
+        raise ValueError(f"{settings['mc_samples']} must be an integer >= 2, got {mc_samples!r}")
     sequences = chain.sample(mc_samples, s + 1, mc_seed)
     core = ModelLoss(_sampled_loss_core, model)
     return Partial(core, contexts=jnp.asarray(sequences[:, :-1]), targets=jnp.asarray(sequences[:, -1]))
@@ -394,7 +402,7 @@ def make_task_loss(model: Model, task: InductionTask, kind: LossKind = "finite",
                        target_probabilities=jnp.asarray(law.next_law), probability=jnp.asarray(law.probability))
     if kind == "monte_carlo":
         if not isinstance(mc_samples, (int, np.integer)) or mc_samples < 2:
-            raise ValueError(f"loss.mc_samples must be an integer >= 2, got {mc_samples!r}")
+            raise ValueError(f"{settings['mc_samples']} must be an integer >= 2, got {mc_samples!r}")
         sequences = task.sample(mc_samples, mc_seed)
         return Partial(ModelLoss(_sampled_loss_core, model), contexts=jnp.asarray(sequences[:, :-1]),
                        targets=jnp.asarray(sequences[:, -1]))

@@ -547,6 +547,15 @@ def test_the_sampled_surrogate_ode_follows_the_chains_loss_at_the_runs_context_l
     assert float(ode["loss"][0]) == pytest.approx(sampled, rel=1e-10)
     assert abs(sampled - float(population_loss_mean_field(params0, chain, model))) > 1e-4
 
+    # a sample over the memory budget is refused in the bridge's own settings
+    from flowsim.config import ConfigError
+
+    config_file = tmp_path / "run" / "config.toml"
+    assert "samples = 300" in config_file.read_text()
+    config_file.write_text(config_file.read_text().replace("samples = 300", "samples = 1000000000000"))
+    with pytest.raises(ConfigError, match=r"over the memory budget .*: lower compare.samples or data.s$"):
+        ode_beside(tmp_path / "run")
+
 
 def test_the_window_loss_is_the_torch_batch_loss_over_all_windows():
     """flowsim's full-batch window loss against the torch twin's training loss on the same windows, and its

@@ -270,5 +270,5 @@ def test_an_oversized_finite_loss_is_refused_before_any_allocation(paper_chain, 
     monkeypatch.setattr(losses.MarkovChain, "sample", never)
     with pytest.raises(BudgetError, match=r"loss.kind = 'finite' with s = 10000, d = 4 .* over the memory budget"):
         losses.make_loss_function(paper_model, paper_chain, "finite", 10_000)
-    with pytest.raises(BudgetError, match="monte_carlo"):
+    with pytest.raises(BudgetError, match=r"Monte Carlo loss on 1000000000 sequences .*: lower loss.mc_samples or loss.s$"):
         losses.make_loss_function(paper_model, paper_chain, "monte_carlo", 10_000, mc_samples=10**9)

@@ -98,7 +98,8 @@ def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress
                f"({extra['estimator']}), from the run's initial parameters")
     params0 = Trajectory.load(run_dir / TRAJECTORY_FILE).at(0)  # the run's own start
     try:
-        loss = make_loss_function(model, chain, loss_kind, config.data.s, mc_samples=config.compare.samples)
+        loss = make_loss_function(model, chain, loss_kind, config.data.s, mc_samples=config.compare.samples,
+                                  settings={"s": "data.s", "mc_samples": "compare.samples"})
         flow = GradientFlow(loss, params0)
     except ValueError as error:
         raise ConfigError(str(error)) from None
