@@ -59,6 +59,7 @@ NEWTON_TOLERANCE = 0.1
 # measured is below tolerance (CVODE's test); the rate is forgotten after a rejected step and every RATE_REFRESH
 # accepted steps (CVODE's MSBP), so that a stale rate cannot carry on: benchmarks/MEASUREMENTS.md, "JaxBDF".
 RATE_REFRESH = 20
+RATE_DECAY = 0.3  # the carried rate falls by at most this factor per measurement (CVODE's CRDOWN): never to 0
 LINEAR_TOLERANCE = 0.3
 ROWS = MAX_ORDER + 3  # D holds the differences of orders 0 .. MAX_ORDER + 2
 
@@ -192,7 +193,7 @@ class NewtonResult(NamedTuple):
     d: jax.Array  # y - y_predict: the correction, from which the error is estimated
     nfev: jax.Array  # field evaluations, a difference product's included
     n_products: jax.Array
-    rate: jax.Array  # the last contraction rate measured
+    rate: jax.Array  # the contraction rate to carry to the next step
 
 
 def difference_product(field_at: Callable, y: jax.Array, f_y: jax.Array, u: jax.Array) -> jax.Array:
@@ -211,7 +212,8 @@ def newton_solve(field: Callable, t_new, y_predict, c, psi, scale, tol, exact_pr
     ρ^(left)/(1-ρ) ‖Δ‖ > tol, converged when ρ/(1-ρ) ‖Δ‖ < tol (norms scaled by ``scale``), or at the first
     iteration when min(1, ρ₀) ‖Δ‖ < tol with ρ₀ = ``rate0`` an earlier step's rate (CVODE's test; ρ₀ = 1 asks for
     ‖Δ‖ < tol). Each Δ is GMRES's in scaled variables, to a residual of LINEAR_TOLERANCE × tol (RMS). Returns the
-    last rate measured (``rate0`` when one iteration sufficed)."""
+    rate to carry: the last measured, but at least RATE_DECAY times the one before (``rate0`` when one iteration
+    sufficed)."""
     field_at = lambda y: field(t_new, y)  # noqa: E731
     if exact_products:
         f_predict, jvp = jax.linearize(field_at, y_predict)
@@ -237,7 +239,7 @@ def newton_solve(field: Callable, t_new, y_predict, c, psi, scale, tol, exact_pr
         stopped = diverging | converged | (k + 1 >= NEWTON_MAXITER)
         f = jax.lax.cond(stopped, lambda: f, lambda: field(t_new, y))
         done = stopped | ~jnp.all(jnp.isfinite(f))
-        last_rate = jnp.where(k > 0, rate, last_rate)
+        last_rate = jnp.where(k > 0, jnp.maximum(RATE_DECAY * last_rate, rate), last_rate)
         return k + 1, y, d, dy_norm, converged, done, f, nfev + (~stopped).astype(jnp.int32), products + used, last_rate
 
     start = (jnp.zeros((), jnp.int32), y_predict, jnp.zeros_like(y_predict), jnp.array(jnp.nan), jnp.array(False),
