@@ -402,7 +402,7 @@ def make_task_loss(model: Model, task: InductionTask, kind: LossKind = "finite",
                        target_probabilities=jnp.asarray(law.next_law), probability=jnp.asarray(law.probability))
     if kind == "monte_carlo":
         if not isinstance(mc_samples, (int, np.integer)) or mc_samples < 2:
-            raise ValueError(f"{settings['mc_samples']} must be an integer >= 2, got {mc_samples!r}")
+            raise ValueError(f"loss.mc_samples must be an integer >= 2, got {mc_samples!r}")
         sequences = task.sample(mc_samples, mc_seed)
         return Partial(ModelLoss(_sampled_loss_core, model), contexts=jnp.asarray(sequences[:, :-1]),
                        targets=jnp.asarray(sequences[:, -1]))

@@ -72,6 +72,8 @@ def test_exact_loss_matches_monte_carlo_and_the_sampler_matches_the_law():
     p = TASK.law.probability[top]
     assert np.all(np.abs(counts[top] - p) < 5 * np.sqrt(p * (1 - p) / len(sequences)))
     assert float(make_task_loss(model, TASK)(params)) == pytest.approx(exact, rel=1e-14)
+    with pytest.raises(ValueError, match="loss.mc_samples must be an integer >= 2, got 1"):
+        make_task_loss(model, TASK, "monte_carlo", mc_samples=1)
 
 
 def test_positional_forward_matches_an_explicit_loop():
