@@ -306,7 +306,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--methods", default="JaxRadau,Tsit5,LSODA",
-                        help=f"flowsim methods and peers ({', '.join(PEERS)})")
+                        help=f"flowsim methods, variants ({', '.join(VARIANTS)}) and peers ({', '.join(PEERS)})")
     parser.add_argument("--rtols", default="", help="comma-separated tolerances every method runs at (default: each method's own)")
     parser.add_argument("--max-steps", type=int, default=20_000, help="step budget of every method")
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds each (case, method) process may take")
