@@ -27,6 +27,26 @@ def test_logits_depend_on_a_context_only_through_counts_and_query(model):
     np.testing.assert_allclose(model.forward(params, jnp.asarray(shuffled)), positional, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("model", [OneLayerTransformer(d=5, m=3, k=2), OneLayerTransformer(d=5, m=3, k=2, residual=True,
+                                   value_matrix=True, logit_scale="inv_sqrt_k")], ids=["one_layer", "one_layer_options"])
+def test_the_mean_field_logits_are_every_querys_type_weight_logits_at_pi(model):
+    """The mean field uses Φ whole; the type-weight route gathers it per query. Values and gradients agree."""
+    import jax
+
+    params = random_params(model, scale=0.8, seed=5)
+    pi = jnp.asarray([0.35, 0.25, 0.2, 0.15, 0.05])
+
+    def per_query(params):
+        return model.logits_over_types(params, jnp.broadcast_to(jnp.log(pi), (5, 5)), jnp.arange(5))
+
+    np.testing.assert_allclose(model.mean_field_logits(params, pi), per_query(params), rtol=1e-13, atol=1e-14)
+    weights = jnp.asarray(np.random.default_rng(6).normal(size=(5, 5)))
+    gradient = jax.grad(lambda params: jnp.sum(weights * model.mean_field_logits(params, pi)))(params)
+    expected = jax.grad(lambda params: jnp.sum(weights * per_query(params)))(params)
+    for name in params:
+        np.testing.assert_allclose(gradient[name], expected[name], rtol=1e-12, atol=1e-13)
+
+
 def test_models_are_built_from_their_section():
     one = model_from_config(load_config(None, ["model.m=3", "model.residual=true", "model.ffn=glu"]).model, 5)
     assert one == OneLayerTransformer(d=5, m=3, k=8, residual=True)  # a one-layer model has no FFN: ignored
