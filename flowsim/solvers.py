@@ -6,7 +6,7 @@ Methods (each a small object with ``start`` and ``advance``, as diffrax's solver
   (``flowsim.stiff``), with the Jacobian's stiff eigensystem kept so step-size changes cost nothing; it alone
   can integrate a batch of flows at once (``solve_flow_batch``).
 * ``JaxBDF()`` (``flowsim.compiled_methods``): variable-order BDF compiled end to end, its Newton systems
-  solved by GMRES on J·v (``flowsim.bdf``); nothing n × n is held.
+  solved by GMRES on J·v, forward differences of the field by default (``flowsim.bdf``); nothing n × n is held.
 * ``Scipy("LSODA" | "BDF" | "Radau")``, ``Diffrax("Kvaerno5" | "Tsit5" | "Dopri8")`` and
   ``GradientDescent(lr)`` (``flowsim.reference_methods``): scipy's and diffrax's integrators, and
   θ_{n+1} = θ_n - η r(nη) ∇L(θ_n) at t = nη, for comparison.
