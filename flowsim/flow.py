@@ -255,7 +255,9 @@ def gradient_descent_steps(structure: FlowStructure, theta, first, last, lr, los
 
 
 # Compiled once per structure (and loss treedef and shapes): the structure is a static argument.
-ALONG_CHUNK_ENTRIES = 1 << 24  # loss_along / gradient_along: numbers per chunk of rows (a few hundred MB)
+# loss_along / gradient_along: numbers per chunk of rows (tens of MB of temporaries); chunks of 2^24 ran 2-3× slower
+# at d = 256 and 1000 (benchmarks/MEASUREMENTS.md, "JaxBDF: products by difference")
+ALONG_CHUNK_ENTRIES = 1 << 20
 _vector_field_jit = jax.jit(vector_field, static_argnums=0)
 _jacobian_jit = jax.jit(jacobian, static_argnums=0)
 _descend_jit = jax.jit(gradient_descent_steps, static_argnums=0)
