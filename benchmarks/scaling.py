@@ -224,7 +224,7 @@ def in_subprocess(label: str, method: str, rtol=None, atol=None, max_steps=200_0
 
 def fastest_of(repeats: int, run: Callable[[], dict]) -> dict:
     """The run with the shortest solve of ``repeats`` (each in a fresh process): on a shared machine one solve's
-    time varies by up to 1.5× from one process to the next, while the counts do not."""
+    time varies from one process to the next (benchmarks/MEASUREMENTS.md), while the counts do not."""
     rows = [run() for _ in range(repeats)]
     timed = [row for row in rows if row.get("solve_s") is not None]
     best = min(timed, key=lambda row: row["solve_s"]) if timed else rows[-1]

@@ -11,7 +11,8 @@ and a step-size change costs nothing; and the Newton iteration stops as CVODE's 
 (NEWTON_TOLERANCE), not scipy's tighter one, and after one iteration when an earlier step's contraction rate
 says it has converged. A product is a forward difference of the field by default (one field evaluation, accurate
 to about √ε, far inside the Krylov tolerance; the Newton residual itself is always the exact field), or exact from
-``jax.linearize``, whose tangent of a gradient costs about two field evaluations at large d. The whole loop,
+``jax.linearize``, whose tangent of a gradient applies the product rule to every matrix product (the costs:
+benchmarks/MEASUREMENTS.md, "JaxBDF: products by difference"). The whole loop,
 Newton and Krylov iterations included, is one XLA ``while_loop`` with no host round trip.
 
 The parts, each a pure function testable alone:
@@ -61,6 +62,7 @@ NEWTON_TOLERANCE = 0.1
 RATE_REFRESH = 20
 RATE_DECAY = 0.3  # the carried rate falls by at most this factor per measurement (CVODE's CRDOWN): never to 0
 LINEAR_TOLERANCE = 0.3
+JACOBIAN_PRODUCTS = ("difference", "exact")  # how the Newton solves form J·v (BdfProblem)
 ROWS = MAX_ORDER + 3  # D holds the differences of orders 0 .. MAX_ORDER + 2
 
 
@@ -134,8 +136,8 @@ def gmres(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol) -> tuple[
     Returns (x, products used). Arnoldi with modified Gram-Schmidt applied twice over the basis built so far, the
     Hessenberg matrix reduced by Givens rotations as it grows, so the residual is known at each product without
     forming x. (jax.scipy's gmres spends two more products per solve on explicit residuals; a Newton solve here
-    often needs only one or two.) Cost: k products and O(k² n) vector work for k products used: only the k basis
-    vectors built are read, which at n ~ 10⁴ costs less than a field evaluation, where the whole basis would not."""
+    often needs only one or two.) Cost: k products and O(k² n) vector work for k products used: only the basis
+    vectors built so far are read, not the whole KRYLOV_DIM + 1 rows."""
     size = b.shape[0]
     beta = jnp.linalg.norm(b)
     V = jnp.zeros((KRYLOV_DIM + 1, size)).at[0].set(b / jnp.where(beta > 0, beta, 1.0))

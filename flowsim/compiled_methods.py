@@ -240,14 +240,15 @@ class BdfIntegration(Integration):
 class JaxBDF(Method):
     """Variable-order BDF compiled end to end in JAX, its Newton systems solved by GMRES on J·v products
     (``flowsim.bdf``): nothing of size n² is held, so it suits the largest flows. ``jacobian_products``:
-    ``"difference"`` (one field evaluation a product) or ``"exact"`` (``jax.linearize``; about two at large d)."""
+    ``"difference"`` (one field evaluation a product) or ``"exact"`` (``jax.linearize``), ``bdf.JACOBIAN_PRODUCTS``."""
 
     jacobian_products: str = "difference"
     name = "JaxBDF"
 
     def __post_init__(self) -> None:
-        if self.jacobian_products not in ("difference", "exact"):
-            raise ValueError(f"JaxBDF's jacobian_products must be 'difference' or 'exact', got {self.jacobian_products!r}")
+        if self.jacobian_products not in bdf.JACOBIAN_PRODUCTS:
+            expected = " or ".join(repr(route) for route in bdf.JACOBIAN_PRODUCTS)
+            raise ValueError(f"JaxBDF's jacobian_products must be {expected}, got {self.jacobian_products!r}")
 
     def start(self, problem: Problem) -> BdfIntegration:
         flow, times = problem.flow, problem.times

@@ -255,8 +255,8 @@ def gradient_descent_steps(structure: FlowStructure, theta, first, last, lr, los
 
 
 # Compiled once per structure (and loss treedef and shapes): the structure is a static argument.
-# loss_along / gradient_along: numbers per chunk of rows (tens of MB of temporaries); chunks of 2^24 ran 2-3× slower
-# at d = 256 and 1000 (benchmarks/MEASUREMENTS.md, "JaxBDF: products by difference")
+# loss_along / gradient_along: numbers per chunk of rows (tens of MB of temporaries; larger chunks ran slower:
+# benchmarks/MEASUREMENTS.md, "JaxBDF: products by difference")
 ALONG_CHUNK_ENTRIES = 1 << 20
 _vector_field_jit = jax.jit(vector_field, static_argnums=0)
 _jacobian_jit = jax.jit(jacobian, static_argnums=0)

@@ -146,8 +146,8 @@ class OneLayerTransformer:
 
     def mean_field_logits(self, params: Params, pi: jax.Array) -> jax.Array:
         """Logits (d x d) of every query type as s → ∞ (type weights π): ``logits_over_types`` for the queries
-        0..d-1, with Φ used whole rather than gathered row by row (the same numbers; the gather's gradient is a d x d
-        scatter, 14% of a field evaluation at d = 1000)."""
+        0..d-1, with Φ used whole rather than gathered row by row: the same numbers, without the gather's gradient,
+        a d x d scatter (benchmarks/MEASUREMENTS.md, "JaxBDF: products by difference")."""
         attention = jax.nn.softmax(self.attention_logits(params) + jnp.log(pi)[None, :], axis=-1)
         return self.logits_from_attention(params, attention, jnp.arange(self.d))
 
