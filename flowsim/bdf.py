@@ -402,9 +402,9 @@ def build_bdf(problem: BdfProblem, n_save: int, size: int, loss) -> BdfFunctions
 
     started = time.perf_counter()
     y_example, times_example, scalar = jnp.zeros(size), jnp.zeros(n_save), jnp.zeros(())
-    init_compiled = compile_loop(jax.jit(init).lower(y_example, loss, times_example, scalar, scalar, scalar))
+    init_compiled = compile_loop(jax.jit(init).lower(y_example, loss, times_example, scalar, scalar, scalar), size)
     state_example = jax.eval_shape(init, y_example, loss, times_example, scalar, scalar, scalar)
     count = jnp.zeros((), jnp.int32)
     advance_compiled = compile_loop(jax.jit(advance_problem, donate_argnums=0).lower(
-        state_example, loss, times_example, scalar, scalar, scalar, scalar, count, count))
+        state_example, loss, times_example, scalar, scalar, scalar, scalar, count, count), size)
     return BdfFunctions(init_compiled, advance_compiled, time.perf_counter() - started)

@@ -579,14 +579,19 @@ def advance(problem: RadauProblem, state: RadauState, loss, times, t_end, t_stop
     return jax.lax.while_loop(keep_going, step, (state, jnp.zeros((), jnp.int32)))[0]
 
 
-# XLA options for the compiled loop. Its matrix products are tiny (n x 3 by 3 x 3, k x n by
-# n x 3); XLA's own loops run them faster than the YNNPACK library calls it would otherwise
-# make (benchmarks/MEASUREMENTS.md).
+# XLA options for a small flow's compiled loop. Its matrix products are tiny (n x 3 by 3 x 3, k x n by n x 3, the
+# model's d x m blocks); XLA's own loops run them faster than the YNNPACK library calls it would otherwise make.
+# Above LIBRARY_CALLS_ABOVE_SIZE parameters the field's d x d by d x m products dominate and the library calls
+# win (benchmarks/MEASUREMENTS.md, "YNNPACK in the compiled loops"), so a large flow compiles with XLA's defaults.
 COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+LIBRARY_CALLS_ABOVE_SIZE = 1024
 
 
-def compile_loop(lowered: jax.stages.Lowered) -> jax.stages.Compiled:
-    """Compile with ``COMPILER_OPTIONS`` where this XLA knows them (other versions and backends may not)."""
+def compile_loop(lowered: jax.stages.Lowered, size: int) -> jax.stages.Compiled:
+    """Compile a loop over flows of ``size`` parameters: with ``COMPILER_OPTIONS`` up to LIBRARY_CALLS_ABOVE_SIZE,
+    where this XLA knows them (other versions and backends may not), with XLA's defaults above."""
+    if size > LIBRARY_CALLS_ABOVE_SIZE:
+        return lowered.compile()
     try:
         return lowered.compile(compiler_options=dict(COMPILER_OPTIONS))
     except Exception as error:  # XLA raises its runtime error type, which differs across jaxlib versions
@@ -619,10 +624,10 @@ def build_radau(problem: RadauProblem, batch: int, n_save: int, size: int, loss_
     y_example = jnp.zeros((batch, size))
     times_example = jnp.zeros(n_save)
     scalar = jnp.zeros(())
-    init_compiled = compile_loop(jax.jit(init).lower(y_example, loss_batch, times_example, scalar, scalar, scalar))
+    init_compiled = compile_loop(jax.jit(init).lower(y_example, loss_batch, times_example, scalar, scalar, scalar), size)
     state_example = jax.eval_shape(init, y_example, loss_batch, times_example, scalar, scalar, scalar)
     # The state is donated: each call updates it in place instead of copying the save buffer.
     advance_compiled = compile_loop(jax.jit(advance_problem, donate_argnums=0).lower(
         state_example, loss_batch, times_example, scalar, scalar, scalar, scalar, jnp.zeros((), jnp.int32),
-        jnp.zeros((), jnp.int32)))
+        jnp.zeros((), jnp.int32)), size)
     return RadauFunctions(init_compiled, advance_compiled, time.perf_counter() - started)

@@ -119,21 +119,24 @@ def test_compilation_cache_location(tmp_path, setting, expected):
 
 
 def test_compiler_options_reach_xla_and_unknown_ones_fall_back(monkeypatch):
-    """JaxRadau compiles with ``stiff.COMPILER_OPTIONS`` (its small products as XLA loops, not
-    library calls); an XLA that does not know an option compiles without it, other errors still raise."""
+    """A small flow's loop compiles with ``stiff.COMPILER_OPTIONS`` (its small products as XLA loops, not
+    library calls), a flow above ``LIBRARY_CALLS_ABOVE_SIZE`` with XLA's defaults; an XLA that does not know an
+    option compiles without it, other errors still raise."""
     import jax
     import jax.numpy as jnp
 
     lowered = jax.jit(lambda a, b: jnp.tanh(a @ b) @ b).lower(jnp.ones((192, 3)), jnp.ones((3, 3)))
-    default, ours = lowered.compile().as_text(), stiff.compile_loop(lowered).as_text()
-    if "ynn_fusion" not in default:
+    small, large = stiff.LIBRARY_CALLS_ABOVE_SIZE, stiff.LIBRARY_CALLS_ABOVE_SIZE + 1
+    if "ynn_fusion" not in lowered.compile().as_text():
         pytest.skip("this XLA makes no YNNPACK library calls")
-    assert "ynn_fusion" not in ours
+    assert "ynn_fusion" not in stiff.compile_loop(lowered, small).as_text()
+    assert "ynn_fusion" in stiff.compile_loop(lowered, large).as_text()
     monkeypatch.setattr(stiff, "COMPILER_OPTIONS", {"xla_flowsim_no_such_option": ""})
-    assert "ynn_fusion" in stiff.compile_loop(lowered).as_text()
+    assert "ynn_fusion" in stiff.compile_loop(lowered, small).as_text()
     monkeypatch.setattr(stiff, "COMPILER_OPTIONS", {"xla_cpu_experimental_ynn_fusion_type": 3.5})
     with pytest.raises(Exception):
-        stiff.compile_loop(lowered)
+        stiff.compile_loop(lowered, small)
+    stiff.compile_loop(lowered, large)  # the options are not read above the threshold
 
 
 # ---------------------------------------------------------------------------------
