@@ -192,3 +192,24 @@ def test_steps_end_on_the_kinks_and_a_chunked_run_takes_the_same_steps(small_pro
     assert int(state.n_steps) == int(whole.n_steps)
     exact = np.stack([expm(-2 * A * max(t - 2.5, 0.0)) @ expm(-A * min(t, 2.5)) @ y0 for t in times])
     assert np.abs(np.asarray(whole.saved) - exact).max() < 1e-5
+
+
+def test_the_compiled_loop_keeps_library_calls_only_above_the_size_threshold():
+    """``build_bdf`` passes the flow's size to ``stiff.compile_loop``: a field of dense products compiles to YNNPACK
+    calls above ``LIBRARY_CALLS_ABOVE_SIZE`` parameters and to XLA's own loops at it."""
+    from flowsim import stiff
+
+    def linear_field(t, y, matrix):
+        return -(matrix @ y.reshape(-1, 32)).reshape(-1) * 1e-3
+
+    problem = bdf.BdfProblem(linear_field, ())
+    plain = jax.jit(lambda y, matrix: linear_field(0.0, y, matrix))
+    texts = {}
+    for size in (stiff.LIBRARY_CALLS_ABOVE_SIZE, stiff.LIBRARY_CALLS_ABOVE_SIZE + 32):
+        matrix = jnp.eye(size // 32)
+        if "ynn_fusion" not in plain.lower(jnp.zeros(size), matrix).compile().as_text():
+            pytest.skip("this XLA makes no YNNPACK library calls")
+        texts[size] = bdf.build_bdf(problem, 2, size, matrix).advance.as_text()
+    small, large = sorted(texts)
+    assert "ynn_fusion" not in texts[small]
+    assert "ynn_fusion" in texts[large]
