@@ -133,7 +133,7 @@ def rescale(D: jax.Array, order, factor) -> jax.Array:
 
 def gmres(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol) -> tuple[jax.Array, jax.Array]:
     """x with ‖b - A x‖₂ <= tol, or the least-squares x over the Krylov space of KRYLOV_DIM products, from x0 = 0.
-    Returns (x, products used). Arnoldi with modified Gram-Schmidt applied twice over the basis built so far, the
+    Returns (x, products used). Arnoldi with modified Gram-Schmidt over the basis built so far, the
     Hessenberg matrix reduced by Givens rotations as it grows, so the residual is known at each product without
     forming x. (jax.scipy's gmres spends two more products per solve on explicit residuals; a Newton solve here
     often needs only one or two.) Cost: k products and O(k² n) vector work for k products used: only the basis
@@ -160,8 +160,8 @@ def gmres(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol) -> tuple[
 
     def arnoldi_step(carry):
         k, V, R, rotations, g = carry
+        # one pass: GMRES with modified Gram-Schmidt is backward stable (Paige, Rozložník & Strakoš 2006)
         w, column = orthogonalise(V, k, matvec(V[k]), jnp.zeros(KRYLOV_DIM + 1))
-        w, column = orthogonalise(V, k, w, column)  # twice is enough (Giraud et al.)
         norm = jnp.linalg.norm(w)
         V = V.at[k + 1].set(jnp.where(norm > 0, w / jnp.where(norm > 0, norm, 1.0), 0.0))
         column = column.at[k + 1].set(norm)

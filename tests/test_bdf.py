@@ -67,6 +67,24 @@ def test_gmres_solves_a_small_system_exactly_and_stops_at_its_tolerance():
     assert 0 < int(used_loose) < int(used)
 
 
+def test_gmres_with_one_gram_schmidt_pass_reports_its_true_residual_on_an_ill_conditioned_system():
+    """Modified Gram-Schmidt once (no reorthogonalisation) on I + cH with H's eigenvalues over ten decades, as on a
+    stiff flow: the residual GMRES stops on is the true one down to Newton's tolerances, and below them the solution is
+    backward stable (Paige, Rozložník & Strakoš 2006): ‖b - A x‖ within a small multiple of ε ‖A‖ ‖x‖."""
+    rng = np.random.default_rng(5)
+    n = bdf.KRYLOV_DIM
+    Q = np.linalg.qr(rng.normal(size=(n, n)))[0]
+    A = Q @ np.diag(1 + np.logspace(-2, 8, n)) @ Q.T
+    b = rng.normal(size=n)
+    for tol in (1e-2, 1e-4, 1e-6, 1e-12):
+        x, used = bdf.gmres(lambda v: jnp.asarray(A) @ v, jnp.asarray(b), tol * np.linalg.norm(b))
+        x = np.asarray(x)
+        residual = np.linalg.norm(b - A @ x)
+        floor = 100 * np.finfo(float).eps * np.linalg.norm(A, 2) * np.linalg.norm(x)
+        assert residual <= max(1.01 * tol * np.linalg.norm(b), floor), (tol, residual, floor, int(used))
+    assert tol * np.linalg.norm(b) < floor  # the last tolerance is below what any GMRES in floating point reaches
+
+
 def test_newton_solve_reaches_the_implicit_equation_of_a_linear_step():
     rng = np.random.default_rng(1)
     n = 10
