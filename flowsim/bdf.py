@@ -2,14 +2,16 @@
 
 The formulas, error estimates and step-size and order control are scipy's ``BDF`` (the NDF formulas of
 Shampine & Reichelt, orders 1 to 5, in quasi-constant step size: the backward differences D are rescaled
-when h changes). Two things differ, which suit large gradient flows. Each simplified-Newton system
+when h changes), except that the step and order chosen after q + 1 equal steps are CVODE's: each order's
+error estimate is weighted by CVODE's bias (BIAS) in place of scipy's safety factor, which halves the rejected
+steps of a gradient flow. Two more things differ, which suit large gradient flows. Each simplified-Newton system
 
     (I - c J) Δ = c f(y) - ψ - d,      c = h / α_q,
 
 is solved by GMRES on products J·v at the step's predicted point, so nothing of size n² is formed or factorised
 and a step-size change costs nothing; and the Newton iteration stops as CVODE's does: at CVODE's tolerance
-(NEWTON_TOLERANCE), not scipy's tighter one, and after one iteration when an earlier step's contraction rate
-says it has converged. A product is a forward difference of the field by default (one field evaluation, accurate
+(NEWTON_TOLERANCE over the order's error constant), not scipy's tighter one, and after one iteration when an
+earlier step's contraction rate says it has converged. A product is a forward difference of the field by default (one field evaluation, accurate
 to about √ε, far inside the Krylov tolerance; the Newton residual itself is always the exact field), or exact from
 ``jax.linearize``, whose tangent of a gradient applies the product rule to every matrix product (the costs:
 benchmarks/MEASUREMENTS.md, "JaxBDF: products by difference"). The whole loop,
@@ -52,9 +54,10 @@ GAMMA = np.hstack((0.0, np.cumsum(1 / np.arange(1, MAX_ORDER + 1))))
 ALPHA = (1 - KAPPA) * GAMMA
 ERROR_CONST = KAPPA * GAMMA + 1 / np.arange(1, MAX_ORDER + 2)
 KRYLOV_DIM = 20  # GMRES products per Newton solve at most (as the benchmark's CVODE peer is set)
-# The Newton iteration stops at this RMS of its last correction in units of the error tolerance (CVODE's nlscoef;
-# scipy's tighter min(0.03, √rtol) costs more J·v for the same loss error), and each Krylov solve at this fraction
-# of it (an inexact Newton step): benchmarks/MEASUREMENTS.md, "JaxBDF".
+# The Newton iteration stops at this RMS of its last correction in units of the error test, NEWTON_TOLERANCE /
+# ERROR_CONST[q] in the error tolerance's (CVODE's nlscoef / tq[2]; scipy's tighter min(0.03, √rtol) costs more J·v
+# for the same loss error), and each Krylov solve at LINEAR_TOLERANCE × NEWTON_TOLERANCE, not of the order's looser
+# tolerance: an inexact solve's residue in D otherwise feeds rejections (benchmarks/MEASUREMENTS.md, "JaxBDF").
 NEWTON_TOLERANCE = 0.1
 # The Newton iteration may stop after its first correction when that correction times the last contraction rate
 # measured is below tolerance (CVODE's test); the rate is forgotten after a rejected step and every RATE_REFRESH
@@ -62,6 +65,9 @@ NEWTON_TOLERANCE = 0.1
 RATE_REFRESH = 20
 RATE_DECAY = 0.3  # the carried rate falls by at most this factor per measurement (CVODE's CRDOWN): never to 0
 LINEAR_TOLERANCE = 0.3
+# CVODE's BIAS1-3: the step after q + 1 equal steps is the largest of (BIAS_j · error_j)^(-1/(q + j)) over the
+# orders q - 1, q, q + 1 (benchmarks/MEASUREMENTS.md, "JaxBDF: CVODE's step-size biases")
+BIAS = (6.0, 6.0, 10.0)
 JACOBIAN_PRODUCTS = ("difference", "exact")  # how the Newton solves form J·v (BdfProblem)
 ROWS = MAX_ORDER + 3  # D holds the differences of orders 0 .. MAX_ORDER + 2
 
@@ -207,13 +213,14 @@ def difference_product(field_at: Callable, y: jax.Array, f_y: jax.Array, u: jax.
 
 
 def newton_solve(field: Callable, t_new, y_predict, c, psi, scale, tol, exact_products: bool = False,
-                 rate0=1.0) -> NewtonResult:
+                 rate0=1.0, linear_tol=None) -> NewtonResult:
     """scipy's ``solve_bdf_system``: at most NEWTON_MAXITER iterations y ← y + Δ, (I - c J) Δ = c f(y) - ψ - d,
     J the field's Jacobian at ``y_predict`` applied by forward differences (``difference_product``) or, with
     ``exact_products``, by ``jax.linearize``; stopped as diverging when the contraction rate ρ >= 1 or
     ρ^(left)/(1-ρ) ‖Δ‖ > tol, converged when ρ/(1-ρ) ‖Δ‖ < tol (norms scaled by ``scale``), or at the first
     iteration when min(1, ρ₀) ‖Δ‖ < tol with ρ₀ = ``rate0`` an earlier step's rate (CVODE's test; ρ₀ = 1 asks for
-    ‖Δ‖ < tol). Each Δ is GMRES's in scaled variables, to a residual of LINEAR_TOLERANCE × tol (RMS). Returns the
+    ‖Δ‖ < tol). Each Δ is GMRES's in scaled variables, to a residual of ``linear_tol`` (RMS; LINEAR_TOLERANCE ×
+    tol when not given). Returns the
     rate to carry: the last measured, but at least RATE_DECAY times the one before (``rate0`` when one iteration
     sufficed)."""
     field_at = lambda y: field(t_new, y)  # noqa: E731
@@ -223,7 +230,7 @@ def newton_solve(field: Callable, t_new, y_predict, c, psi, scale, tol, exact_pr
         f_predict = field_at(y_predict)
         jvp = lambda u: difference_product(field_at, y_predict, f_predict, u)  # noqa: E731
     size = y_predict.shape[0]
-    residual_tol = LINEAR_TOLERANCE * tol * jnp.sqrt(size)
+    residual_tol = (LINEAR_TOLERANCE * tol if linear_tol is None else linear_tol) * jnp.sqrt(size)
 
     def matvec(v):
         return v - c * jvp(v * scale) / scale
@@ -251,16 +258,19 @@ def newton_solve(field: Callable, t_new, y_predict, c, psi, scale, tol, exact_pr
     return NewtonResult(converged, k, y, d, nfev if exact_products else nfev + products, products, last_rate)
 
 
-def order_change(order, error_norm, D, scale, safety):
-    """scipy's order selection after ``order + 1`` equal steps: the order among q - 1, q, q + 1 whose error
-    estimate (ERROR_CONST × the differences D[q], d, D[q + 2]) allows the largest step, and that step's factor
-    (capped at MAX_FACTOR). Returns (new order, factor)."""
+def order_change(order, error_norm, D, scale):
+    """The order and step after ``order + 1`` equal steps: among q - 1, q, q + 1, the order whose error estimate
+    e_j (scipy's: ERROR_CONST × the differences D[q], d, D[q + 2]) allows the largest step, by CVODE's rule
+    factor_j = (BIAS_j e_j)^(-1/(q + j)), j = 0, 1, 2, the factor capped at MAX_FACTOR; order and step stay when no
+    factor reaches 1 (CVODE keeps them below its THRESH = 1.5). Returns (new order, factor)."""
     constants = jnp.asarray(ERROR_CONST)
     below = jnp.where(order > 1, _rms(constants[jnp.maximum(order - 1, 0)] * D[order] / scale), jnp.inf)
     above = jnp.where(order < MAX_ORDER, _rms(constants[jnp.minimum(order + 1, MAX_ORDER)] * D[order + 2] / scale), jnp.inf)
-    norms = jnp.stack([below, error_norm, above])
+    norms = jnp.asarray(BIAS) * jnp.stack([below, error_norm, above])
     factors = norms ** (-1.0 / (order + jnp.arange(3)))
-    return (order + jnp.argmax(factors) - 1).astype(order.dtype), jnp.minimum(MAX_FACTOR, safety * jnp.max(factors))
+    grows = jnp.max(factors) >= 1.0
+    new_order = jnp.where(grows, order + jnp.argmax(factors) - 1, order).astype(order.dtype)
+    return new_order, jnp.where(grows, jnp.minimum(MAX_FACTOR, jnp.max(factors)), 1.0)
 
 
 def interpolate(D: jax.Array, t, h, order, tau) -> jax.Array:
@@ -333,8 +343,9 @@ def attempt_step(problem: BdfProblem, state: BdfState, loss, times, t_end, rtol,
     psi = jnp.where((rows >= 1) & (rows <= order), jnp.asarray(np.pad(GAMMA, (0, ROWS - len(GAMMA)))), 0.0) @ D
     psi = psi / jnp.asarray(ALPHA)[order]
     c = h / jnp.asarray(ALPHA)[order]
-    newton = newton_solve(field, t_new, y_predict, c, psi, scale, NEWTON_TOLERANCE,
-                          exact_products=problem.jacobian_products == "exact", rate0=state.rate)
+    newton = newton_solve(field, t_new, y_predict, c, psi, scale, NEWTON_TOLERANCE / jnp.asarray(ERROR_CONST)[order],
+                          exact_products=problem.jacobian_products == "exact", rate0=state.rate,
+                          linear_tol=LINEAR_TOLERANCE * NEWTON_TOLERANCE)
 
     safety = 0.9 * (2 * NEWTON_MAXITER + 1) / (2 * NEWTON_MAXITER + newton.n_iter)
     scale = atol + rtol * jnp.abs(newton.y)
@@ -345,7 +356,7 @@ def attempt_step(problem: BdfProblem, state: BdfState, loss, times, t_end, rtol,
     D_accepted = differences_after_step(D, newton.d, order)
     changes = n_equal + 1 >= order + 1
     # the order change's norms and the rescalings only when used: fewer kernels a step (MEASUREMENTS, JaxBDF at d = 64)
-    new_order, grow = jax.lax.cond(changes & accept, lambda: order_change(order, error, D_accepted, scale, safety),
+    new_order, grow = jax.lax.cond(changes & accept, lambda: order_change(order, error, D_accepted, scale),
                                    lambda: (order, jnp.ones((), D.dtype)))
     factor = jnp.where(accept, jnp.where(changes, grow, 1.0), shrink)
     D_next = jnp.where(accept, D_accepted, D)

@@ -52,6 +52,30 @@ def test_difference_update_after_a_step_is_scipys_loop(order):
                                rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.parametrize("order", [1, 3, 5])
+def test_order_change_takes_the_order_allowing_the_largest_biased_step(order):
+    """CVODE's rule on differences whose error estimates are set: e_j = ERROR_CONST · RMS of D[q] (order q - 1),
+    of the correction (order q), of D[q + 2] (order q + 1), each step factor (BIAS_j e_j)^(-1/(q + j))."""
+    n = 6
+    scale = np.full(n, 1e-3)
+    for below, current, above in ((1e-3, 1e-2, 1e-1), (1e-1, 1e-2, 1e-3), (1e-4, 1e-4, 1e-4), (0.5, 0.9, 0.7)):
+        D = np.zeros((bdf.ROWS, n))
+        D[order] = below / bdf.ERROR_CONST[max(order - 1, 0)] * scale
+        D[order + 2] = above / bdf.ERROR_CONST[min(order + 1, bdf.MAX_ORDER)] * scale
+        new_order, factor = bdf.order_change(jnp.int32(order), current, jnp.asarray(D), jnp.asarray(scale))
+        candidates = {order: (6 * current) ** (-1 / (order + 1))}
+        if order > 1:
+            candidates[order - 1] = (6 * below) ** (-1 / order)
+        if order < bdf.MAX_ORDER:
+            candidates[order + 1] = (10 * above) ** (-1 / (order + 2))
+        best = max(candidates, key=candidates.get)
+        if candidates[best] < 1:  # no order allows a longer step: keep order and step
+            assert (int(new_order), float(factor)) == (order, 1.0)
+        else:
+            assert int(new_order) == best
+            assert float(factor) == pytest.approx(min(bdf.MAX_FACTOR, candidates[best]), rel=1e-12)
+
+
 def test_gmres_solves_a_small_system_exactly_and_stops_at_its_tolerance():
     rng = np.random.default_rng(0)
     n = 15  # below KRYLOV_DIM: the Krylov space reaches the whole space
@@ -162,8 +186,9 @@ def small_bdf(small_problem):
 
 @pytest.mark.parametrize("rtol", [1e-4, 1e-7])
 def test_the_whole_method_follows_scipys_bdf(small_problem, small_bdf, rtol):
-    """Same formulas and step control as scipy's BDF (exact J·v, as scipy's Jacobian is) on a stiff nonlinear
-    system: about the same steps and error; CVODE's Newton stopping takes fewer field evaluations."""
+    """Same formulas as scipy's BDF (exact J·v, as scipy's Jacobian is) on a stiff nonlinear system: about its error
+    and steps (CVODE's biases choose steps up to about a fifth shorter than scipy's safety factor, and the step-size
+    path moves by ±20% with last-digit changes); CVODE's Newton stopping takes fewer field evaluations."""
     A, y0, times, reference, scipy_runs = small_problem
     state = run_small_bdf(small_bdf["exact"], A, y0, times, rtol)
     assert int(state.status) == bdf.FINISHED and int(state.n_saved) == len(times)
@@ -171,7 +196,7 @@ def test_the_whole_method_follows_scipys_bdf(small_problem, small_bdf, rtol):
     scipy_error = np.abs(scipy_runs[rtol].y.T - reference.y.T).max()
     assert error < 3 * scipy_error + 1e-12
     scipy_steps = len(scipy_runs[rtol].sol.ts) - 1  # accepted steps: the dense output's pieces
-    assert abs(int(state.n_steps) - scipy_steps) <= 0.2 * scipy_steps
+    assert 0.8 * scipy_steps <= int(state.n_steps) <= 1.5 * scipy_steps
     assert int(state.nfev) < scipy_runs[rtol].nfev
     np.testing.assert_array_equal(np.asarray(state.saved[0]), y0)
 

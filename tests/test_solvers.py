@@ -82,8 +82,9 @@ def test_non_finite_state_and_solver_failure_are_reported():
         kept = stiff.trajectory
         before = kept.t < 0.5
         assert np.count_nonzero(before) == 5 and len(kept) <= 6, method
-        # to each method's accuracy at its default rtol (JaxBDF's formulas are of order 5 at most)
-        accuracy = 1e-5 if method == "JaxBDF" else 1e-6
+        # to each method's accuracy at its default rtol; JaxBDF's formulas are of order 5 at most, and by t = 0.4 the
+        # blow-up has amplified earlier errors (1 - 2t)^(-3/2) = 11-fold: 1.2e-5 there at its default rtol of 1e-7
+        accuracy = 3e-5 if method == "JaxBDF" else 1e-6
         np.testing.assert_allclose(kept.params["theta"][before, 0], 1 / np.sqrt(1 - 2 * kept.t[before]), rtol=accuracy)
 
 
