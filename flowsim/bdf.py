@@ -11,8 +11,9 @@ steps of a gradient flow. Two more things differ, which suit large gradient flow
 is solved by GMRES on products J·v at the step's predicted point, so nothing of size n² is formed or factorised
 and a step-size change costs nothing; and the Newton iteration stops as CVODE's does: at CVODE's tolerance
 (NEWTON_TOLERANCE over the order's error constant), not scipy's tighter one, and after one iteration when an
-earlier step's contraction rate says it has converged. A product is a forward difference of the field by default (one field evaluation, accurate
-to about √ε, far inside the Krylov tolerance; the Newton residual itself is always the exact field), or exact from
+earlier step's contraction rate says it has converged. A product is a forward difference of the field by default
+(one field evaluation, accurate to about √ε, far inside the Krylov tolerance; the Newton residual itself is always
+the exact field), or exact from
 ``jax.linearize``, whose tangent of a gradient applies the product rule to every matrix product (the costs:
 benchmarks/MEASUREMENTS.md, "JaxBDF: products by difference"). The whole loop,
 Newton and Krylov iterations included, is one XLA ``while_loop`` with no host round trip.
@@ -54,10 +55,11 @@ GAMMA = np.hstack((0.0, np.cumsum(1 / np.arange(1, MAX_ORDER + 1))))
 ALPHA = (1 - KAPPA) * GAMMA
 ERROR_CONST = KAPPA * GAMMA + 1 / np.arange(1, MAX_ORDER + 2)
 KRYLOV_DIM = 20  # GMRES products per Newton solve at most (as the benchmark's CVODE peer is set)
-# The Newton iteration stops at this RMS of its last correction in units of the error test, NEWTON_TOLERANCE /
-# ERROR_CONST[q] in the error tolerance's (CVODE's nlscoef / tq[2]; scipy's tighter min(0.03, √rtol) costs more J·v
-# for the same loss error), and each Krylov solve at LINEAR_TOLERANCE × NEWTON_TOLERANCE, not of the order's looser
-# tolerance: an inexact solve's residue in D otherwise feeds rejections (benchmarks/MEASUREMENTS.md, "JaxBDF").
+# The Newton iteration stops when its last correction times ERROR_CONST[q] (as the error test weighs it), RMS in
+# units of the error tolerance, is below NEWTON_TOLERANCE (CVODE's nlscoef over tq[2]; scipy's tighter min(0.03,
+# √rtol) on the unweighted correction costs more J·v for the same loss error), and each Krylov solve at
+# LINEAR_TOLERANCE × NEWTON_TOLERANCE unweighted: relative to the order's looser Newton tolerance, an inexact solve's
+# residue in D feeds rejections (benchmarks/MEASUREMENTS.md, "JaxBDF").
 NEWTON_TOLERANCE = 0.1
 # The Newton iteration may stop after its first correction when that correction times the last contraction rate
 # measured is below tolerance (CVODE's test); the rate is forgotten after a rejected step and every RATE_REFRESH
@@ -66,7 +68,8 @@ RATE_REFRESH = 20
 RATE_DECAY = 0.3  # the carried rate falls by at most this factor per measurement (CVODE's CRDOWN): never to 0
 LINEAR_TOLERANCE = 0.3
 # CVODE's BIAS1-3: the step after q + 1 equal steps is the largest of (BIAS_j · error_j)^(-1/(q + j)) over the
-# orders q - 1, q, q + 1 (benchmarks/MEASUREMENTS.md, "JaxBDF: CVODE's step-size biases")
+# orders q - 1, q, q + 1 (benchmarks/MEASUREMENTS.md, "JaxBDF: one Gram-Schmidt pass, and CVODE's step-size biases
+# and Newton tolerance")
 BIAS = (6.0, 6.0, 10.0)
 JACOBIAN_PRODUCTS = ("difference", "exact")  # how the Newton solves form J·v (BdfProblem)
 ROWS = MAX_ORDER + 3  # D holds the differences of orders 0 .. MAX_ORDER + 2
@@ -220,9 +223,8 @@ def newton_solve(field: Callable, t_new, y_predict, c, psi, scale, tol, exact_pr
     ρ^(left)/(1-ρ) ‖Δ‖ > tol, converged when ρ/(1-ρ) ‖Δ‖ < tol (norms scaled by ``scale``), or at the first
     iteration when min(1, ρ₀) ‖Δ‖ < tol with ρ₀ = ``rate0`` an earlier step's rate (CVODE's test; ρ₀ = 1 asks for
     ‖Δ‖ < tol). Each Δ is GMRES's in scaled variables, to a residual of ``linear_tol`` (RMS; LINEAR_TOLERANCE ×
-    tol when not given). Returns the
-    rate to carry: the last measured, but at least RATE_DECAY times the one before (``rate0`` when one iteration
-    sufficed)."""
+    tol when not given). Returns the rate to carry: the last measured, but at least RATE_DECAY times the one before
+    (``rate0`` when one iteration sufficed)."""
     field_at = lambda y: field(t_new, y)  # noqa: E731
     if exact_products:
         f_predict, jvp = jax.linearize(field_at, y_predict)
