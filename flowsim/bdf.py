@@ -13,10 +13,9 @@ and a step-size change costs nothing; and the Newton iteration stops as CVODE's 
 (NEWTON_TOLERANCE over the order's error constant), not scipy's tighter one, and after one iteration when an
 earlier step's contraction rate says it has converged. A product is a forward difference of the field by default
 (one field evaluation, accurate to about √ε, far inside the Krylov tolerance; the Newton residual itself is always
-the exact field), or exact from
-``jax.linearize``, whose tangent of a gradient applies the product rule to every matrix product (the costs:
-benchmarks/MEASUREMENTS.md, "JaxBDF: products by difference"). The whole loop,
-Newton and Krylov iterations included, is one XLA ``while_loop`` with no host round trip.
+the exact field), or exact from ``jax.linearize``, whose tangent of a gradient applies the product rule to every
+matrix product (the costs: benchmarks/MEASUREMENTS.md, "JaxBDF: products by difference"). The whole loop, Newton and
+Krylov iterations included, is one XLA ``while_loop`` with no host round trip.
 
 The parts, each a pure function testable alone:
 
@@ -215,15 +214,14 @@ def difference_product(field_at: Callable, y: jax.Array, f_y: jax.Array, u: jax.
     return (field_at(y + sigma * u) - f_y) / sigma
 
 
-def newton_solve(field: Callable, t_new, y_predict, c, psi, scale, tol, exact_products: bool = False,
-                 rate0=1.0, linear_tol=None) -> NewtonResult:
+def newton_solve(field: Callable, t_new, y_predict, c, psi, scale, tol, linear_tol, exact_products: bool = False,
+                 rate0=1.0) -> NewtonResult:
     """scipy's ``solve_bdf_system``: at most NEWTON_MAXITER iterations y ← y + Δ, (I - c J) Δ = c f(y) - ψ - d,
     J the field's Jacobian at ``y_predict`` applied by forward differences (``difference_product``) or, with
     ``exact_products``, by ``jax.linearize``; stopped as diverging when the contraction rate ρ >= 1 or
     ρ^(left)/(1-ρ) ‖Δ‖ > tol, converged when ρ/(1-ρ) ‖Δ‖ < tol (norms scaled by ``scale``), or at the first
     iteration when min(1, ρ₀) ‖Δ‖ < tol with ρ₀ = ``rate0`` an earlier step's rate (CVODE's test; ρ₀ = 1 asks for
-    ‖Δ‖ < tol). Each Δ is GMRES's in scaled variables, to a residual of ``linear_tol`` (RMS; LINEAR_TOLERANCE ×
-    tol when not given). Returns the rate to carry: the last measured, but at least RATE_DECAY times the one before
+    ‖Δ‖ < tol). Each Δ is GMRES's in scaled variables, to a residual of ``linear_tol`` (RMS). Returns the rate to carry: the last measured, but at least RATE_DECAY times the one before
     (``rate0`` when one iteration sufficed)."""
     field_at = lambda y: field(t_new, y)  # noqa: E731
     if exact_products:
@@ -232,7 +230,7 @@ def newton_solve(field: Callable, t_new, y_predict, c, psi, scale, tol, exact_pr
         f_predict = field_at(y_predict)
         jvp = lambda u: difference_product(field_at, y_predict, f_predict, u)  # noqa: E731
     size = y_predict.shape[0]
-    residual_tol = (LINEAR_TOLERANCE * tol if linear_tol is None else linear_tol) * jnp.sqrt(size)
+    residual_tol = linear_tol * jnp.sqrt(size)
 
     def matvec(v):
         return v - c * jvp(v * scale) / scale
@@ -346,8 +344,8 @@ def attempt_step(problem: BdfProblem, state: BdfState, loss, times, t_end, rtol,
     psi = psi / jnp.asarray(ALPHA)[order]
     c = h / jnp.asarray(ALPHA)[order]
     newton = newton_solve(field, t_new, y_predict, c, psi, scale, NEWTON_TOLERANCE / jnp.asarray(ERROR_CONST)[order],
-                          exact_products=problem.jacobian_products == "exact", rate0=state.rate,
-                          linear_tol=LINEAR_TOLERANCE * NEWTON_TOLERANCE)
+                          LINEAR_TOLERANCE * NEWTON_TOLERANCE, exact_products=problem.jacobian_products == "exact",
+                          rate0=state.rate)
 
     safety = 0.9 * (2 * NEWTON_MAXITER + 1) / (2 * NEWTON_MAXITER + newton.n_iter)
     scale = atol + rtol * jnp.abs(newton.y)

@@ -116,7 +116,7 @@ def test_newton_solve_reaches_the_implicit_equation_of_a_linear_step():
     y_predict, psi = rng.normal(size=n), 0.01 * rng.normal(size=n)
     c = 0.05
     newton = bdf.newton_solve(lambda t, y: -jnp.asarray(A) @ y, 1.0, jnp.asarray(y_predict), c, jnp.asarray(psi),
-                              jnp.full(n, 1e-6), 1e-3)
+                              jnp.full(n, 1e-6), 1e-3, bdf.LINEAR_TOLERANCE * 1e-3)
     # c f(y) - ψ - d = 0 with y = y_pred + d and f = -A y
     d = np.linalg.solve(np.eye(n) + c * A, -c * A @ y_predict - psi)
     assert bool(newton.converged) and int(newton.n_iter) == 2  # no earlier rate: a second iteration confirms
@@ -124,7 +124,7 @@ def test_newton_solve_reaches_the_implicit_equation_of_a_linear_step():
     first_norm = float(np.sqrt(np.mean((d / 1e-6) ** 2)))
     for rate0, iterations in ((0.5e-3 / first_norm, 1), (2e-3 / first_norm, 2)):  # CVODE's test: min(1, ρ₀)‖Δ‖ < tol
         newton = bdf.newton_solve(lambda t, y: -jnp.asarray(A) @ y, 1.0, jnp.asarray(y_predict), c, jnp.asarray(psi),
-                                  jnp.full(n, 1e-6), 1e-3, rate0=rate0)
+                                  jnp.full(n, 1e-6), 1e-3, bdf.LINEAR_TOLERANCE * 1e-3, rate0=rate0)
         assert bool(newton.converged) and int(newton.n_iter) == iterations, rate0
         np.testing.assert_allclose(np.asarray(newton.d), d, rtol=1e-6, atol=1e-9)
 
