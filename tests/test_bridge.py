@@ -175,6 +175,38 @@ def test_bad_bridge_settings_are_named(tmp_path):
             train(load_bridge_config(None, ["data.device='cuda'"]), tmp_path / "cuda", progress=False)
 
 
+def test_a_large_chains_run_folds_its_states_as_a_text_run_folds_its_tokens(tmp_path):
+    """A chain above MARKOV_UNFOLDED_STATES states records attention over its 8 likeliest states and "other" (not
+    d x d at every checkpoint); a smaller one keeps its states unless log.track names some."""
+    from flowsim.bridge.train import MARKOV_UNFOLDED_STATES, build_data, type_names
+
+    d = MARKOV_UNFOLDED_STATES + 6
+    weights = np.random.default_rng(3).permutation(1.0 / np.arange(1, d + 1))  # the likeliest states are not 0, 1, ...
+    pi = (weights / weights.sum()).tolist()
+    settings = [f"chain.pi={pi}", "chain.lam=0.5", "optim.steps=6", "log.n_checkpoints=3", "data.batch_size=16",
+                "data.s=8", "log.probe_per_type=4", "log.val_batches=1", "model.init_eps=0.1"]
+    config = load_bridge_config(None, settings)
+    fold = build_data(config).fold()
+    likeliest = np.argsort(-np.asarray(pi), kind="stable")
+    np.testing.assert_array_equal(fold[likeliest[:8]], np.arange(8))
+    assert np.all(fold[likeliest[8:]] == 8)
+    assert type_names(build_data(config)) == [str(i) for i in likeliest[:8]] + ["other"]
+    train(config, tmp_path / "run", progress=False)
+    attention = flowsim.observables.Observables.load(tmp_path / "run")["attention"]
+    assert attention.shape[1:] == (9, 9)
+    np.testing.assert_allclose(attention.sum(axis=2), 1.0, atol=1e-6)
+
+    unfolded = build_data(load_bridge_config(None, [*settings, f"log.fold_d={d - 1}"])).fold()
+    assert len(np.unique(unfolded)) == d and np.all(unfolded[likeliest] == np.arange(d))
+    small = lambda *more: build_data(load_bridge_config(None, list(more))).fold()  # noqa: E731  the paper chain
+    np.testing.assert_array_equal(small("log.fold_d=2"), np.arange(4))
+    np.testing.assert_array_equal(small("log.fold_d=2", "log.track=['3']"), [0, 1, 3, 2])
+    for bad, named in ((["log.fold_d=1", "log.track=['2']"], "log.fold_d = 1 is invalid: expected an integer in [2, 3]"),
+                       (["log.track=['7']"], "log.track names states outside the vocabulary: ['7']")):
+        with pytest.raises(flowsim.config.ConfigError, match=re.escape(named)):
+            small(*bad)
+
+
 @needs_data
 def test_corpus_statistics_match_independent_counts():
     corpus = load_corpus("wikitext2", 500, DATA_DIR)

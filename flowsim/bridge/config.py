@@ -98,8 +98,9 @@ class LogConfig(Section):
     n_checkpoints: int = key(60, "log-spaced steps at which the observables are recorded", ge=3)
     val_batches: PositiveInt = key(4, "batches of the validation loss at each checkpoint")
     probe_per_type: PositiveInt = key(64, "two_layer/gpt: probe sequences per type")
-    fold_d: PositiveInt = key(8, "text: the top-d tokens are tracked, the rest folded into 'other'")
-    track: list[str] = key([], "text: further words tracked on their own (e.g. a mid-frequency one)")
+    fold_d: PositiveInt = key(8, "the top-d token types are tracked, the rest folded into 'other' (text; a Markov chain "
+                                 "above 64 states or with log.track set)")
+    track: list[str] = key([], "further words (text) or states (Markov, by number) tracked on their own")
 
 
 class CompareConfig(Section):

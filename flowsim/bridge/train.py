@@ -64,6 +64,9 @@ from flowsim.trajectory import Trajectory
 CHECKPOINT_FILE, LOG_FILE = "checkpoint.pt", "log.csv"
 CHECKPOINT_EVERY_S = 30.0
 PROBE_POOL = 20_000
+# Chains above this many states fold them as text does: unfolded, a d = 1001 chain's run stored 8 MB of attention at
+# every checkpoint (benchmarks/MEASUREMENTS.md, "A large chain's bridge run folds its states")
+MARKOV_UNFOLDED_STATES = 64
 VALIDATION_SEED_OFFSET = 1_000_003  # validation batches use seeds no training step uses
 
 
@@ -97,13 +100,17 @@ class DataSource:
         return [str(i) for i in range(self.vocab_size)] if self.corpus is None else list(self.corpus.vocabulary)
 
     def fold(self) -> np.ndarray:
-        if self.chain is not None:
-            return np.arange(self.chain.d)
-        vocabulary = list(self.corpus.vocabulary)
-        missing = [word for word in self.config.log.track if word not in vocabulary]
+        """The folded type of every token: the top log.fold_d types, the tracked ones, then "other"; a chain of at
+        most MARKOV_UNFOLDED_STATES states that tracks none keeps its states."""
+        log, names = self.config.log, self.token_names
+        if self.chain is not None and self.vocab_size <= MARKOV_UNFOLDED_STATES and not log.track:
+            return np.arange(self.vocab_size)
+        missing = [word for word in log.track if word not in names]
         if missing:
-            raise ConfigError(f"log.track names words outside the vocabulary: {missing}")
-        return folded_types(self.frequencies, self.config.log.fold_d, tuple(vocabulary.index(w) for w in self.config.log.track))
+            raise ConfigError(f"log.track names {'states' if self.corpus is None else 'words'} outside the vocabulary: {missing}")
+        if not 2 <= log.fold_d < self.vocab_size:
+            raise ConfigError(f"log.fold_d = {log.fold_d} is invalid: expected an integer in [2, {self.vocab_size - 1}]")
+        return folded_types(self.frequencies, log.fold_d, tuple(names.index(w) for w in log.track))
 
     def batch(self, step: int, split: str = "train") -> torch.Tensor:
         data = self.config.data
