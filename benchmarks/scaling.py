@@ -208,6 +208,26 @@ def run_one(label: str, method: str, rtol: float | None, atol: float | None, max
             "field_s": t_field, "field_share": share, "device": jax.devices()[0].device_kind}
 
 
+def exception_line(stderr: str) -> str:
+    """The line of a traceback that names the exception: the last one, but JAX appends a note on its filtered frames
+    after it."""
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    while lines and (lines[-1].startswith("For simplicity, JAX has removed") or set(lines[-1]) == {"-"}):
+        lines.pop()
+    return lines[-1] if lines else "(no message)"
+
+
+def check_platform(parser: argparse.ArgumentParser, platform: str) -> None:
+    """Refuse a JAX backend this machine lacks before any run starts: under a JAX_PLATFORMS that names it, each run
+    would fail inside JAX with a bare AssertionError."""
+    import jax
+
+    try:
+        jax.devices(platform)
+    except RuntimeError as error:
+        parser.error(f"--platform {platform}{' (--gpu)' if platform == GPU_PRESET['platform'] else ''}: {error}")
+
+
 def in_subprocess(label: str, method: str, rtol=None, atol=None, max_steps=200_000, loss_out=None, timeout=1800) -> dict:
     command = [sys.executable, __file__, "--one", label, method, "--max-steps", str(max_steps)]
     command += [] if rtol is None else ["--rtol", str(rtol)]
@@ -218,7 +238,7 @@ def in_subprocess(label: str, method: str, rtol=None, atol=None, max_steps=200_0
     except subprocess.TimeoutExpired:
         return {"case": label, "method": method, "status": f"timeout ({timeout:g} s)"}
     if completed.returncode != 0:
-        return {"case": label, "method": method, "status": "error: " + completed.stderr.strip().splitlines()[-1]}
+        return {"case": label, "method": method, "status": "error: " + exception_line(completed.stderr)}
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
@@ -330,6 +350,7 @@ def main() -> None:
         for name, value in GPU_PRESET.items():
             setattr(args, name, value)
     if args.platform is not None:
+        check_platform(parser, args.platform)
         os.environ["JAX_PLATFORMS"] = args.platform  # the runs' subprocesses inherit it
     cases = args.cases.split(",")
     unknown = set(cases) - set(CASES)
