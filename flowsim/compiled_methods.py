@@ -102,7 +102,7 @@ class JaxRadau(Method):
         return functions, functions.compile_seconds
 
     def check_saved_state(self, arrays: dict[str, np.ndarray], problem: Problem) -> stiff.RadauState:
-        """A saved loop state (``FlowResult.radau_state``) for this problem, or a ValueError naming what is wrong."""
+        """A saved loop state (``FlowResult.solver_state``) for this problem, or a ValueError naming what is wrong."""
         batch, size = problem.thetas0.shape
         state = _radau_state_from_arrays(arrays, batch, size, _save_slots(len(problem.times), size), self.is_large(size))
         t, start, end = np.asarray(state.t), float(problem.times[0]), float(problem.times[-1])
@@ -163,7 +163,7 @@ class JaxRadau(Method):
             )
             result = flow_result(flow, self.name, status, message, state.t[i], problem.times[:n_saved], state.saved[i, :n_saved], stats)
             if arrays is not None and status == Status.RUNNING:
-                result = dataclasses.replace(result, status=Status.INTERRUPTED, radau_state=arrays,
+                result = dataclasses.replace(result, status=Status.INTERRUPTED, solver_state=arrays,
                                              message=Status.INTERRUPTED.message(at_time(result.t_reached)))
             results.append(result)
         return results
@@ -250,7 +250,31 @@ class JaxBDF(Method):
             expected = " or ".join(repr(route) for route in bdf.JACOBIAN_PRODUCTS)
             raise ValueError(f"JaxBDF's jacobian_products must be {expected}, got {self.jacobian_products!r}")
 
-    def start(self, problem: Problem) -> BdfIntegration:
+    def check_saved_state(self, arrays: dict[str, np.ndarray], problem: Problem) -> bdf.BdfState:
+        """A saved loop state (``FlowResult.solver_state``) for this problem, or a ValueError naming what is wrong."""
+        size = problem.flow.size
+        try:
+            fields = {name: np.asarray(arrays[name]) for name in bdf.BdfState._fields}
+        except KeyError as error:
+            raise ValueError(f"the saved JaxBDF state lacks the array {error.args[0]!r}") from None
+        slots, written = _save_slots(len(problem.times), size), fields["saved"]
+        if fields["D"].shape != (bdf.ROWS, size) or written.ndim != 2 or written.shape[1] != size or len(written) > slots:
+            raise ValueError(f"the saved JaxBDF state is for differences of shape {fields['D'].shape} and saved points of "
+                             f"shape {written.shape}, not ({bdf.ROWS}, {size}) and at most ({slots}, {size})")
+        t, start, end = float(fields["t"]), float(problem.times[0]), float(problem.times[-1])
+        if not start <= t <= end:
+            raise ValueError(f"the saved JaxBDF state is at t = {t}, outside the run's save times [{start:g}, {end:g}]: "
+                             "the file was altered")
+        if not (np.all(np.isfinite(fields["D"])) and fields["h"] > 0 and 1 <= fields["order"] <= bdf.MAX_ORDER
+                and 0 < fields["n_saved"] <= len(written)):
+            raise ValueError("the saved JaxBDF state holds a non-finite point, a step that is not positive, an order "
+                             f"outside 1..{bdf.MAX_ORDER} or a count of saved points it lacks: the file was altered")
+        # only the points written are kept on disk (the trajectory holds them too); the rest of the buffer is padding
+        fields["saved"] = np.concatenate([written, np.zeros((slots - len(written), size))])
+        return bdf.BdfState(**{name: jnp.asarray(value) for name, value in fields.items()})
+
+    def start(self, problem: Problem, state: bdf.BdfState | None = None) -> BdfIntegration:
+        """Compile (once per structure) and start, or continue the loop ``state``."""
         flow, times = problem.flow, problem.times
         loss = flow.loop_loss
         slots = _save_slots(len(times), flow.size)
@@ -263,8 +287,9 @@ class JaxBDF(Method):
         functions = _BDF_COMPILED[key]
         times_device = padded_save_times(times, slots)
         solve_started = time.perf_counter()
-        state = functions.init(jnp.asarray(problem.thetas0[0]), loss, times_device, times[-1], problem.rtol, problem.atol)
-        return BdfIntegration(problem, float(times[0]), compile_seconds=compile_seconds, functions=functions, loss=loss,
+        if state is None:
+            state = functions.init(jnp.asarray(problem.thetas0[0]), loss, times_device, times[-1], problem.rtol, problem.atol)
+        return BdfIntegration(problem, float(state.t), compile_seconds=compile_seconds, functions=functions, loss=loss,
                               state=state, times_device=times_device, chunk=first_chunk(problem), solve_started=solve_started)
 
     def advance(self, run: BdfIntegration) -> None:
@@ -291,4 +316,8 @@ class JaxBDF(Method):
         stats = SolverStats(n_steps=int(state.n_steps), n_rejected=int(state.n_rejected), nfev=int(state.nfev),
                             njev=int(state.n_products), nlu=0, wall_time_s=time.perf_counter() - problem.started,
                             compile_seconds=run.compile_seconds, solve_seconds=time.perf_counter() - run.solve_started)
-        return [flow_result(problem.flow, self.name, status, message, state.t, problem.times[:n_saved], state.saved[:n_saved], stats)]
+        result = flow_result(problem.flow, self.name, status, message, state.t, problem.times[:n_saved], state.saved[:n_saved], stats)
+        if status == Status.INTERRUPTED:
+            arrays = {name: np.asarray(value) for name, value in state._asdict().items()}
+            result = dataclasses.replace(result, solver_state={**arrays, "saved": arrays["saved"][:n_saved]})
+        return [result]

@@ -141,8 +141,8 @@ def _write_run(config: RunConfig, run_dir: Path, progress: bool, prepared: Prepa
                                      message=f"stopped by {stop.signal_name} after the last save time")
     meta["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
     meta["total_wall_time_s"] = time.perf_counter() - started
-    if result.radau_state is not None:
-        write_atomic_npz(run_dir / SOLVER_STATE_FILE, result.radau_state)
+    if result.solver_state is not None:
+        write_atomic_npz(run_dir / SOLVER_STATE_FILE, result.solver_state)
     else:
         (run_dir / SOLVER_STATE_FILE).unlink(missing_ok=True)
     save(result, final=True)
@@ -211,11 +211,11 @@ def resume_run(run_dir: Path, *, progress: bool = True) -> tuple[FlowResult, boo
     if run.trajectory.t[-1] >= prepared.times[-1]:  # solved to the end: only outputs written after it are missing
         return _complete_outputs(config, run_dir, prepared, run), True
     method = method_for(config.solver.method, prepared.flow.size)
-    radau_state = None
+    solver_state = None
     if METHOD[method].needs_saved_state and (run_dir / SOLVER_STATE_FILE).is_file():
-        radau_state = read_npz(run_dir / SOLVER_STATE_FILE)
+        solver_state = read_npz(run_dir / SOLVER_STATE_FILE)
     thetas = prepared.flow.flatten_batch(run.trajectory.params)
-    resume = ResumePoint(run.trajectory.t, thetas, radau_state)
+    resume = ResumePoint(run.trajectory.t, thetas, solver_state)
     history = [*run.meta.get("sessions", []), {key: run.meta.get(key) for key in
                                                  ("started", "status_name", "t_reached", "n_steps", "solve_seconds")}]
     return execute_run(config, run_dir, progress=progress, prepared=prepared, resume=resume, history=history), resume.is_exact(method)

@@ -58,7 +58,7 @@ class FlowResult:
     t_reached: float
     stats: SolverStats
     trajectory: Trajectory
-    radau_state: dict[str, np.ndarray] | None = None  # JaxRadau's loop state when interrupted (see ResumePoint)
+    solver_state: dict[str, np.ndarray] | None = None  # JaxRadau's or JaxBDF's loop state when interrupted (ResumePoint)
 
     @property
     def success(self) -> bool:
@@ -82,20 +82,20 @@ class FlowResult:
 @dataclass(frozen=True)
 class ResumePoint:
     """Where a stopped solve continues: the points it saved (``t`` ascending from 0, ``theta``
-    flat, one row per time) and, for JaxRadau, its whole loop state (``FlowResult.radau_state``).
+    flat, one row per time) and, for JaxRadau and JaxBDF, the whole loop state (``FlowResult.solver_state``).
 
-    With the loop state JaxRadau takes exactly the steps of an uninterrupted solve, and
-    gradient descent does too (it resumes at the step of its last saved point). The other
-    methods start afresh from the last saved point, so their steps differ from an
-    uninterrupted solve's."""
+    With the loop state JaxRadau and JaxBDF take exactly the steps of an uninterrupted solve,
+    and gradient descent does too (it resumes at the step of its last saved point). The other
+    methods, and these two without their state, start afresh from the last saved point, so their
+    steps differ from an uninterrupted solve's."""
 
     t: np.ndarray
     theta: np.ndarray
-    radau_state: dict[str, np.ndarray] | None = None
+    solver_state: dict[str, np.ndarray] | None = None
 
     def is_exact(self, method: str) -> bool:
         known = METHOD[method]
-        return known.resumes_exactly and (not known.needs_saved_state or self.radau_state is not None)
+        return known.resumes_exactly and (not known.needs_saved_state or self.solver_state is not None)
 
 
 def check_save_times(t_eval) -> np.ndarray:

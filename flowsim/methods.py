@@ -30,7 +30,7 @@ METHOD_TABLE = (
     *(Method(name, "scipy", needs_dense_jacobian=True) for name in ("LSODA", "BDF", "Radau")),
     *(Method(name, "diffrax") for name in ("Kvaerno5", "Tsit5", "Dopri8")),
     Method("JaxRadau", "radau", default_rtol=3e-6, resumes_exactly=True, needs_saved_state=True, batches=True),
-    Method("JaxBDF", "bdf", default_rtol=1e-7),
+    Method("JaxBDF", "bdf", default_rtol=1e-7, resumes_exactly=True, needs_saved_state=True),
     Method("gradient_descent", "descent", resumes_exactly=True),  # it resumes at the step of its last saved point
 )
 METHOD = {method.name: method for method in METHOD_TABLE}

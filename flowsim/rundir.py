@@ -5,7 +5,7 @@
     RUN_DIR/meta.json        status, seed, solver statistics, wall time, library versions, the
                              process that wrote it (pid, host: a "running" run whose process is
                              gone was interrupted)
-    RUN_DIR/solver_state.npz JaxRadau's loop state when the run was interrupted (`--resume`
+    RUN_DIR/solver_state.npz JaxRadau's or JaxBDF's loop state when the run was interrupted (`--resume`
                              continues from it with exactly the steps of an uninterrupted run)
     RUN_DIR/observables.npz  observables over time (and observables.csv), see flowsim.observables
     RUN_DIR/summary.png      loss, singular values of W0, attention entropy per query

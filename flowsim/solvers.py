@@ -127,8 +127,8 @@ def solve_flow(
     solver = method_named(method, lr) if isinstance(method, str) else method
     times = check_save_times(t_eval)
     theta0 = _initial_vector(flow, params0)
-    # JaxRadau continues its saved loop state exactly; every other resume starts afresh at the last saved point
-    state = resume.radau_state if resume is not None and METHOD[name].needs_saved_state else None
+    # JaxRadau and JaxBDF continue their saved loop state exactly; every other resume starts afresh at the last saved point
+    state = resume.solver_state if resume is not None and METHOD[name].needs_saved_state else None
     prefix_t, prefix_theta = np.zeros(0), np.zeros((0, flow.size))
     if resume is not None and state is None:
         if not resume.t[-1] < times[-1]:

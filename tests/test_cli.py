@@ -444,23 +444,32 @@ def test_a_folder_another_process_writes_is_named_with_its_holder_and_left_untou
             assert sorted(path.name for path in folder.iterdir()) == before
 
 
-@pytest.mark.parametrize("tampered_t", [1e9, -1.0, float("nan")])
-def test_a_solver_state_whose_time_was_altered_is_refused_and_the_folder_kept(tmp_path, monkeypatch, tampered_t):
-    """A JaxRadau loop state saved by an interrupted run, its t altered (past the horizon, before the start, NaN):
-    the resume is one line naming the state, and meta.json, config.toml and trajectory.npz are as they were."""
+@pytest.mark.parametrize("method,tampered_t", [("JaxRadau", 1e9), ("JaxRadau", -1.0), ("JaxRadau", float("nan")),
+                                               ("JaxBDF", float("nan"))])
+def test_a_solver_state_whose_time_was_altered_is_refused_and_the_folder_kept(tmp_path, monkeypatch, method, tampered_t):
+    """A loop state saved by an interrupted run, its t altered (past the horizon, before the start, NaN): the resume
+    is one line naming the state, and meta.json, config.toml and trajectory.npz are as they were. Unaltered, the
+    resumed run reaches what an uninterrupted one does, bit for bit."""
     from flowsim.interrupts import StopRequest
 
-    run_dir = tmp_path / "run"
+    run_dir, config = tmp_path / "run", load_config(None, [*SMALL, f"solver.method='{method}'"])
     with monkeypatch.context() as patched:
         patched.setattr(StopRequest, "__call__", lambda self: True)  # SIGINT at the first poll: the state is saved
-        execute_run(load_config(None, SMALL), run_dir, progress=False)
-    state = dict(np.load(run_dir / "solver_state.npz"))
-    state["t"] = np.full_like(state["t"], tampered_t)
-    np.savez(run_dir / "solver_state.npz", **state)
+        execute_run(config, run_dir, progress=False)
+    original = dict(np.load(run_dir / "solver_state.npz"))
+    np.savez(run_dir / "solver_state.npz", **{**original, "t": np.full_like(original["t"], tampered_t)})
     files = {name: (run_dir / name).read_bytes() for name in ("meta.json", "config.toml", "trajectory.npz")}
     line = _one_error_line(_invoke("run", "--resume", str(run_dir)))
-    assert "the saved JaxRadau state is at t =" in line and "altered" in line, line
+    assert f"the saved {method} state is at t =" in line and "altered" in line, line
     assert {name: (run_dir / name).read_bytes() for name in files} == files
+    if method == "JaxBDF":
+        np.savez(run_dir / "solver_state.npz", **original)
+        resumed = _invoke("run", "--resume", str(run_dir), "--quiet")
+        assert resumed.exit_code == 0 and "steps differ" not in resumed.output, resumed.output
+        whole = execute_run(config, tmp_path / "whole", progress=False)
+        with np.load(run_dir / "trajectory.npz") as saved:
+            for name, values in whole.trajectory.params.items():
+                np.testing.assert_array_equal(saved[name], values)
 
 
 def test_a_full_disk_in_a_sweep_is_one_line_that_keeps_the_rows_written(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 limits, blow-ups and failures kept and reported; bad arguments refused."""
 
 import dataclasses
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -169,21 +170,35 @@ def test_an_interrupted_solve_resumes_to_the_uninterrupted_result(default_flow, 
     part = solve_flow(flow, params0, times, should_stop=_stop_after(polls), **options)
     assert part.status == Status.INTERRUPTED and "stopped on request" in part.message
     assert 1 < len(part.trajectory) < len(whole.trajectory)
-    assert (part.radau_state is not None) == (method == "JaxRadau")
-    resume = ResumePoint(part.trajectory.t, flow.flatten_batch(part.trajectory.params), part.radau_state)
+    assert (part.solver_state is not None) == (method in ("JaxRadau", "JaxBDF"))
+    resume = ResumePoint(part.trajectory.t, flow.flatten_batch(part.trajectory.params), part.solver_state)
     resumed = solve_flow(flow, params0, times, resume=resume, **options)
-    assert resumed.success and resume.is_exact(method) == (method in ("JaxRadau", "gradient_descent"))
+    assert resumed.success and resume.is_exact(method) == (method in ("JaxRadau", "gradient_descent", "JaxBDF"))
     np.testing.assert_array_equal(resumed.trajectory.t, whole.trajectory.t)
     if resume.is_exact(method):
         assert _same_trajectory(resumed.trajectory, whole.trajectory)
     if method == "JaxRadau":  # a state saved before eigensystems carried their next subspace
-        older = {name: array for name, array in part.radau_state.items() if name != "jacobian.ahead"}
-        resumed = solve_flow(flow, params0, times, resume=dataclasses.replace(resume, radau_state=older), **options)
+        older = {name: array for name, array in part.solver_state.items() if name != "jacobian.ahead"}
+        resumed = solve_flow(flow, params0, times, resume=dataclasses.replace(resume, solver_state=older), **options)
         assert _same_trajectory(resumed.trajectory, whole.trajectory)
         # and one saved with a smaller save buffer (64 slots, as earlier versions kept for 41 times)
-        smaller = {**part.radau_state, "saved": part.radau_state["saved"][:, :64]}
-        resumed = solve_flow(flow, params0, times, resume=dataclasses.replace(resume, radau_state=smaller), **options)
+        smaller = {**part.solver_state, "saved": part.solver_state["saved"][:, :64]}
+        resumed = solve_flow(flow, params0, times, resume=dataclasses.replace(resume, solver_state=smaller), **options)
         assert _same_trajectory(resumed.trajectory, whole.trajectory)
+    if method == "JaxBDF":
+        assert resumed.stats.n_steps == whole.stats.n_steps and resumed.stats.nfev == whole.stats.nfev
+        # only the points written are kept: the state holds as many as the trajectory, not the whole save buffer
+        assert len(part.solver_state["saved"]) == len(part.trajectory)
+        for name, value, named in (("t", np.array(1e9), "at t = 1000000000.0, outside"), ("h", np.array(-1.0), "not positive"),
+                                   ("D", part.solver_state["D"][:3], "differences of shape (3,")):
+            with pytest.raises(ValueError, match=re.escape(named)):
+                solve_flow(flow, params0, times, resume=dataclasses.replace(resume, solver_state={**part.solver_state, name: value}), **options)
+        without = {key: array for key, array in part.solver_state.items() if key != "rate"}
+        with pytest.raises(ValueError, match="the saved JaxBDF state lacks the array 'rate'"):
+            solve_flow(flow, params0, times, resume=dataclasses.replace(resume, solver_state=without), **options)
+        resume = dataclasses.replace(resume, solver_state=None)  # a run interrupted before JaxBDF saved its state
+        resumed = solve_flow(flow, params0, times, resume=resume, **options)
+        assert resumed.success and not resume.is_exact(method)
     if not resume.is_exact(method):  # a fresh start at the last saved point: the same flow, other steps
         for name in whole.trajectory.params:
             np.testing.assert_allclose(resumed.trajectory.params[name], whole.trajectory.params[name], atol=1e-6)
