@@ -21,8 +21,9 @@ TORCH_FIGURES = {TEXT_FIGURE, "fig14_sgd_against_the_flow", "fig16_gpt_study"}
 HAS_CORPORA = default_data_dir is not None and default_data_dir() is not None
 AVAILABLE = [name for name in figure_names()
              if name not in TORCH_FIGURES or (default_data_dir is not None and (name not in (TEXT_FIGURE, "fig16_gpt_study") or HAS_CORPORA))]
-# the tiny set's costliest (an induction run, two two-layer runs, torch on both corpora): built by a slow check alone
-SLOW_FIGURES = [name for name in ("fig10_premature_specialisation", TEXT_FIGURE, "fig17_induction_task") if name in AVAILABLE]
+# the tiny set's costliest (an induction run, two-layer runs, torch on both corpora): built by a slow check alone
+SLOW_FIGURES = [name for name in ("fig10_premature_specialisation", "fig11_pathwise_factors", TEXT_FIGURE, "fig17_induction_task")
+                if name in AVAILABLE]
 BUILT = [name for name in AVAILABLE if name not in SLOW_FIGURES]
 
 
