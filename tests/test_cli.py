@@ -148,7 +148,7 @@ def test_sigterm_stops_an_explicit_solve_inside_its_compiled_call(tmp_path):
     # --quiet: without a progress bar no Python runs during the compiled solve but the event's own poll
     process = subprocess.Popen([sys.executable, "-m", "flowsim.cli", "run", *arguments, "--out", str(run_dir), "--quiet"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
-    time.sleep(20.0)  # past compilation (a few seconds); a signal that came earlier would be seen at the first step anyway
+    time.sleep(12.0)  # past compilation (a few seconds); a signal that came earlier would be seen at the first step anyway
     assert process.poll() is None, process.communicate()[1].decode()
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
@@ -405,8 +405,8 @@ def test_a_prediction_cache_entry_that_is_a_folder_is_passed_over(tmp_path, monk
     from flowsim.predictions import prediction_key
 
     monkeypatch.setenv("FLOWSIM_PREDICTION_CACHE", str(tmp_path))
-    (tmp_path / f"{prediction_key(load_config(None, ['time.t_end=300']))}.json").mkdir()
-    result = _invoke("predict", "--set", "time.t_end=300")
+    (tmp_path / f"{prediction_key(load_config(None, ['time.t_end=30']))}.json").mkdir()
+    result = _invoke("predict", "--set", "time.t_end=30")  # through condensation
     assert result.exit_code == 0 and "condensation" in result.output and "prediction not cached" in result.output, result.output
 
 
