@@ -205,6 +205,9 @@ def test_a_large_chains_run_folds_its_states_as_a_text_run_folds_its_tokens(tmp_
                        (["log.track=['7']"], "log.track names states outside the vocabulary: ['7']")):
         with pytest.raises(flowsim.config.ConfigError, match=re.escape(named)):
             small(*bad)
+        with pytest.raises(flowsim.config.ConfigError, match=re.escape(named)):  # refused before the folder is made
+            train(load_bridge_config(None, bad), tmp_path / "refused", progress=False)
+        assert not (tmp_path / "refused").exists()
 
 
 @needs_data

@@ -131,14 +131,18 @@ class DataSource:
 
 
 def build_data(config: BridgeConfig) -> DataSource:
+    """The run's data, its log.fold_d and log.track checked (before anything is written)."""
     if config.data.kind == "markov":
-        return DataSource(config, MarkovChain.from_config(config.chain), None)
-    try:
-        corpus = load_corpus(config.data.kind, config.data.vocab_size, config.data.data_dir, config.data.source)
-    except (ValueError, FileNotFoundError) as error:
-        raise ConfigError(str(error)) from None
-    surrogate = text_surrogate(corpus, config.compare)[0] if config.data.train_on == "surrogate" else None
-    return DataSource(config, None, corpus, surrogate)
+        data = DataSource(config, MarkovChain.from_config(config.chain), None)
+    else:
+        try:
+            corpus = load_corpus(config.data.kind, config.data.vocab_size, config.data.data_dir, config.data.source)
+        except (ValueError, FileNotFoundError) as error:
+            raise ConfigError(str(error)) from None
+        surrogate = text_surrogate(corpus, config.compare)[0] if config.data.train_on == "surrogate" else None
+        data = DataSource(config, None, corpus, surrogate)
+    data.fold()
+    return data
 
 
 def build_model(config: BridgeConfig, vocab_size: int) -> torch.nn.Module:
