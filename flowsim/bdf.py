@@ -221,8 +221,8 @@ def newton_solve(field: Callable, t_new, y_predict, c, psi, scale, tol, linear_t
     ``exact_products``, by ``jax.linearize``; stopped as diverging when the contraction rate ρ >= 1 or
     ρ^(left)/(1-ρ) ‖Δ‖ > tol, converged when ρ/(1-ρ) ‖Δ‖ < tol (norms scaled by ``scale``), or at the first
     iteration when min(1, ρ₀) ‖Δ‖ < tol with ρ₀ = ``rate0`` an earlier step's rate (CVODE's test; ρ₀ = 1 asks for
-    ‖Δ‖ < tol). Each Δ is GMRES's in scaled variables, to a residual of ``linear_tol`` (RMS). Returns the rate to carry: the last measured, but at least RATE_DECAY times the one before
-    (``rate0`` when one iteration sufficed)."""
+    ‖Δ‖ < tol). Each Δ is GMRES's in scaled variables, to a residual of ``linear_tol`` (RMS). Returns the rate to
+    carry: the last measured, but at least RATE_DECAY times the one before (``rate0`` when one iteration sufficed)."""
     field_at = lambda y: field(t_new, y)  # noqa: E731
     if exact_products:
         f_predict, jvp = jax.linearize(field_at, y_predict)

@@ -105,10 +105,7 @@ class JaxRadau(Method):
         """A saved loop state (``FlowResult.solver_state``) for this problem, or a ValueError naming what is wrong."""
         batch, size = problem.thetas0.shape
         state = _radau_state_from_arrays(arrays, batch, size, _save_slots(len(problem.times), size), self.is_large(size))
-        t, start, end = np.asarray(state.t), float(problem.times[0]), float(problem.times[-1])
-        if not np.all(np.isfinite(t)) or np.any(t < start) or np.any(t > end):
-            raise ValueError(f"the saved JaxRadau state is at t = {t.tolist()}, outside the run's save times [{start:g}, "
-                             f"{end:g}]: the file was altered")
+        _check_saved_time(self.name, state.t, problem.times)
         if not (np.all(np.isfinite(np.asarray(state.y))) and np.all(np.asarray(state.h) > 0)):
             raise ValueError("the saved JaxRadau state holds a non-finite point or a step size that is not positive: "
                              "the file was altered")
@@ -167,6 +164,14 @@ class JaxRadau(Method):
                                              message=Status.INTERRUPTED.message(at_time(result.t_reached)))
             results.append(result)
         return results
+
+
+def _check_saved_time(method: str, t, times: np.ndarray) -> None:
+    """A saved loop state's time(s) must lie in the run's save times; a ValueError names them otherwise."""
+    t, start, end = np.asarray(t), float(times[0]), float(times[-1])
+    if not np.all(np.isfinite(t)) or np.any(t < start) or np.any(t > end):
+        raise ValueError(f"the saved {method} state is at t = {t.tolist()}, outside the run's save times [{start:g}, "
+                         f"{end:g}]: the file was altered")
 
 
 def padded_save_times(times: np.ndarray, slots: int) -> jax.Array:
@@ -261,10 +266,7 @@ class JaxBDF(Method):
         if fields["D"].shape != (bdf.ROWS, size) or written.ndim != 2 or written.shape[1] != size or len(written) > slots:
             raise ValueError(f"the saved JaxBDF state is for differences of shape {fields['D'].shape} and saved points of "
                              f"shape {written.shape}, not ({bdf.ROWS}, {size}) and at most ({slots}, {size})")
-        t, start, end = float(fields["t"]), float(problem.times[0]), float(problem.times[-1])
-        if not start <= t <= end:
-            raise ValueError(f"the saved JaxBDF state is at t = {t}, outside the run's save times [{start:g}, {end:g}]: "
-                             "the file was altered")
+        _check_saved_time(self.name, fields["t"], problem.times)
         if not (np.all(np.isfinite(fields["D"])) and fields["h"] > 0 and 1 <= fields["order"] <= bdf.MAX_ORDER
                 and 0 < fields["n_saved"] <= len(written)):
             raise ValueError("the saved JaxBDF state holds a non-finite point, a step that is not positive, an order "

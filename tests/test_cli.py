@@ -157,7 +157,7 @@ def test_sigterm_stops_an_explicit_solve_inside_its_compiled_call(tmp_path):
     assert meta["status_name"] == "interrupted" and 0 <= meta["t_reached"] < 100000.0
 
 
-@pytest.mark.slow  # 20-50 s of three processes; the default suite resumes interrupted runs bit for bit without a signal
+@pytest.mark.slow  # three processes; the default suite resumes interrupted runs bit for bit without a signal
 def test_sigint_stops_a_run_which_resume_continues_to_the_uninterrupted_state(tmp_path):
     """A run sent SIGINT mid-solve exits 130 with its points and JaxRadau's state written;
     --resume then reaches, bit for bit, what an uninterrupted run reaches."""
