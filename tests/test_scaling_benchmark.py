@@ -37,3 +37,23 @@ def test_the_gpu_mode_on_a_machine_without_cuda_stops_at_once_naming_the_backend
     last = completed.stderr.strip().splitlines()[-1]
     assert "--platform cuda (--gpu)" in last and "cuda" in last.split(":", 2)[-1], completed.stderr
     assert not (tmp_path / "r.md").exists()
+
+
+def test_the_equal_error_summary_compares_at_every_baseline_error_and_never_credits_an_error_not_reached():
+    def row(method, rtol, solve_s, loss_error, status="finished"):
+        return {"case": "d64", "method": method, "rtol": rtol, "solve_s": solve_s, "loss_error": loss_error, "status": status}
+
+    rows = [row("CVODE", 1e-6, 2.4, 3.5e-6), row("CVODE", 1e-8, 3.8, 4.6e-7),
+            row("JaxBDF", 2e-6, 0.78, 2.9e-6), row("JaxBDF", 1e-6, 0.88, 1.7e-6), row("JaxBDF", 4e-6, 0.70, 9.7e-6),
+            row("JaxBDF", 3e-8, 1.10, 3.3e-7), row("JaxBDF", 1e-9, 0.5, 1e-9, status="step_limit"),
+            row("Slow", 1e-6, 9.0, 5e-6)]
+    lines = scaling.equal_error_summary(rows, baseline="CVODE").splitlines()[2:]
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    # the looser baseline run first: JaxBDF's fastest within 3.5e-6 is rtol 2e-6 (not 4e-6, whose error is larger)
+    assert cells[0][:6] == ["d64", "1e-06", "2.40", "3.5e-06", "JaxBDF", "2e-06"]
+    assert cells[0][8] == f"{2.4 / 0.78:.2f}×"
+    assert cells[1][4:] == ["Slow", "–", "–", "none within", "–"]
+    # at the tighter level only rtol 3e-8 qualifies; the unfinished run's small error is not counted
+    assert cells[2][:6] == ["d64", "1e-08", "3.80", "4.6e-07", "JaxBDF", "3e-08"]
+    assert cells[2][8] == f"{3.8 / 1.10:.2f}×"
+    assert len(cells) == 4
