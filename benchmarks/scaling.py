@@ -22,7 +22,7 @@ Peers beside flowsim's own methods (``--methods``), both matrix-free, as a large
   by lineax's GMRES on the linearised field (no Jacobian formed), compiled end to end like JaxRadau.
 
 ``--rtols`` runs every method at each tolerance, so that methods compare at equal loss error:
-for each run of the baseline (``--baseline``, JaxRadau by default), the summary gives every other method's
+for each run of the baseline (``--baseline``, JaxRadau by default; several give a summary each), the summary gives every other method's
 fastest run whose loss error is at most that run's, and the baseline's solve time over it. ``JaxBDF-exact`` is JaxBDF with exact J·v (``jax.linearize``) instead
 of its default forward differences. ``field share`` is the solve time one vector-field
 evaluation (timed alone) accounts for, nfev × t_field / solve s: how close a method runs to the
@@ -340,7 +340,8 @@ def main() -> None:
     parser.add_argument("--platform", choices=("cpu", "cuda"), default=None,
                         help="JAX's backend for every run (default: JAX's own choice); CVODE's own work stays on the host")
     parser.add_argument("--gpu", action="store_true", help=f"the device check: {GPU_PRESET}")
-    parser.add_argument("--baseline", default="JaxRadau", help="the method the equal-error summary compares against")
+    parser.add_argument("--baseline", default="JaxRadau",
+                        help="the method (or comma-separated methods, one summary each) the equal-error summary compares against")
     parser.add_argument("--out", type=Path, default=None, help="Write the table into this markdown file (its own section).")
     parser.add_argument("--section", default=MARKER, help="the section of --out the table replaces")
     parser.add_argument("--one", nargs=2, metavar=("CASE", "METHOD"), help=argparse.SUPPRESS)
@@ -364,8 +365,13 @@ def main() -> None:
     rtols = [float(value) for value in args.rtols.split(",") if value] or [None]
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
-    rows = benchmark(cases, args.methods.split(","), args.max_steps, args.timeout, rtols, args.repeats)
-    text = table(rows) + "\n\nAt equal loss error:\n\n" + equal_error_summary(rows, args.baseline)
+    methods, baselines = args.methods.split(","), args.baseline.split(",")
+    missing = [name for name in baselines if name not in methods]
+    if missing:
+        parser.error(f"--baseline {','.join(missing)} is not among --methods {args.methods}")
+    rows = benchmark(cases, methods, args.max_steps, args.timeout, rtols, args.repeats)
+    text = table(rows) + "".join(f"\n\nAt equal loss error, against {baseline}:\n\n" + equal_error_summary(rows, baseline)
+                                 for baseline in baselines)
     print(text)
     if args.out is not None:
         command = "python benchmarks/scaling.py " + " ".join(sys.argv[1:])

@@ -57,3 +57,11 @@ def test_the_equal_error_summary_compares_at_every_baseline_error_and_never_cred
     assert cells[2][:6] == ["d64", "1e-08", "3.80", "4.6e-07", "JaxBDF", "3e-08"]
     assert cells[2][8] == f"{3.8 / 1.10:.2f}×"
     assert len(cells) == 4
+
+
+def test_a_baseline_that_is_not_run_is_refused_before_any_run(tmp_path):
+    completed = subprocess.run([sys.executable, str(SCRIPT), "--cases", "d16", "--methods", "JaxBDF", "--baseline",
+                                "JaxBDF,CVODE", "--out", str(tmp_path / "r.md")], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2
+    assert "--baseline CVODE is not among --methods JaxBDF" in completed.stderr.strip().splitlines()[-1]
+    assert "reference" not in completed.stderr and not (tmp_path / "r.md").exists()
