@@ -23,20 +23,25 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 INTERRUPTED_STARTING = "flowsim: interrupted while the command was starting"  # before any command could say what it kept
 REDELIVERY_SECONDS = 0.05
 IMPORT_MACHINERY = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+# An interrupt raised inside Thread.start (while it waits for the new thread to run) leaves a running thread its
+# caller never learns of: JAX's backend set-up starts a 60 s watchdog timer so, which then holds up the exit.
+THREAD_START = threading.Thread.start.__code__
 raised_interrupt: str | None = None  # the signal interrupt_when_safe last raised as KeyboardInterrupt, until stop_requests sees it
 
 
 def interrupt_when_safe(signum: int, frame) -> None:
     """SIGINT as KeyboardInterrupt, except where raising it would be lost or fatal, where it is sent again
     REDELIVERY_SECONDS later (``deliver_later``): inside a garbage-collector callback (JAX registers one, and runs it
-    often while it starts), where Python drops the exception; and inside an import, where an exception raised while
-    a native extension initialises (jaxlib's, loaded when a command first needs JAX) can crash the interpreter. What
+    often while it starts), where Python drops the exception; inside an import, where an exception raised while
+    a native extension initialises (jaxlib's, loaded when a command first needs JAX) can crash the interpreter; and
+    inside ``Thread.start``, which would leave the started thread running unseen (JAX's backend set-up starts a
+    timer that way, and the process then waits 60 s for it at exit and warns of a slow TPU). What
     it raises is remembered in ``raised_interrupt``: a library's bare ``except:`` may swallow it, and the next
     ``stop_requests`` block then starts with its request set."""
     global raised_interrupt
     callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
     while frame is not None:
-        if frame.f_code in callbacks or frame.f_code.co_filename in IMPORT_MACHINERY:
+        if frame.f_code in callbacks or frame.f_code is THREAD_START or frame.f_code.co_filename in IMPORT_MACHINERY:
             deliver_later(signum)
             return
         frame = frame.f_back

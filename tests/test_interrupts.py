@@ -64,17 +64,20 @@ def test_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(tmp_path, dela
     _, stderr = process.communicate(timeout=120)
     text = stderr.decode()
     assert process.returncode == 130 and "Traceback" not in text, text
+    assert "Warning" not in text, text  # an interrupted Thread.start once left JAX's 60 s TPU watchdog to warn at exit
     said = [line for line in text.replace("\r", "\n").splitlines() if "interrupted" in line]
     assert len(said) == 1 and said[0].startswith(("flowsim: interrupted", "interrupted at t = ")), text
 
 
-@pytest.mark.parametrize("where", ["gc callback", "import"])
-def test_the_sigint_handler_defers_an_interrupt_that_lands_in_a_gc_callback_or_an_import(monkeypatch, tmp_path, where):
-    """Inside a garbage-collector callback or a module's import the handler raises nothing and asks for the signal
-    to be handled again later; elsewhere it raises KeyboardInterrupt."""
+@pytest.mark.parametrize("where", ["gc callback", "import", "thread start"])
+def test_the_sigint_handler_defers_an_interrupt_that_lands_in_a_gc_callback_an_import_or_a_thread_start(
+        monkeypatch, tmp_path, where):
+    """Inside a garbage-collector callback, a module's import or Thread.start the handler raises nothing and asks for
+    the signal to be handled again later; elsewhere it raises KeyboardInterrupt."""
     import gc
     import importlib
     import sys
+    import threading
 
     from flowsim import interrupts
 
@@ -100,6 +103,16 @@ def test_the_sigint_handler_defers_an_interrupt_that_lands_in_a_gc_callback_or_a
             gc.collect()
         finally:
             gc.callbacks.remove(callback)
+    elif where == "thread start":
+        class StartedEvent(threading.Event):  # Thread.start waits on it: the interrupt lands inside start
+            def wait(self, timeout=None):
+                handle_here()
+                return super().wait(timeout)
+
+        thread = threading.Thread(target=lambda: None)
+        thread._started = StartedEvent()
+        thread.start()
+        thread.join()
     else:
         (tmp_path / "module_being_imported.py").write_text("import builtins\nbuiltins._flowsim_handle_here()\n")
         monkeypatch.syspath_prepend(str(tmp_path))
