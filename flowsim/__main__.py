@@ -4,7 +4,7 @@ import os
 import signal
 import sys
 
-from flowsim.interrupts import INTERRUPTED_STARTING, interrupt_when_safe, redeliver_dropped_interrupts
+from flowsim.interrupts import INTERRUPTED_STARTING, cancel_redelivery, interrupt_when_safe, redeliver_dropped_interrupts
 
 
 def _interrupted_while_loading(signum: int, frame) -> None:
@@ -20,7 +20,10 @@ def main() -> None:
 
     signal.signal(signal.SIGINT, interrupt_when_safe)  # from here each command says what it kept
     sys.unraisablehook = redeliver_dropped_interrupts
-    run_command()
+    try:
+        run_command()
+    finally:
+        cancel_redelivery()  # the command leaves with its own status, not killed by a redelivery timer still pending
 
 
 if __name__ == "__main__":

@@ -169,6 +169,8 @@ def predict(
     try:
         with ticking(_working, every=2 * TICK_SECONDS):
             prediction = cached_prediction(load_config(config, set_), progress=_progress)
+    except KeyboardInterrupt:  # a prediction is cached whole or not at all
+        _stop_interrupted("flowsim: interrupted while predicting: nothing was cached; the same command predicts again")
     except ConfigError as error:
         _fail(str(error))
     except RuntimeError as error:  # a numerical failure of the theory's own integrations
@@ -194,6 +196,9 @@ def compare(run_dir: Path = typer.Argument(..., help="A run directory written by
         note = partial_note(run_dir)
         with ticking(_working, every=2 * TICK_SECONDS):
             rows, prediction = compare_run(run_dir, progress=_progress)
+    except KeyboardInterrupt:
+        _stop_interrupted(f"flowsim: interrupted while predicting: nothing was cached and {COMPARE_JSON} was not written; "
+                          "the same command predicts again")
     except (FileNotFoundError, ConfigError, ValueError) as error:
         _fail(str(error))
     except RuntimeError as error:  # a numerical failure of the theory's own integrations

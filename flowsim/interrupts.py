@@ -57,6 +57,14 @@ def deliver_later(signum: int) -> None:
     signal.setitimer(signal.ITIMER_REAL, REDELIVERY_SECONDS)
 
 
+def cancel_redelivery() -> None:
+    """Cancel a signal ``deliver_later`` has yet to send: on the way out the interpreter restores SIGALRM's default
+    action, so a timer still pending then would kill the process by SIGALRM (exit -14, "Alarm clock") instead of
+    letting it leave with its own status. (A command that ends within REDELIVERY_SECONDS of an interrupt deferred
+    inside its imports does so.)"""
+    signal.setitimer(signal.ITIMER_REAL, 0)
+
+
 def redeliver_dropped_interrupts(unraisable) -> None:
     """``sys.unraisablehook``: a KeyboardInterrupt raised where Python can only drop it (a callback from native code,
     which prints "Exception ignored in ...") is sent again by ``deliver_later`` instead of printed; anything else is

@@ -197,3 +197,50 @@ def test_an_interrupt_a_library_swallowed_still_stops_the_next_block_of_work(mon
         assert stop() and stop.signal_name == "SIGINT"
     with stop_requests() as stop:
         assert not stop()
+
+
+def test_ctrl_c_during_a_prediction_says_nothing_was_cached(tmp_path):
+    """`flowsim predict` caches a prediction whole or not at all: interrupted in the middle it says so (not that the
+    command was starting), exits 130 and leaves no cache entry."""
+    import os
+    import subprocess
+    import sys
+
+    arguments = ["flowsim", "predict"]
+    script = (f"import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              f"sys.argv = {arguments!r}; runpy.run_module('flowsim', run_name='__main__')")
+    cache = tmp_path / "predictions"
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={**os.environ, "FLOWSIM_PREDICTION_CACHE": str(cache)})
+    first = process.stderr.readline().decode()  # the first stage's progress line: the prediction has begun
+    process.send_signal(signal.SIGINT)
+    _, rest = process.communicate(timeout=120)
+    text = first + rest.decode()
+    assert first.startswith("flowsim: Stage I"), text
+    assert process.returncode == 130 and "Traceback" not in text, text
+    said = [line for line in text.splitlines() if "interrupted" in line]
+    assert said == ["flowsim: interrupted while predicting: nothing was cached; the same command predicts again"], text
+    assert not cache.exists() or not list(cache.glob("*.json"))
+
+
+def test_a_command_leaves_with_its_own_status_and_no_redelivery_pending():
+    """An interrupt deferred inside the last imports of a command that then ends at once (a sweep without a grid
+    fails within milliseconds of its imports) left its SIGALRM timer pending: it fired after the interpreter had
+    restored SIGALRM's default, and the process died by SIGALRM (-14) instead of exiting 2. The entry point cancels
+    it on the way out."""
+    import subprocess
+    import sys
+
+    script = ("import signal, sys\n"
+              "import flowsim.cli, flowsim.interrupts as interrupts\n"
+              "def command():\n"
+              "    interrupts.deliver_later(signal.SIGINT)\n"
+              "    sys.exit(2)\n"
+              "flowsim.cli.main = command\n"
+              "from flowsim.__main__ import main\n"
+              "try:\n"
+              "    main()\n"
+              "except SystemExit as stop:\n"
+              "    print(stop.code, signal.getitimer(signal.ITIMER_REAL)[0])\n")
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0 and completed.stdout.split() == ["2", "0.0"], completed.stdout + completed.stderr
