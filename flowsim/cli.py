@@ -356,6 +356,8 @@ def bridge_compare(run_dir: Path = typer.Argument(..., help="A run directory wri
         rows, agreement, description = compare_bridge_run(run_dir, progress=True)
     except (ConfigError, ImportError, FileNotFoundError, ValueError) as error:
         _fail(str(error))
+    except KeyboardInterrupt:
+        _stop_interrupted("flowsim: interrupted before the ODE was solved: nothing was written; the same command solves it again")
     typer.echo(f"ODE: {description['ode']}")
     typer.echo(bridge_table(rows, agreement))
     typer.echo(f"written: {run_dir / BRIDGE_COMPARE_JSON}, {run_dir / OVERLAY_FIGURE}")

@@ -744,3 +744,36 @@ def test_a_bridge_run_killed_at_a_random_moment_resumes_to_the_uninterrupted_obs
     for name in whole.files:
         assert np.array_equal(whole[name], resumed[name]), name
     assert (tmp_path / "whole" / "log.csv").read_text() == (killed / "log.csv").read_text()
+
+
+def test_a_stop_request_during_the_odes_solve_stops_bridge_compare_with_nothing_written(tmp_path, monkeypatch):
+    """A Ctrl-C while `flowsim bridge compare` solves the ODE reaches the solver (a diffrax solve is one compiled call,
+    which the signal handler alone cannot enter): the solve stops at its first poll, nothing is cached or written,
+    one line says so, exit 130."""
+    import contextlib
+
+    from typer.testing import CliRunner
+
+    import flowsim.bridge.compare as bridge_compare
+    from flowsim.cli import app
+    from flowsim.interrupts import StopRequest
+
+    config = load_bridge_config(None, ["optim.steps=40", "data.batch_size=16", "data.s=8", "log.n_checkpoints=4",
+                                       "log.probe_per_type=4", "compare.method='Tsit5'"])
+    train(config, tmp_path / "run", progress=False)
+
+    class AskedAtOnce(StopRequest):  # as if Ctrl-C came as the solve began; counts who asks
+        asked = 0
+
+        def __call__(self) -> bool:
+            AskedAtOnce.asked += 1
+            return True
+
+    monkeypatch.setattr(bridge_compare, "stop_requests", lambda: contextlib.nullcontext(AskedAtOnce()))
+    result = CliRunner().invoke(app, ["bridge", "compare", str(tmp_path / "run")])
+    assert result.exit_code == 130, result.output
+    assert result.output.strip().splitlines()[-1] == ("flowsim: interrupted before the ODE was solved: nothing was "
+                                                      "written; the same command solves it again")
+    assert AskedAtOnce.asked >= 2  # the solver polled it (diffrax's event), then the command read it
+    assert not (tmp_path / "run" / bridge_compare.ODE_DIR / bridge_compare.ODE_JSON).exists()
+    assert not (tmp_path / "run" / bridge_compare.BRIDGE_COMPARE_JSON).exists()

@@ -32,6 +32,7 @@ from flowsim.bridge.surrogate import text_surrogate
 from flowsim.bridge.train import CHECKPOINT_FILE, DataSource, build_data, type_names
 from flowsim.config import ConfigError
 from flowsim.families import family_of
+from flowsim.interrupts import stop_requests
 from flowsim.flow import GradientFlow
 from flowsim.io import DamagedFileError, file_digest, read_json, write_atomic_json
 from flowsim.losses import make_loss_function
@@ -103,7 +104,11 @@ def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress
         flow = GradientFlow(loss, params0)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    result = solve_flow(flow, params0, t, method=method, rtol=config.compare.rtol, atol=config.compare.atol, progress=progress)
+    with stop_requests() as stop:  # a Ctrl-C stops the solve at its next chunk, not after it
+        result = solve_flow(flow, params0, t, method=method, rtol=config.compare.rtol, atol=config.compare.atol,
+                            progress=progress, should_stop=stop)
+    if stop():
+        raise KeyboardInterrupt  # nothing of the ODE is cached: the same command solves it again
     observables = measured_like_the_run(model, result.trajectory, data)
     description = {"ode": ode, "method": result.method, "status": result.status_name,
                    "solve_seconds": result.stats.solve_seconds, **extra}
