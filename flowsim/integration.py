@@ -219,8 +219,11 @@ class _Progress:
 
     def __init__(self, enabled: bool, t_start: float, t_end: float, method: str):
         self.method, self.t_end = method, float(t_end)
-        self.bar = tqdm(total=float(np.log1p(t_end)), initial=float(np.log1p(t_start)), disable=not enabled, smoothing=0.0,
-                        desc=self._label(t_start), bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
+        # No bar at all when none is shown: even a disabled tqdm makes tqdm's multiprocessing lock, a named semaphore
+        # that a sweep's worker, stopped by SIGTERM, leaves for Python's resource tracker to warn of.
+        self.bar = None if not enabled else tqdm(
+            total=float(np.log1p(t_end)), initial=float(np.log1p(t_start)), smoothing=0.0, desc=self._label(t_start),
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
 
     def _label(self, t: float) -> str:
         return f"flow ({self.method}) t={t:.4g}/{self.t_end:.4g}"
@@ -228,11 +231,14 @@ class _Progress:
     def compiling(self, seconds: float) -> None:
         """Say so while JAX compiles (tens of seconds the first time a model shape is met), with the seconds so far,
         not a silent 0%."""
-        self.bar.set_description_str(f"flow ({self.method}) compiling (once per model shape) {seconds:.0f} s", refresh=True)
+        if self.bar is not None:
+            self.bar.set_description_str(f"flow ({self.method}) compiling (once per model shape) {seconds:.0f} s", refresh=True)
 
     def update(self, t: float) -> None:
-        self.bar.set_description_str(self._label(t), refresh=False)
-        self.bar.update(max(0.0, float(np.log1p(t)) - self.bar.n))
+        if self.bar is not None:
+            self.bar.set_description_str(self._label(t), refresh=False)
+            self.bar.update(max(0.0, float(np.log1p(t)) - self.bar.n))
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()

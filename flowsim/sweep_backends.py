@@ -9,6 +9,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from typing import Callable
@@ -50,6 +51,19 @@ def exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
+@contextlib.contextmanager
+def _interrupts_held():
+    """SIGINT blocked in this thread while the block runs, and delivered when it ends (nothing is lost). A process
+    spawned inside it inherits the blocked mask and keeps it: a worker never sees the Ctrl-C that a terminal sends
+    to the whole process group, so it cannot be cut anywhere (JAX's garbage-collector callback printed tracebacks);
+    the sweep process stops its workers itself."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def run_local(work: Callable, tasks: list[tuple], workers: int, on_result: Callable) -> None:
     """``on_result(work(*task))`` for every task: in this process when ``workers`` is 1, else in a pool of that many
     spawned processes. SIGINT/SIGTERM stop the work (KeyboardInterrupt)."""
@@ -62,7 +76,8 @@ def run_local(work: Callable, tasks: list[tuple], workers: int, on_result: Calla
     with stop_requests() as stop, _worker_environment(), concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("spawn"), initializer=exit_with_parent,
             initargs=(os.getpid(),)) as pool:
-        pending = {pool.submit(work, *task) for task in tasks}
+        with _interrupts_held():  # the pool spawns its workers as tasks are submitted
+            pending = {pool.submit(work, *task) for task in tasks}
         while pending:
             done, pending = concurrent.futures.wait(pending, timeout=PARENT_POLL_SECONDS,
                                                     return_when=concurrent.futures.FIRST_COMPLETED)

@@ -23,3 +23,26 @@ def test_a_sweep_says_it_is_alive_while_its_first_batch_compiles(tmp_path, monke
                     base_overrides=("time.n_linear=6", "time.n_log=3"))
     waiting = [line for line in lines if line.endswith("s (compiling and solving)")]
     assert waiting and waiting[0].startswith("0/2 runs done, "), lines
+
+
+def test_a_solve_without_progress_makes_no_progress_bar_and_one_with_it_makes_one(monkeypatch):
+    """The flow's progress bar exists only when shown: even a disabled tqdm makes tqdm's multiprocessing lock, a named
+    semaphore that a sweep worker stopped by SIGTERM left behind for Python's resource tracker to warn of."""
+    from flowsim import integration
+    from flowsim.assemble import prepare
+    from flowsim.config import resolve_config
+    from flowsim.solvers import solve_flow
+
+    made = []
+
+    class CountedBar(integration.tqdm):
+        def __init__(self, *arguments, **options):
+            made.append(options)
+            super().__init__(*arguments, **options)
+
+    monkeypatch.setattr(integration, "tqdm", CountedBar)
+    prepared = prepare(resolve_config({"time": {"t_end": 5.0, "n_linear": 6, "n_log": 3}}))
+    for shown in (False, True):
+        result = solve_flow(prepared.flow, prepared.params0, prepared.times, method="JaxRadau", progress=shown)
+        assert result.status_name == "finished"
+    assert len(made) == 1 and not made[0].get("disable", False)

@@ -300,9 +300,22 @@ def test_sigint_stops_a_sweep_inside_a_long_solve_keeping_its_finished_rows(tmp_
     assert [path.name for path in (tmp_path / "sweep" / "rows").iterdir()] == ["time.t_end=20_seed=0.json"]
 
 
+def sigint_blocked(pid: int) -> bool | None:
+    """Whether SIGINT is in process ``pid``'s blocked mask (Linux's /proc), None where that cannot be read."""
+    import signal
+
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    blocked = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:")), 16)
+    return bool(blocked >> (signal.SIGINT - 1) & 1)
+
+
 def test_sigterm_to_a_sweep_with_worker_processes_stops_them_and_no_row_comes_after(tmp_path):
-    """SIGTERM to a sweep with two worker processes, once its first row is written: exit 130, the workers are gone
-    and no row file appears afterwards."""
+    """SIGTERM to a sweep with two worker processes, once its first row is written: exit 130, the workers are gone,
+    no row file appears afterwards, and nothing but the sweep's own line is said. The workers hold SIGINT blocked
+    (a terminal's Ctrl-C reaches the whole process group, and the sweep process stops them itself)."""
     import os
     import signal
     import subprocess
@@ -320,9 +333,14 @@ def test_sigterm_to_a_sweep_with_worker_processes_stops_them_and_no_row_comes_af
         assert process.poll() is None, process.communicate()
         time.sleep(0.2)
     workers = psutil.Process(process.pid).children(recursive=True)
+    spawned = [worker for worker in workers if "spawn_main" in " ".join(worker.cmdline())]
+    assert len(spawned) == 2, [worker.cmdline() for worker in workers]
+    assert {sigint_blocked(worker.pid) for worker in spawned} <= {True, None}
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr.decode()
+    # no word from the workers (a worker stopped while tqdm's semaphore was alive left the resource tracker to warn)
+    assert stderr.decode().strip().splitlines()[-1].startswith("interrupted: ") and "Warning" not in stderr.decode()
     written = sorted(path.name for path in (out / "rows").iterdir())
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, alive
