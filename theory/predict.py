@@ -226,7 +226,8 @@ def first_focus_row(focus: FocusPrediction, cycles: CyclePrediction, read: Obser
         row = timed_row(Row("focus", first, None, focus.t_onset[first], note="Stage II's focus orbit"), t_end)
     else:
         drop = focus.orbit.entropy[0] - focus.orbit.entropy.min()
-        row = Row("focus", first, None, None, note=f"no focus: on the focus orbit the entropy falls only {drop:.3g} nats "
+        falls = f"falls only {drop:.3g} nats" if drop > 0 else "never falls below its start"
+        row = Row("focus", first, None, None, note=f"no focus: on the focus orbit the entropy {falls} "
                                                    f"(a focus needs {StageThresholds().focus_drop:g})")
     return noting_unsettled(row, unsettled)
 
