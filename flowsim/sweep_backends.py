@@ -56,7 +56,10 @@ def _interrupts_held():
     """SIGINT blocked in this thread while the block runs, and delivered when it ends (nothing is lost). A process
     spawned inside it inherits the blocked mask and keeps it: a worker never sees the Ctrl-C that a terminal sends
     to the whole process group, so it cannot be cut anywhere (JAX's garbage-collector callback printed tracebacks);
-    the sweep process stops its workers itself."""
+    the sweep process stops its workers itself. (Where there are no signal masks, as on Windows, nothing is held.)"""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield

@@ -32,8 +32,8 @@ from flowsim.bridge.surrogate import text_surrogate
 from flowsim.bridge.train import CHECKPOINT_FILE, DataSource, build_data, type_names
 from flowsim.config import ConfigError
 from flowsim.families import family_of
-from flowsim.interrupts import stop_requests
 from flowsim.flow import GradientFlow
+from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, file_digest, read_json, write_atomic_json
 from flowsim.losses import make_loss_function
 from flowsim.models import model_from_config
