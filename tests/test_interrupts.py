@@ -46,19 +46,24 @@ def test_the_loop_runs_chunks_until_done_or_stopped_and_checkpoints_on_its_sched
     assert run_in_chunks(advance, None, lambda: saved.append(1), 3600.0) is False and len(done) == 3 and not saved
 
 
+def foreground_flowsim(arguments: list[str], **options):
+    """`python -m flowsim ARGUMENTS` with SIGINT's default handler restored, as a shell's foreground job gets it (a test
+    runner may ignore SIGINT, and its children would inherit that); stdout and stderr piped."""
+    import subprocess
+    import sys
+
+    script = (f"import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              f"sys.argv = {['flowsim', *arguments]!r}; runpy.run_module('flowsim', run_name='__main__')")
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, **options)
+
+
 @pytest.mark.parametrize("delay", [0.15, 0.5, 1.0])
 def test_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(tmp_path, delay):
     """SIGINT during `flowsim run`'s imports and set-up (JAX's garbage-collector callback would drop it, and typer
     would exit 130 silently): one line saying so, or the run's own, exit 130, no traceback, no finished run."""
-    import subprocess
-    import sys
     import time
 
-    arguments = ["flowsim", "run", "--out", str(tmp_path / "run"), "--set", "time.t_end=5"]
-    # `python -m flowsim ...` with SIGINT delivered as a shell's foreground job gets it (a test runner may ignore it)
-    script = (f"import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-              f"sys.argv = {arguments!r}; runpy.run_module('flowsim', run_name='__main__')")
-    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = foreground_flowsim(["run", "--out", str(tmp_path / "run"), "--set", "time.t_end=5"])
     time.sleep(delay)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
@@ -203,15 +208,9 @@ def test_ctrl_c_during_a_prediction_says_nothing_was_cached(tmp_path):
     """`flowsim predict` caches a prediction whole or not at all: interrupted in the middle it says so (not that the
     command was starting), exits 130 and leaves no cache entry."""
     import os
-    import subprocess
-    import sys
 
-    arguments = ["flowsim", "predict"]
-    script = (f"import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-              f"sys.argv = {arguments!r}; runpy.run_module('flowsim', run_name='__main__')")
     cache = tmp_path / "predictions"
-    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env={**os.environ, "FLOWSIM_PREDICTION_CACHE": str(cache)})
+    process = foreground_flowsim(["predict"], env={**os.environ, "FLOWSIM_PREDICTION_CACHE": str(cache)})
     first = process.stderr.readline().decode()  # the first stage's progress line: the prediction has begun
     process.send_signal(signal.SIGINT)
     _, rest = process.communicate(timeout=120)

@@ -122,12 +122,12 @@ class DataSource:
         return self.corpus.batch(data.batch_size, data.s + 1, seed, step, split)
 
     def probe_set(self) -> ProbeSet:
-        data = self.config.data
+        data, fold = self.config.data, self.fold()
         if self.chain is not None:
             pool = markov_batch(self.chain, PROBE_POOL, data.s, data.seed + 2 * VALIDATION_SEED_OFFSET, 0)
         else:
-            pool = self.corpus.windows_ending_in(self.fold(), self.config.log.probe_per_type, data.s, data.seed, "valid")
-        return build_probe_set(pool, self.fold(), self.frequencies, self.config.log.probe_per_type)
+            pool = self.corpus.windows_ending_in(fold, self.config.log.probe_per_type, data.s, data.seed, "valid")
+        return build_probe_set(pool, fold, self.frequencies, self.config.log.probe_per_type)
 
 
 def build_data(config: BridgeConfig) -> DataSource:
