@@ -76,6 +76,8 @@ BAD_CHAINS = [
     (dict(P=[[float("inf"), 0.0], [0.5, 0.5]]), "non-finite entry inf"),
     (dict(pi=[0.5, 0.5], lam=float("nan")), "non-finite"),
     (dict(P=[[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]]), "square"),
+    (dict(P=[[1.0, 0.0], [0.5]]), "rows of different lengths [2, 1]; expected a square matrix"),
+    (dict(P="uniform"), "P must be numeric, got 'uniform'"),
     (dict(pi=[0.5, 0.5]), "either pi and lam"),
     (dict(pi=[0.5, 0.5], lam=0.1, P=[[0.5, 0.5], [0.5, 0.5]]), "not both"),
     (dict(pi=[0.5, 0.5], lam=0.1, start="first"), "start must be"),
