@@ -40,7 +40,8 @@ def example_losses(model, params, log_pi: jax.Array, query: jax.Array, target: j
     query type i (attention softmax(Φ_i + log π) over key types): O(B d m + d m k)."""
     queries = params["W0"][query] @ params["W_Q"]
     keys = params["W0"] @ params["W_K"]
-    attention = jax.nn.softmax(queries @ keys.T + log_pi, axis=-1)
+    scale = 1.0 if model.logit_scale == "one" else 1.0 / np.sqrt(model.k)  # as model.attention_logits
+    attention = jax.nn.softmax(scale * (queries @ keys.T) + log_pi, axis=-1)
     logits = model.logits_from_mixed(params, attention @ params["W0"], query)
     return jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, target[:, None], axis=1)[:, 0]
 
