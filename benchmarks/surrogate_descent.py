@@ -27,11 +27,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from report import write_section
+from surrogate_gap import DEPARTURE_FACTORS, first_crossings
 
 jax.config.update("jax_enable_x64", True)
 
 MARKER = "surrogate-descent"
-DEPARTURE_FACTORS = (2.0, 3.0, 5.0)
 READ_EVERY = 5.0  # units of t between readings of σ(W0)
 
 
@@ -92,12 +92,6 @@ def descend(model, chain, params, lr: float, batch: int, t_end: float, seed: int
     return np.array(times), np.array(sigmas)
 
 
-def departures(times: np.ndarray, sigma1: np.ndarray) -> list[float | None]:
-    """The first reading at which σ1 exceeds each DEPARTURE_FACTORS multiple of its start (None if never)."""
-    return [float(times[np.argmax(sigma1 > f * sigma1[0])]) if np.any(sigma1 > f * sigma1[0]) else None
-            for f in DEPARTURE_FACTORS]
-
-
 def parse_routes(text: str) -> list[tuple[float, int]]:
     routes = []
     for item in text.split(","):
@@ -136,7 +130,8 @@ def main() -> None:
         for seed in (seeds if batch else [0]):
             started = time.perf_counter()
             times, sigmas = descend(model, chain, params0, lr, batch, args.t_end, seed)
-            cells = ["–" if t is None else f"{t:g}" for t in departures(times, sigmas[:, 1])]
+            crossings = first_crossings(times, sigmas[:, 1])
+            cells = [f"{crossings[f]:g}" if f in crossings else "–" for f in DEPARTURE_FACTORS]
             at = " / ".join(f"{sigmas[np.argmin(abs(times - args.t_end * q / 5)), 1]:.3g}" for q in range(1, 6))
             lines.append(f"| {lr:g} | {batch or 'GD'} | {seed if batch else '–'} | " + " | ".join(cells)
                          + f" | {at} | {time.perf_counter() - started:.0f} |")

@@ -100,13 +100,18 @@ def four_routes(corpus: str, overrides: list[str], n_windows: int, work: Path, s
     return rows, final
 
 
+def first_crossings(t: np.ndarray, sigma1: np.ndarray, factors: tuple[float, ...] = DEPARTURE_FACTORS) -> dict[float, float]:
+    """The first time at which ``sigma1`` exceeds each factor times its start (a factor never reached is left out)."""
+    above = {factor: np.flatnonzero(sigma1 > factor * sigma1[0]) for factor in factors}
+    return {factor: float(t[hits[0]]) for factor, hits in above.items() if len(hits)}
+
+
 def sigma1_departures(observables, factors: tuple[float, ...] = DEPARTURE_FACTORS) -> dict[tuple, float]:
     """The first save time at which σ1(W0) exceeds each factor times its start, keyed like the detectors' events
     (stage ``"σ1 > 2 × start"``, no query or direction). Read off the raw series: the detectors' restart (10 times,
     smoothed) comes late at d = 1001, where SGD's σ1 grows slowly."""
-    t, sigma1 = np.asarray(observables.t), np.asarray(observables["sv_W0"])[:, 1]
-    above = {factor: np.flatnonzero(sigma1 > factor * sigma1[0]) for factor in factors}
-    return {(f"σ1 > {factor:g} × start", None, None, 1): float(t[hits[0]]) for factor, hits in above.items() if len(hits)}
+    crossings = first_crossings(np.asarray(observables.t), np.asarray(observables["sv_W0"])[:, 1], factors)
+    return {(f"σ1 > {factor:g} × start", None, None, 1): t for factor, t in crossings.items()}
 
 
 def gap(a: float | None, b: float | None) -> str:

@@ -30,10 +30,10 @@ def _as_finite_array(name: str, value, ndim: int) -> np.ndarray:
     try:
         array = np.asarray(value, dtype=float)
     except (TypeError, ValueError) as error:
-        lengths = [len(row) for row in value] if isinstance(value, (list, tuple)) and all(
-            isinstance(row, (list, tuple)) for row in value) else []
-        if len(set(lengths)) > 1:
-            raise ValueError(f"{name} has rows of different lengths {lengths}; expected a square matrix") from error
+        if isinstance(value, (list, tuple)) and all(isinstance(row, (list, tuple)) for row in value):
+            lengths = [len(row) for row in value]
+            if len(set(lengths)) > 1:
+                raise ValueError(f"{name} has rows of different lengths {lengths}; expected a square matrix") from error
         raise ValueError(f"{name} must be numeric, got {value!r}") from error
     if array.ndim != ndim:
         shape = "a vector" if ndim == 1 else "a square matrix"

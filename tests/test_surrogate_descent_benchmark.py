@@ -62,7 +62,7 @@ def test_sgd_steps_average_to_the_exact_step():
 def test_departures_read_the_first_crossing_of_each_multiple():
     times = np.arange(6.0)
     sigma1 = np.array([1.0, 1.5, 2.5, 2.0, 3.5, 4.0])
-    assert surrogate_descent.departures(times, sigma1) == [2.0, 4.0, None]
+    assert surrogate_descent.first_crossings(times, sigma1) == {2.0: 2.0, 3.0: 4.0}  # 5 × never
 
 
 def test_pairs_are_drawn_from_their_law():
