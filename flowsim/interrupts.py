@@ -26,6 +26,9 @@ IMPORT_MACHINERY = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstr
 # An interrupt raised inside Thread.start (while it waits for the new thread to run) leaves a running thread its
 # caller never learns of: JAX's backend set-up starts a 60 s watchdog timer so, which then holds up the exit.
 THREAD_START = threading.Thread.start.__code__
+# JAX's backend set-up starts that timer and cancels it in a `finally` one statement later: an interrupt between the
+# two leaves it running as well, so the whole set-up defers interrupts (it takes about a second).
+JAX_BACKEND_SETUP = os.path.join("jax", "_src", "xla_bridge.py")
 raised_interrupt: str | None = None  # the signal interrupt_when_safe last raised as KeyboardInterrupt, until stop_requests sees it
 
 
@@ -34,14 +37,16 @@ def interrupt_when_safe(signum: int, frame) -> None:
     REDELIVERY_SECONDS later (``deliver_later``): inside a garbage-collector callback (JAX registers one, and runs it
     often while it starts), where Python drops the exception; inside an import, where an exception raised while
     a native extension initialises (jaxlib's, loaded when a command first needs JAX) can crash the interpreter; and
-    inside ``Thread.start``, which would leave the started thread running unseen (JAX's backend set-up starts a
-    timer that way, and the process then waits 60 s for it at exit and warns of a slow TPU). What
+    inside ``Thread.start`` or JAX's backend set-up, which would leave a started thread running unseen (that set-up
+    starts a timer, and the process then waits 60 s for it at exit and warns of a slow TPU). What
     it raises is remembered in ``raised_interrupt``: a library's bare ``except:`` may swallow it, and the next
     ``stop_requests`` block then starts with its request set."""
     global raised_interrupt
     callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
     while frame is not None:
-        if frame.f_code in callbacks or frame.f_code is THREAD_START or frame.f_code.co_filename in IMPORT_MACHINERY:
+        code = frame.f_code
+        if (code in callbacks or code is THREAD_START or code.co_filename in IMPORT_MACHINERY
+                or code.co_filename.endswith(JAX_BACKEND_SETUP)):
             deliver_later(signum)
             return
         frame = frame.f_back

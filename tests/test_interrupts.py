@@ -74,7 +74,7 @@ def test_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(tmp_path, dela
     assert len(said) == 1 and said[0].startswith(("flowsim: interrupted", "interrupted at t = ")), text
 
 
-@pytest.mark.parametrize("where", ["gc callback", "import", "thread start"])
+@pytest.mark.parametrize("where", ["gc callback", "import", "thread start", "jax backend set-up"])
 def test_the_sigint_handler_defers_an_interrupt_that_lands_in_a_gc_callback_an_import_or_a_thread_start(
         monkeypatch, tmp_path, where):
     """Inside a garbage-collector callback, a module's import or Thread.start the handler raises nothing and asks for
@@ -108,6 +108,10 @@ def test_the_sigint_handler_defers_an_interrupt_that_lands_in_a_gc_callback_an_i
             gc.collect()
         finally:
             gc.callbacks.remove(callback)
+    elif where == "jax backend set-up":  # a frame of jax/_src/xla_bridge.py, between its timer's start and its try
+        from jax._src import xla_bridge
+
+        exec(compile("handle_here()", xla_bridge.__file__, "exec"), {"handle_here": handle_here})
     elif where == "thread start":
         class StartedEvent(threading.Event):  # Thread.start waits on it: the interrupt lands inside start
             def wait(self, timeout=None):
