@@ -6,7 +6,9 @@ All losses are the expected next-token cross-entropy
 
 * ``population_loss_mean_field``: s → ∞. The context's type frequencies converge to
   π, so A[i, :] = softmax(Φ[i, :] + log π), Z = A M and
-  L = Σ_i π_i Σ_y P[i, y] (-log softmax(Z[i, :])_y).
+  L = Σ_i π_i Σ_y P[i, y] (-log softmax(Z[i, :])_y). The one-layer model's loss is
+  differentiated through its gradient written out (``one_layer_mean_field_gradient``),
+  cheaper than autodiff's at large d.
 * ``population_loss_finite``: exact for finite s. The model is permutation-invariant
   over positions, so f depends on the context only through (count vector c, query
   x_s); attention over types is softmax(Φ[x_s, j] + log c_j) over types with c_j > 0.
@@ -23,6 +25,7 @@ All losses are the expected next-token cross-entropy
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -31,12 +34,13 @@ from typing import get_args
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 from jax.tree_util import Partial
 
 from flowsim.budget import check_memory
 from flowsim.chains import MarkovChain
 from flowsim.config import LossKind
-from flowsim.models import Model, Params, model_for_params
+from flowsim.models import Model, OneLayerTransformer, Params, model_for_params
 from flowsim.tasks import InductionTask
 
 LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
@@ -55,8 +59,78 @@ def mean_field_attention(phi: jax.Array, pi: jax.Array) -> jax.Array:
     return jax.nn.softmax(phi + jnp.log(pi)[None, :], axis=-1)
 
 
-def _mean_field_core(model: Model, params: Params, pi: jax.Array, P: jax.Array) -> jax.Array:
+def _mean_field_value(model: Model, params: Params, pi: jax.Array, P: jax.Array) -> jax.Array:
     return expected_cross_entropy(model.mean_field_logits(params, pi), P, pi)
+
+
+def one_layer_mean_field_gradient(model: OneLayerTransformer, params: Params, pi: jax.Array, P: jax.Array) -> Params:
+    """∇θ of the one-layer mean-field loss, by the chain rule written out (P's rows sum to 1).
+
+    With Q = W0 W_Q, K = W0 W_K, A = softmax(κ Q Kᵀ + log π) (κ the logit scale), X = A W0,
+    H = X [W_V] (+ W0 with the residual path), Z = H W1 and G = diag(π)(softmax(Z) - P) = ∂L/∂Z:
+
+        ∂W1 = Hᵀ G,   ∂H = G W1ᵀ,   ∂X = ∂H [W_Vᵀ],   ∂W_V = Xᵀ ∂H,
+        ∂S = κ A ⊙ (∂X W0ᵀ - r 1ᵀ), the gradient in S = Q Kᵀ, with r_i = Σ_j A_ij (∂X W0ᵀ)_ij = (∂X ⊙ X) 1,
+        ∂W0 = Aᵀ ∂X [+ ∂H] + ∂S K W_Qᵀ + ∂Sᵀ Q W_Kᵀ,   ∂W_Q = W0ᵀ ∂S K,   ∂W_K = W0ᵀ ∂Sᵀ Q.
+
+    Cost: nine products of O(d² max(m, k)), as reverse-mode autodiff takes, but fewer passes over d × d
+    arrays: r from d × m ones, and softmax(Z) once where logsumexp's derivative forms its exponentials
+    apart (benchmarks/MEASUREMENTS.md, "The one-layer mean-field gradient written out").
+    """
+    mm = model._matmul
+    W0, W1 = params["W0"], params["W1"]
+    scale = 1.0 if model.logit_scale == "one" else 1.0 / np.sqrt(model.k)
+    query, key = mm(W0, params["W_Q"]), mm(W0, params["W_K"])
+    attention = jax.nn.softmax(scale * mm(query, key.T) + jnp.log(pi)[None, :], axis=-1)
+    mixed = mm(attention, W0)
+    hidden = mm(mixed, params["W_V"]) if model.value_matrix else mixed
+    if model.residual:
+        hidden = hidden + W0
+    logits_gradient = pi[:, None] * (jax.nn.softmax(mm(hidden, W1), axis=-1) - P)
+    hidden_gradient = mm(logits_gradient, W1.T)
+    mixed_gradient = mm(hidden_gradient, params["W_V"].T) if model.value_matrix else hidden_gradient
+    row_mean = jnp.sum(mixed_gradient * mixed, axis=-1, keepdims=True)
+    phi_gradient = scale * attention * (mm(mixed_gradient, W0.T) - row_mean)
+    query_gradient, key_gradient = mm(phi_gradient, key), mm(phi_gradient.T, query)
+    W0_gradient = mm(attention.T, mixed_gradient) + mm(query_gradient, params["W_Q"].T) + mm(key_gradient, params["W_K"].T)
+    gradient = {"W0": W0_gradient + hidden_gradient if model.residual else W0_gradient,
+                "W_Q": mm(W0.T, query_gradient), "W_K": mm(W0.T, key_gradient), "W1": mm(hidden.T, logits_gradient)}
+    if model.value_matrix:
+        gradient["W_V"] = mm(mixed.T, hidden_gradient)
+    return gradient
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _one_layer_mean_field(model: OneLayerTransformer, params: Params, pi: jax.Array, P: jax.Array) -> jax.Array:
+    return _mean_field_value(model, params, pi, P)
+
+
+def _one_layer_mean_field_jvp(model, primals, tangents):
+    """L's tangent along the parameters from the written-out gradient (reverse mode transposes it, so a
+    gradient costs that; forward mode over it gives Hessian products); along π or P, if asked, by autodiff."""
+    params, pi, P = primals
+    params_tangent, pi_tangent, P_tangent = tangents
+    value = _mean_field_value(model, params, pi, P)
+    gradient = one_layer_mean_field_gradient(model, params, pi, P)
+    tangent = sum((jnp.vdot(gradient[name], step) for name, step in params_tangent.items() if not _is_zero(step)),
+                  jnp.zeros_like(value))
+    if not (_is_zero(pi_tangent) and _is_zero(P_tangent)):
+        data_tangents = tuple(jnp.zeros_like(x) if _is_zero(t) else t for x, t in ((pi, pi_tangent), (P, P_tangent)))
+        tangent = tangent + jax.jvp(lambda pi, P: _mean_field_value(model, params, pi, P), (pi, P), data_tangents)[1]
+    return value, tangent
+
+
+def _is_zero(tangent) -> bool:
+    return isinstance(tangent, SymbolicZero)
+
+
+_one_layer_mean_field.defjvp(_one_layer_mean_field_jvp, symbolic_zeros=True)
+
+
+def _mean_field_core(model: Model, params: Params, pi: jax.Array, P: jax.Array) -> jax.Array:
+    if isinstance(model, OneLayerTransformer):
+        return _one_layer_mean_field(model, params, pi, P)
+    return _mean_field_value(model, params, pi, P)
 
 
 def population_loss_mean_field(params: Params, chain: MarkovChain, model: Model) -> jax.Array:
