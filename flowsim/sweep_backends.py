@@ -114,15 +114,20 @@ def run_dask(work: Callable, tasks: list[tuple], workers: int, scheduler: str | 
         client_log = logging.getLogger("distributed.client")
         client_log.addFilter(quiet := _WithoutTracebacks())
         stack.callback(client_log.removeFilter, quiet)
+        dask_handlers = logging.getLogger("distributed").handlers  # where every Dask logger's records go
+        stack.callback(_set_levels, {handler: handler.level for handler in dask_handlers})
         if scheduler is None:
             cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                                        env=WORKER_THREAD_ENV, dashboard_address=None))
             client = stack.enter_context(Client(cluster))
+            client.register_plugin(_quiet_on_interrupt_plugin())
         else:
             try:
                 client = stack.enter_context(Client(scheduler))
             except OSError as error:
                 raise ClusterLost(f"cannot reach {where}: {error}") from None
+        # the first to close as an interrupt propagates; a LocalCluster's workers are told as well
+        stack.enter_context(_silent_once_interrupted(dask_handlers, client if scheduler is None else None))
         submitted = {}
 
         def submit(task) -> object:
@@ -148,6 +153,51 @@ def run_dask(work: Callable, tasks: list[tuple], workers: int, scheduler: str | 
                 raise ClusterLost(f"lost {where} during the sweep ({getattr(error, 'reason', None) or error}); the rows "
                                   "written are kept, and the same command, once the scheduler is back, computes the rest") from None
             on_result(result)
+
+
+SILENT = logging.CRITICAL + 1
+
+
+@contextlib.contextmanager
+def _silent_once_interrupted(handlers: list[logging.Handler], client=None):
+    """On an interrupt, Dask's log ``handlers`` say nothing while the blocks around this one close, nor do the
+    workers of ``client`` (if given): Dask warns of each task it cancels and each busy worker it kills, and
+    heartbeats fail, all of which an interrupted sweep expects."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        _set_levels(dict.fromkeys(handlers, SILENT))
+        if client is not None:  # a signal to this process alone: its workers have not heard of it
+            with contextlib.suppress(Exception):
+                client.run(_quiet_after_interrupt, None, None)
+        raise
+
+
+def _set_levels(levels: dict[logging.Handler, int]) -> None:
+    for handler, level in levels.items():
+        handler.setLevel(level)
+
+
+def _quiet_after_interrupt(signum, frame) -> None:
+    _set_levels(dict.fromkeys(logging.getLogger("distributed").handlers, SILENT))
+
+
+def _quiet_on_interrupt_plugin():
+    """A worker plugin by which a LocalCluster's workers, and any that replace them, neither stop nor speak on
+    SIGINT. A terminal's Ctrl-C reaches the whole process group; the sweep process closes the cluster itself, as
+    the local pool's stops its workers (each worker printed its event loop's KeyboardInterrupt traceback, then
+    Dask's warnings of the tasks cancelled). Dask starts a worker's process from threads of its own, so it cannot
+    inherit a blocked SIGINT as the local pool's workers do; the handler is set from the worker's event loop, in
+    its main thread."""
+    from distributed import WorkerPlugin
+
+    class QuietOnInterrupt(WorkerPlugin):
+        idempotent = True
+
+        def setup(self, worker) -> None:
+            signal.signal(signal.SIGINT, _quiet_after_interrupt)
+
+    return QuietOnInterrupt()
 
 
 class _WithoutTracebacks(logging.Filter):

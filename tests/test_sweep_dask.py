@@ -1,6 +1,6 @@
 """flowsim sweep on a Dask cluster that fails under it: a worker killed mid-sweep, the scheduler lost, a run that
 exhausts its worker's memory. The cluster is a real one (``dask scheduler`` and ``dask worker`` processes), reached
-with ``--scheduler`` as on a shared machine."""
+with ``--scheduler`` as on a shared machine. And a sweep on its own LocalCluster, interrupted."""
 
 import contextlib
 import os
@@ -143,6 +143,35 @@ def test_a_run_that_exhausts_its_workers_memory_is_marked_and_the_others_finish(
     assert finished["status"] == "finished" and finished["final_loss"] > 0
     assert died["status"] == sweep.WORKER_DIED and "died" in died["reason"] and died["final_loss"] is None
     assert "worker_died" in (out / "sweep.csv").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("to_the_group", [True, False], ids=["terminal-ctrl-c", "sweep-process-alone"])
+def test_an_interrupted_sweep_on_its_local_cluster_says_one_line_and_leaves_no_worker(tmp_path, to_the_group):
+    """SIGINT once the first row is written, to the whole process group (a terminal's Ctrl-C, which reaches every
+    worker) or to the sweep process alone: exit 130, the workers are gone, and nothing is said after the progress
+    lines but the sweep's own line (each worker printed its event loop's KeyboardInterrupt traceback, then Dask
+    warned of every task it cancelled)."""
+    import psutil
+
+    out = tmp_path / "sweep"
+    command = [sys.executable, "-m", "flowsim.cli", "sweep", *ROWS, "--workers", "2", "--backend", "dask", "--out", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=QUIET, start_new_session=True)
+    try:
+        while not row_stamps(out):
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.2)
+        workers = psutil.Process(process.pid).children(recursive=True)
+        (os.killpg if to_the_group else os.kill)(process.pid, signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    said = [line for line in stderr.decode().splitlines() if not line.startswith("flowsim: ")]
+    assert process.returncode == 130, stderr.decode()
+    assert len(said) == 1 and said[0].startswith("interrupted: "), stderr.decode()
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, alive
 
 
 def lost_while_fetching():
