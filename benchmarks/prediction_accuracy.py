@@ -91,7 +91,7 @@ def overrides_accuracy(chain_overrides: list[str], eps: float, seed: int, horizo
     """Condensation and first focus, predicted (``predict_run``'s rows) and measured, for the chain of
     ``chain_overrides``; the horizon comes from Stage II's orbit, which needs no rank-one flow."""
     overrides = chain_overrides + [f"init.eps={eps}", f"init.seed={seed}"]
-    prepared = prepare(load_config(None, overrides))
+    prepared = prepare(load_config(None, overrides + [f"solver.atol={atol_below_eps_squared(eps)}"]))
     chain = prepared.chain
     condensation = predict_condensation(chain.pi, chain.P, prepared.params0, eps)
     focus = predict_focus(MeanFieldChain(chain.pi, chain.P), prepared.params0, condensation, prepared.model.k)
@@ -213,11 +213,15 @@ def cycle_accuracy(pi: list[float], lam: float, eps: float, seed: int = 0, resta
     return CycleAccuracy(pi, lam, eps, t_end, compared_rows(predict_run(config).rows, measured_stages(config)))
 
 
+def atol_below_eps_squared(eps: float) -> float:
+    """An absolute tolerance that resolves the early dynamics, whose scale is ε²."""
+    return min(1e-12, 1e-3 * eps**2)
+
+
 def flow_config(overrides: list[str], eps: float, t_end: float, n_save: int) -> RunConfig:
     """The chain's run to ``t_end`` on ``n_save`` log-spaced times, atol well below ε²."""
-    atol = min(1e-12, 1e-3 * eps**2)
     return load_config(None, overrides + [f"time.t_end={t_end}", "time.n_linear=2", f"time.n_log={n_save}",
-                                          f"solver.atol={atol}"])
+                                          f"solver.atol={atol_below_eps_squared(eps)}"])
 
 
 def measured_stages(config: RunConfig) -> StageReport:
