@@ -64,7 +64,7 @@ def _mean_field_value(model: Model, params: Params, pi: jax.Array, P: jax.Array)
 
 
 def one_layer_mean_field_gradient(model: OneLayerTransformer, params: Params, pi: jax.Array, P: jax.Array) -> Params:
-    """∇θ of the one-layer mean-field loss, by the chain rule written out (P's rows sum to 1).
+    """∇θ of the one-layer mean-field loss (as ``expected_cross_entropy`` computes it), by the chain rule written out.
 
     With Q = W0 W_Q, K = W0 W_K, A = softmax(κ Q Kᵀ + log π) (κ the logit scale), X = A W0,
     H = X [W_V] (+ W0 with the residual path), Z = H W1 and G = diag(π)(softmax(Z) - P) = ∂L/∂Z:
