@@ -64,13 +64,14 @@ def _mean_field_value(model: Model, params: Params, pi: jax.Array, P: jax.Array)
 
 
 def one_layer_mean_field_gradient(model: OneLayerTransformer, params: Params, pi: jax.Array, P: jax.Array) -> Params:
-    """∇θ of the one-layer mean-field loss (as ``expected_cross_entropy`` computes it), by the chain rule written out.
+    """∇θ of the one-layer mean-field loss (as ``expected_cross_entropy`` computes it), the chain rule written
+    out.
 
     With Q = W0 W_Q, K = W0 W_K, A = softmax(κ Q Kᵀ + log π) (κ the logit scale), X = A W0,
     H = X [W_V] (+ W0 with the residual path), Z = H W1 and G = diag(π)(softmax(Z) - P) = ∂L/∂Z:
 
         ∂W1 = Hᵀ G,   ∂H = G W1ᵀ,   ∂X = ∂H [W_Vᵀ],   ∂W_V = Xᵀ ∂H,
-        ∂S = κ A ⊙ (∂X W0ᵀ - r 1ᵀ), the gradient in S = Q Kᵀ, with r_i = Σ_j A_ij (∂X W0ᵀ)_ij = (∂X ⊙ X) 1,
+        ∂S = κ A ⊙ (∂X W0ᵀ - r 1ᵀ)  (the gradient in S = Q Kᵀ),  r_i = Σ_j A_ij (∂X W0ᵀ)_ij = (∂X ⊙ X) 1,
         ∂W0 = Aᵀ ∂X [+ ∂H] + ∂S K W_Qᵀ + ∂Sᵀ Q W_Kᵀ,   ∂W_Q = W0ᵀ ∂S K,   ∂W_K = W0ᵀ ∂Sᵀ Q.
 
     Cost: nine products of O(d² max(m, k)), as reverse-mode autodiff takes, but fewer passes over d × d
@@ -90,9 +91,10 @@ def one_layer_mean_field_gradient(model: OneLayerTransformer, params: Params, pi
     hidden_gradient = mm(logits_gradient, W1.T)
     mixed_gradient = mm(hidden_gradient, params["W_V"].T) if model.value_matrix else hidden_gradient
     row_mean = jnp.sum(mixed_gradient * mixed, axis=-1, keepdims=True)
-    phi_gradient = scale * attention * (mm(mixed_gradient, W0.T) - row_mean)
-    query_gradient, key_gradient = mm(phi_gradient, key), mm(phi_gradient.T, query)
-    W0_gradient = mm(attention.T, mixed_gradient) + mm(query_gradient, params["W_Q"].T) + mm(key_gradient, params["W_K"].T)
+    query_key_gradient = scale * attention * (mm(mixed_gradient, W0.T) - row_mean)
+    query_gradient, key_gradient = mm(query_key_gradient, key), mm(query_key_gradient.T, query)
+    W0_gradient = (mm(attention.T, mixed_gradient) + mm(query_gradient, params["W_Q"].T)
+                   + mm(key_gradient, params["W_K"].T))
     gradient = {"W0": W0_gradient + hidden_gradient if model.residual else W0_gradient,
                 "W_Q": mm(W0.T, query_gradient), "W_K": mm(W0.T, key_gradient), "W1": mm(hidden.T, logits_gradient)}
     if model.value_matrix:
