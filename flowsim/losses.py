@@ -80,9 +80,8 @@ def one_layer_mean_field_gradient(model: OneLayerTransformer, params: Params, pi
     """
     mm = model._matmul
     W0, W1 = params["W0"], params["W1"]
-    scale = 1.0 if model.logit_scale == "one" else 1.0 / np.sqrt(model.k)
-    query, key = mm(W0, params["W_Q"]), mm(W0, params["W_K"])
-    attention = jax.nn.softmax(scale * mm(query, key.T) + jnp.log(pi)[None, :], axis=-1)
+    query, key = mm(W0, params["W_Q"]), mm(W0, params["W_K"])  # for S's gradient (XLA forms them once)
+    attention = mean_field_attention(model.attention_logits(params), pi)
     mixed = mm(attention, W0)
     hidden = mm(mixed, params["W_V"]) if model.value_matrix else mixed
     if model.residual:
@@ -91,7 +90,7 @@ def one_layer_mean_field_gradient(model: OneLayerTransformer, params: Params, pi
     hidden_gradient = mm(logits_gradient, W1.T)
     mixed_gradient = mm(hidden_gradient, params["W_V"].T) if model.value_matrix else hidden_gradient
     row_mean = jnp.sum(mixed_gradient * mixed, axis=-1, keepdims=True)
-    query_key_gradient = scale * attention * (mm(mixed_gradient, W0.T) - row_mean)
+    query_key_gradient = model.logit_scale_factor * attention * (mm(mixed_gradient, W0.T) - row_mean)
     query_gradient, key_gradient = mm(query_key_gradient, key), mm(query_key_gradient.T, query)
     W0_gradient = (mm(attention.T, mixed_gradient) + mm(query_gradient, params["W_Q"].T)
                    + mm(key_gradient, params["W_K"].T))

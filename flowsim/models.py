@@ -106,12 +106,16 @@ class OneLayerTransformer:
             if tuple(np.shape(params[name])) != shape:
                 raise ValueError(f"parameter {name} has shape {tuple(np.shape(params[name]))}, expected {shape}")
 
+    @property
+    def logit_scale_factor(self) -> float:
+        """κ in Φ = κ W0 W_Q W_K^T W0^T: 1, or 1/sqrt(k)."""
+        return 1.0 if self.logit_scale == "one" else 1.0 / np.sqrt(self.k)
+
     def attention_logits(self, params: Params) -> jax.Array:
         """Φ = W0 W_Q W_K^T W0^T (d x d), scaled by 1/sqrt(k) when asked."""
         query = self._matmul(params["W0"], params["W_Q"])
         key = self._matmul(params["W0"], params["W_K"])
-        scale = 1.0 if self.logit_scale == "one" else 1.0 / np.sqrt(self.k)
-        return scale * self._matmul(query, key.T)
+        return self.logit_scale_factor * self._matmul(query, key.T)
 
     def value_map(self, params: Params) -> jax.Array:
         """The token-to-logit map carried by attention: W0 W1, or W0 W_V W1."""

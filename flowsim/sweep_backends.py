@@ -114,8 +114,8 @@ def run_dask(work: Callable, tasks: list[tuple], workers: int, scheduler: str | 
         client_log = logging.getLogger("distributed.client")
         client_log.addFilter(quiet := _WithoutTracebacks())
         stack.callback(client_log.removeFilter, quiet)
-        dask_handlers = logging.getLogger("distributed").handlers  # where every Dask logger's records go
-        stack.callback(_set_levels, {handler: handler.level for handler in dask_handlers})
+        for handler in logging.getLogger("distributed").handlers:  # silenced on an interrupt, restored after
+            stack.callback(handler.setLevel, handler.level)
         if scheduler is None:
             cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                                        env=WORKER_THREAD_ENV, dashboard_address=None))
@@ -127,7 +127,7 @@ def run_dask(work: Callable, tasks: list[tuple], workers: int, scheduler: str | 
             except OSError as error:
                 raise ClusterLost(f"cannot reach {where}: {error}") from None
         # the first to close as an interrupt propagates; a LocalCluster's workers are told as well
-        stack.enter_context(_silent_once_interrupted(dask_handlers, client if scheduler is None else None))
+        stack.enter_context(_silent_once_interrupted(client if scheduler is None else None))
         submitted = {}
 
         def submit(task) -> object:
@@ -155,31 +155,25 @@ def run_dask(work: Callable, tasks: list[tuple], workers: int, scheduler: str | 
             on_result(result)
 
 
-SILENT = logging.CRITICAL + 1
-
-
 @contextlib.contextmanager
-def _silent_once_interrupted(handlers: list[logging.Handler], client=None):
-    """On an interrupt, Dask's log ``handlers`` say nothing while the blocks around this one close, nor do the
-    workers of ``client`` (if given): Dask warns of each task it cancels and each busy worker it kills, and
-    heartbeats fail, all of which an interrupted sweep expects."""
+def _silent_once_interrupted(client=None):
+    """On an interrupt, Dask's logs say nothing while the blocks around this one close, nor do the workers of
+    ``client`` (if given): Dask warns of each task it cancels and each busy worker it kills, and heartbeats fail,
+    all of which an interrupted sweep expects."""
     try:
         yield
     except KeyboardInterrupt:
-        _set_levels(dict.fromkeys(handlers, SILENT))
+        _silence_dask_logs()
         if client is not None:  # a signal to this process alone: its workers have not heard of it
             with contextlib.suppress(Exception):
-                client.run(_quiet_after_interrupt, None, None)
+                client.run(_silence_dask_logs)
         raise
 
 
-def _set_levels(levels: dict[logging.Handler, int]) -> None:
-    for handler, level in levels.items():
-        handler.setLevel(level)
-
-
-def _quiet_after_interrupt(signum, frame) -> None:
-    _set_levels(dict.fromkeys(logging.getLogger("distributed").handlers, SILENT))
+def _silence_dask_logs(*signal_arguments) -> None:
+    """Every Dask logger's records go to the handlers of ``distributed``: those say nothing more (a signal handler too)."""
+    for handler in logging.getLogger("distributed").handlers:
+        handler.setLevel(logging.CRITICAL + 1)
 
 
 def _quiet_on_interrupt_plugin():
@@ -195,7 +189,7 @@ def _quiet_on_interrupt_plugin():
         idempotent = True
 
         def setup(self, worker) -> None:
-            signal.signal(signal.SIGINT, _quiet_after_interrupt)
+            signal.signal(signal.SIGINT, _silence_dask_logs)
 
     return QuietOnInterrupt()
 
