@@ -97,7 +97,7 @@ def check_run_size(config: RunConfig) -> None:
     points = config.time.n_linear + config.time.n_log + 2
     check_memory(8.0 * 16 * d * d, f"a chain with d = {d} tokens ({d_key}; its d x d maps and the loss's intermediates)",
                  "use fewer tokens")
-    if METHOD[method_for(config.solver.method, n)].needs_dense_jacobian:
+    if METHOD[method_for(config.solver.method)].needs_dense_jacobian:
         check_memory(8.0 * 4 * n * n, f"solver.method = {config.solver.method!r} on {n} parameters (dense n x n "
                                       f"Jacobian and its factorisation; model.m = {m})",
                      "use solver.method = 'JaxRadau' (no dense Jacobian), or a smaller model.m")

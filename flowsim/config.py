@@ -28,7 +28,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from flowsim.methods import DEFAULT_METHOD, MATRIX_FREE_FROM_SIZE, METHODS, check_method, default_rtol
+from flowsim.methods import DEFAULT_METHOD, METHODS, check_method, default_rtol
 
 
 class ConfigError(ValueError):
@@ -145,8 +145,8 @@ class FlowConfig(Section):
 class SolverConfig(Section):
     """The integrator (flowsim.methods)."""
 
-    method: str = key(DEFAULT_METHOD, f"integration method: auto (JaxRadau below {MATRIX_FREE_FROM_SIZE} parameters, "
-                                      f"JaxBDF from there), {', '.join(METHODS)}, or one registered (flowsim.methods)")
+    method: str = key(DEFAULT_METHOD, f"integration method: auto (JaxBDF), {', '.join(METHODS)}, or one registered "
+                                      "(flowsim.methods)")
     # below 1e-14 (about 100 machine epsilons) no step meets it
     rtol: float | None = key(None, "relative tolerance; default: the method's (flowsim.methods.default_rtol)", ge=1e-14)
     atol: Positive = key(1e-12, "absolute tolerance")

@@ -210,12 +210,12 @@ def resume_run(run_dir: Path, *, progress: bool = True) -> tuple[FlowResult, boo
     prepared = prepare(config)
     if run.trajectory.t[-1] >= prepared.times[-1]:  # solved to the end: only outputs written after it are missing
         return _complete_outputs(config, run_dir, prepared, run), True
-    method = method_for(config.solver.method, prepared.flow.size)
+    method = method_for(config.solver.method)
     solver_state = None
     if METHOD[method].needs_saved_state and (run_dir / SOLVER_STATE_FILE).is_file():
         solver_state = read_npz(run_dir / SOLVER_STATE_FILE)
     thetas = prepared.flow.flatten_batch(run.trajectory.params)
-    resume = ResumePoint(run.trajectory.t, thetas, solver_state)
+    resume = ResumePoint(run.trajectory.t, thetas, solver_state, state_method=run.meta.get("method"))
     history = [*run.meta.get("sessions", []), {key: run.meta.get(key) for key in
                                                  ("started", "status_name", "t_reached", "n_steps", "solve_seconds")}]
     return execute_run(config, run_dir, progress=progress, prepared=prepared, resume=resume, history=history), resume.is_exact(method)

@@ -92,10 +92,18 @@ class ResumePoint:
     t: np.ndarray
     theta: np.ndarray
     solver_state: dict[str, np.ndarray] | None = None
+    state_method: str | None = None  # the method whose loop state ``solver_state`` is (None: the resuming one's)
+
+    def state_for(self, method: str) -> dict[str, np.ndarray] | None:
+        """The loop state, if ``method`` can continue it: a run begun by another method (one that "auto" stood for
+        in an earlier version) restarts from its last saved point instead."""
+        if not METHOD[method].needs_saved_state or self.state_method not in (None, method):
+            return None
+        return self.solver_state
 
     def is_exact(self, method: str) -> bool:
         known = METHOD[method]
-        return known.resumes_exactly and (not known.needs_saved_state or self.solver_state is not None)
+        return known.resumes_exactly and (not known.needs_saved_state or self.state_for(method) is not None)
 
 
 def check_save_times(t_eval) -> np.ndarray:

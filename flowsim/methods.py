@@ -35,19 +35,16 @@ METHOD_TABLE = (
 )
 METHOD = {method.name: method for method in METHOD_TABLE}
 METHODS: tuple[str, ...] = tuple(METHOD)  # the methods flowsim ships; ``METHOD`` also holds registered ones
-AUTO = "auto"  # the default: a method chosen by the flow's size (``method_for``)
+AUTO = "auto"  # the default: JaxBDF (``method_for``)
 DEFAULT_METHOD = AUTO
-# "auto" takes JaxBDF from this many parameters on, where JaxRadau's eigensystem refreshes grow with n and JaxBDF is
-# the faster; below, JaxRadau is (benchmarks/MEASUREMENTS.md, "JaxBDF")
-MATRIX_FREE_FROM_SIZE = 1024
 
 
-def method_for(name: str, size: int) -> str:
-    """The method ``name`` stands for on a flow of ``size`` parameters: itself, or for "auto" JaxRadau below
-    MATRIX_FREE_FROM_SIZE parameters and JaxBDF from there."""
-    if name != AUTO:
-        return name
-    return "JaxBDF" if size >= MATRIX_FREE_FROM_SIZE else "JaxRadau"
+def method_for(name: str) -> str:
+    """The method ``name`` stands for: itself, or for "auto" JaxBDF, at every size. JaxRadau keeps a few stiff
+    directions (``stiff_rank``) and its steps collapse once a flow has more (a general chain's saturated attention,
+    late in the flow, even at the paper's size); JaxBDF does not, and compiles in half the time
+    (benchmarks/MEASUREMENTS.md, "The default method: JaxBDF at every size")."""
+    return "JaxBDF" if name == AUTO else name
 
 
 def register(method: Method) -> None:

@@ -107,8 +107,8 @@ def solve_flow(
 ) -> FlowResult:
     """Integrate ``flow`` from ``params0`` and save at ``t_eval`` (ascending, t_eval[0] = 0).
 
-    ``method`` is a name (``flowsim.methods.METHOD``; "auto", the default, picks JaxRadau or JaxBDF by the flow's
-    size: ``flowsim.methods.method_for``) or a method object (``JaxRadau(rank=16)``).
+    ``method`` is a name (``flowsim.methods.METHOD``; "auto", the default, is JaxBDF: ``flowsim.methods.method_for``)
+    or a method object (``JaxRadau(rank=16)``).
     ``rtol``/``atol`` are the error tolerances of the adaptive methods (``rtol`` defaults
     to the method's own, ``default_rtol(method)``; with a small
     initialisation of scale ε, atol must sit well below ε²); ``lr`` is the step η of
@@ -120,7 +120,7 @@ def solve_flow(
     result then holds every point, the earlier ones included.
     """
     if method == AUTO:
-        method = method_for(AUTO, flow.size)
+        method = method_for(AUTO)
     name = method if isinstance(method, str) else method.name
     rtol = default_rtol(name) if rtol is None else rtol
     _check_options(name, rtol, atol, max_steps, lr if isinstance(method, str) else getattr(method, "lr", None))
@@ -128,7 +128,7 @@ def solve_flow(
     times = check_save_times(t_eval)
     theta0 = _initial_vector(flow, params0)
     # JaxRadau and JaxBDF continue their saved loop state exactly; every other resume starts afresh at the last saved point
-    state = resume.solver_state if resume is not None and METHOD[name].needs_saved_state else None
+    state = None if resume is None else resume.state_for(name)
     prefix_t, prefix_theta = np.zeros(0), np.zeros((0, flow.size))
     if resume is not None and state is None:
         if not resume.t[-1] < times[-1]:

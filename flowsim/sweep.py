@@ -159,7 +159,7 @@ def _compute_rows(runs: list[tuple[RunSpec, object]], out: str, should_stop: Cal
     specs, configs = [spec for spec, _ in runs], [config for _, config in runs]
     prepared = [prepare(config) for config in configs]
     solver = configs[0].solver
-    if METHOD[method_for(solver.method, prepared[0].flow.size)].batches:
+    if METHOD[method_for(solver.method)].batches:
         results = solve_flow_batch([p.flow for p in prepared], [p.params0 for p in prepared], prepared[0].times,
                                    rtol=solver.rtol, atol=solver.atol, max_steps=solver.max_steps, should_stop=should_stop)
     else:

@@ -246,7 +246,7 @@ def test_a_failed_resume_leaves_the_folder_as_it_was(tmp_path):
     np.savez(tmp_path / "run" / "solver_state.npz", y=np.zeros((1, 7)), saved=np.zeros((1, 64, 7)))
     files = {name: (tmp_path / "run" / name).read_bytes() for name in ("meta.json", "config.toml", "trajectory.npz")}
     line = _one_error_line(_invoke("run", "--resume", str(tmp_path / "run")))
-    assert "the saved JaxRadau state lacks" in line
+    assert "the saved JaxBDF state lacks" in line
     assert {name: (tmp_path / "run" / name).read_bytes() for name in files} == files
 
 

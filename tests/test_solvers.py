@@ -185,6 +185,13 @@ def test_an_interrupted_solve_resumes_to_the_uninterrupted_result(default_flow, 
         smaller = {**part.solver_state, "saved": part.solver_state["saved"][:, :64]}
         resumed = solve_flow(flow, params0, times, resume=dataclasses.replace(resume, solver_state=smaller), **options)
         assert _same_trajectory(resumed.trajectory, whole.trajectory)
+        # met by JaxBDF (a run that "auto" began with JaxRadau in earlier versions): afresh from the last saved point
+        by_another = dataclasses.replace(resume, state_method="JaxRadau")
+        assert not by_another.is_exact("JaxBDF")
+        continued = solve_flow(flow, params0, times, resume=by_another, method="JaxBDF", rtol=1e-8)
+        assert continued.success and continued.method == "JaxBDF"
+        np.testing.assert_array_equal(continued.trajectory.t, whole.trajectory.t)
+        np.testing.assert_allclose(continued.trajectory.loss, whole.trajectory.loss, rtol=1e-5)
     if method == "JaxBDF":
         assert resumed.stats.n_steps == whole.stats.n_steps and resumed.stats.nfev == whole.stats.nfev
         # only the points written are kept: the state holds as many as the trajectory, not the whole save buffer

@@ -20,7 +20,7 @@ CONFIGS = "configs/two_layer"
 
 def _reference_error(prepared, rtol=None, atol=1e-12):
     """JaxRadau at (rtol, atol) against LSODA at rtol 1e-12: largest relative loss and parameter
-    errors. ``rtol=None`` is JaxRadau's default, the project's default method and tolerance."""
+    errors. ``rtol=None`` is JaxRadau's default tolerance."""
     reference = solve_flow(prepared.flow, prepared.params0, prepared.times, method="LSODA", rtol=1e-12, atol=atol * 1e-3)
     result = solve_flow(prepared.flow, prepared.params0, prepared.times, method="JaxRadau", rtol=rtol, atol=atol)
     assert reference.success and result.success, (reference.message, result.message)
