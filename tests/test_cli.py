@@ -250,6 +250,24 @@ def test_a_failed_resume_leaves_the_folder_as_it_was(tmp_path):
     assert {name: (tmp_path / "run" / name).read_bytes() for name in files} == files
 
 
+def test_a_run_the_old_default_began_with_jaxradau_resumes_with_jaxbdf_from_its_last_point(tmp_path):
+    """'auto' stood for JaxRadau at small sizes before it was JaxBDF: such a run's loop state is JaxRadau's, which
+    JaxBDF cannot continue, so the resume starts afresh from the last saved point and ends as a whole run does."""
+    from flowsim.trajectory import Trajectory
+
+    execute_run(load_config(None, SMALL), tmp_path / "run", progress=False)
+    whole = Trajectory.load(tmp_path / "run" / "trajectory.npz")
+    _as_interrupted(tmp_path / "run")
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    (tmp_path / "run" / "meta.json").write_text(json.dumps({**meta, "method": "JaxRadau"}))
+    np.savez(tmp_path / "run" / "solver_state.npz", y=np.zeros((1, 7)), saved=np.zeros((1, 64, 7)))  # not JaxBDF's
+    assert _invoke("run", "--resume", str(tmp_path / "run")).exit_code == 0
+    resumed = Trajectory.load(tmp_path / "run" / "trajectory.npz")
+    np.testing.assert_array_equal(resumed.t, whole.t)
+    np.testing.assert_allclose(resumed.loss, whole.loss, rtol=1e-6)
+    assert json.loads((tmp_path / "run" / "meta.json").read_text())["method"] == "JaxBDF"
+
+
 def test_a_second_writer_of_a_run_or_a_sweep_folder_is_refused(tmp_path):
     from flowsim.rundir import folder_lock
 
