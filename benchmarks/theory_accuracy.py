@@ -26,6 +26,7 @@ import numpy as np
 
 from prediction_accuracy import (ChainAccuracy, CycleAccuracy, RestartAccuracy, chain_accuracy, cycle_accuracy, random_family,
                              restart_accuracy, transition_accuracy, transition_restart_accuracy)
+from flowsim.methods import AUTO, method_for
 from theory.predict import NOT_MEASURED, NOT_PREDICTED
 
 from report import write_section
@@ -161,8 +162,8 @@ def large_vocabularies(args) -> None:
             f"{', '.join(args.corpus)} at d = {', '.join(map(str, args.text_d))} (the bridge's default surrogate, interpolated with the unigram law); m = k = 8, mean-field loss, "
             f"seed-0 initial point. The theory's condensation, first focus and σ1 restart are `predict_run`'s rows (read on "
             f"the flow from θ(0) with direction 1 open); the rank-one transverse equation's σ1 is beside them; Stage I / II "
-            f"are the errors of the asymptotic orbits' times. The exact flow (JaxRadau, rtol "
-            f"1e-8) runs to twice Stage II's focus and to 1.3 × the "
+            f"are the errors of the asymptotic orbits' times. The exact flow ({method_for(AUTO)}, "
+            f"rtol 1e-8) runs to twice Stage II's focus and to 1.3 × the "
             f"predicted σ1 restart (at most t = {args.t_cap:g}). {time.perf_counter() - started:.0f} s on a 2-core CPU.", "",
             *lines]
     epsilons = args.eps or [1e-3]
