@@ -296,8 +296,10 @@ class TransverseAlongPath:
         z0 = self.Z0.ravel() if not self.pieces else self.pieces[-1].sol(self.pieces[-1].t[-1])
         piece = solve_ivp(field, (segment.sol.t_min, segment.sol.t_max), z0, method=TRANSVERSE_METHOD, events=passes,
                           dense_output=True, rtol=self.rtol, atol=self.rtol * self.scale)
-        if piece.status == -1:
-            raise RuntimeError(f"the transverse equation failed: {piece.message}")
+        if piece.status == -1:  # where it stopped and how large z was say whether it blew up before σ crossed
+            raise RuntimeError(f"the transverse equation failed at t = {piece.t[-1]:.6g} (|z| = "
+                               f"{np.linalg.norm(piece.y[:, -1]):.3g}, σ{self.rank}(W0) not yet at its threshold "
+                               f"{self.threshold:.3g}): {piece.message}")
         self.pieces.append(piece)
         self.crossings.extend(float(t) for t in piece.t_events[0][:1])
 
