@@ -100,7 +100,7 @@ def check_run_size(config: RunConfig) -> None:
     if METHOD[method_for(config.solver.method)].needs_dense_jacobian:
         check_memory(8.0 * 4 * n * n, f"solver.method = {config.solver.method!r} on {n} parameters (dense n x n "
                                       f"Jacobian and its factorisation; model.m = {m})",
-                     "use solver.method = 'JaxRadau' (no dense Jacobian), or a smaller model.m")
+                     "use solver.method = 'auto' (JaxBDF: no dense Jacobian), or a smaller model.m")
     check_memory(8.0 * points * n, f"saving {points} points (time.n_linear + time.n_log) of {n} parameters "
                                    f"(model.m = {m}, d = {d})", "lower time.n_log or time.n_linear")
 

@@ -127,7 +127,7 @@ def solve_flow(
     solver = method_named(method, lr) if isinstance(method, str) else method
     times = check_save_times(t_eval)
     theta0 = _initial_vector(flow, params0)
-    # JaxRadau and JaxBDF continue their saved loop state exactly; every other resume starts afresh at the last saved point
+    # JaxRadau and JaxBDF continue their own saved loop state exactly; any other resume starts afresh at the last saved point
     state = None if resume is None else resume.state_for(name)
     prefix_t, prefix_theta = np.zeros(0), np.zeros((0, flow.size))
     if resume is not None and state is None:
