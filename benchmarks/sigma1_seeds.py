@@ -101,7 +101,10 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("runs/sigma1-seeds"), help="where the runs are kept")
     parser.add_argument("--out", type=Path, default=None, help="write the table into this markdown file (its own section)")
     args = parser.parse_args()
-    seeds = [int(seed) for seed in args.seeds.split(",")]
+    try:
+        seeds = [int(seed) for seed in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
     events = {}
     for seed in seeds:
         for route in ROUTES:

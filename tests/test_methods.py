@@ -72,9 +72,9 @@ def test_the_default_method_follows_a_general_chains_saturated_flow_in_fewer_ste
     default takes fewer steps than LSODA and agrees with it (rtol 1e-9) to 1e-6 over the whole trajectory."""
     from flowsim.assemble import prepare
     from flowsim.config import load_config, transition_override
+    from theory_accuracy import random_transition_matrix  # benchmarks/ is on the path (conftest)
 
-    rows = np.maximum(np.random.default_rng(600).dirichlet(np.ones(6), size=6), 0.1 / 6)
-    config = load_config(None, [transition_override(rows / rows.sum(axis=1, keepdims=True)), "init.eps=0.01",
+    config = load_config(None, [transition_override(random_transition_matrix(6, 600)), "init.eps=0.01",
                                 "time.t_end=100000", "time.n_linear=2", "time.n_log=60", "solver.atol=1e-12"])
     prepared = prepare(config)
     default = solve_flow(prepared.flow, prepared.params0, prepared.times, atol=1e-12)
