@@ -1,4 +1,5 @@
-"""``flowsim`` and ``python -m flowsim``: the command line, with a Ctrl-C during its start-up said in one line."""
+"""``flowsim`` and ``python -m flowsim``: the command line, with a Ctrl-C or SIGTERM during its start-up said in one line
+(both are an interrupt throughout: exit 130, saying what was kept)."""
 
 import os
 import signal
@@ -8,17 +9,19 @@ from flowsim.interrupts import INTERRUPTED_STARTING, cancel_redelivery, interrup
 
 
 def _interrupted_while_loading(signum: int, frame) -> None:
-    """Ctrl-C while the command line's modules load: nothing is written yet, so say so and leave at once. A
+    """Ctrl-C or SIGTERM while the command line's modules load: nothing is written yet, so say so and leave at once. A
     KeyboardInterrupt raised inside a native extension's initialisation can crash the interpreter on its way out."""
     os.write(2, (INTERRUPTED_STARTING + "\n").encode())
     os._exit(130)
 
 
 def main() -> None:
-    signal.signal(signal.SIGINT, _interrupted_while_loading)
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, _interrupted_while_loading)
     from flowsim.cli import main as run_command
 
-    signal.signal(signal.SIGINT, interrupt_when_safe)  # from here each command says what it kept
+    for number in (signal.SIGINT, signal.SIGTERM):  # from here each command says what it kept, whichever signal came
+        signal.signal(number, interrupt_when_safe)
     sys.unraisablehook = redeliver_dropped_interrupts
     try:
         run_command()

@@ -18,6 +18,7 @@ from flowsim.io import DamagedFileError, read_npz
 from flowsim.losses import make_loss_function, make_task_loss
 from flowsim.methods import METHOD, method_for
 from flowsim.models import Model, Params, PositionalTwoLayerTransformer, model_from_config
+from flowsim.observables import FOLDED_ATTENTION_TYPES, kept_attention_types, observables_memory_bytes
 from flowsim.tasks import InductionTask, SequenceLaw
 
 
@@ -103,6 +104,23 @@ def check_run_size(config: RunConfig) -> None:
                      "use solver.method = 'auto' (JaxBDF: no dense Jacobian), or a smaller model.m")
     check_memory(8.0 * points * n, f"saving {points} points (time.n_linear + time.n_log) of {n} parameters "
                                    f"(model.m = {m}, d = {d})", "lower time.n_log or time.n_linear")
+    check_observables_size(config, d, points)
+
+
+def check_observables_size(config: RunConfig, d: int, points: int) -> None:
+    """Refuse, before the solve, a run whose observables (``observables_memory_bytes``: the columns kept, their
+    CSV text and one save's d x d working arrays) would not fit beside its trajectory: its attention kept whole
+    at a large d. The two-layer models keep both layers' attention whole."""
+    if config.model.kind == "one_layer":
+        kept = kept_attention_types(d, config.observables.fold_d)
+        check_memory(observables_memory_bytes(d, config.model.m, points, config.observables.fold_d),
+                     f"the observables of {points} saves at d = {d}, their attention kept as {kept} x {kept} per save",
+                     f"fold it with observables.fold_d = {FOLDED_ATTENTION_TYPES}, or save fewer times (time.n_linear, "
+                     "time.n_log)")
+    else:
+        check_memory(2 * points * d * d * (8.0 + 25.0), f"the two-layer observables of {points} saves at d = {d} (both "
+                                                         "layers' attention kept whole)",
+                     "save fewer times (time.n_linear, time.n_log)")
 
 
 def prepare(config: RunConfig) -> PreparedRun:

@@ -68,7 +68,7 @@ def run(
     so far; `flowsim run --resume DIR` continues it."""
     from flowsim.config import ConfigError, load_config
     from flowsim.assemble import prepare
-    from flowsim.experiment import OutputWriteError, execute_run, resume_run
+    from flowsim.experiment import OutputsInterrupted, OutputWriteError, execute_run, resume_run
     from flowsim.io import DamagedFileError
     from flowsim.rundir import check_output_dir, new_run_dir
 
@@ -77,6 +77,8 @@ def run(
             _fail("--resume continues a run with its own config.toml: give no CONFIG, --set or --out with it")
         try:
             result, exact = resume_run(resume, progress=not quiet)
+        except OutputsInterrupted as error:
+            _stop_interrupted(f"flowsim: {error}")
         except OutputWriteError as error:
             _fail(str(error), code=1)
         except (ConfigError, DamagedFileError, FileNotFoundError, ValueError) as error:
@@ -109,6 +111,8 @@ def run(
         run_dir = out
     try:
         result = execute_run(resolved, run_dir, progress=not quiet, prepared=prepared)
+    except OutputsInterrupted as error:
+        _stop_interrupted(f"flowsim: {error}")
     except OutputWriteError as error:
         _fail(str(error), code=1)
     except ConfigError as error:  # the folder is in use by another process
@@ -147,6 +151,9 @@ def stages(run_dir: Path = typer.Argument(..., help="A run directory written by 
         check_not_in_use(run_dir)  # its stages.json would go stale as the run goes on
         report = label_run(run_dir)
         note = partial_note(run_dir)
+    except KeyboardInterrupt:  # observables.npz (a cache) and stages.json are written whole or not at all
+        _stop_interrupted(f"flowsim: interrupted while labelling {run_dir}: stages.json was not written; the same "
+                          "command labels it again")
     except (FileNotFoundError, ConfigError, ValueError) as error:
         _fail(str(error))
     if note:
@@ -238,6 +245,9 @@ def compare_runs(
             _fail(f"--figure {figure} is not a file in an existing folder; expected a path such as compare-runs.png")
         try:
             table, written = compare_one_layer_runs(one_layer, figure, loss_target)
+        except KeyboardInterrupt:  # each run's observables.npz (a cache) and the figure are written whole or not at all
+            _stop_interrupted(f"flowsim: interrupted while comparing the runs: {figure} was not written; the same command "
+                              "compares them again")
         except (FileNotFoundError, ConfigError, ValueError) as error:
             _fail(str(error))
         typer.echo(table)

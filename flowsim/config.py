@@ -186,12 +186,21 @@ class TimeConfig(Section):
         return np.unique(np.concatenate([[0.0], linear, logarithmic, [self.t_end]]))
 
 
+class ObservablesConfig(Section):
+    """What a run keeps of its observables (flowsim.observables); the stage detectors read every query either way."""
+
+    fold_d: int | None = key(None, "the attention over token types is kept for the fold_d most frequent types, the "
+                                   "rest folded into 'other' (display only); default: whole up to d = 16, else 16",
+                             ge=2)
+
+
 class Sections(Section):
     """A configuration made of sections."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The resolved configuration as nested dicts (keys with value None left out)."""
-        return self.model_dump(exclude_none=True)
+        """The resolved configuration as nested dicts (keys with value None left out, and so sections left empty:
+        a run saved before a section existed keeps its digest)."""
+        return {name: value for name, value in self.model_dump(exclude_none=True).items() if value != {}}
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
@@ -206,6 +215,7 @@ class RunConfig(Sections):
     flow: FlowConfig = FlowConfig()
     solver: SolverConfig = SolverConfig()
     time: TimeConfig = TimeConfig()
+    observables: ObservablesConfig = ObservablesConfig()
 
     def save_times(self) -> np.ndarray:
         return self.time.save_times()

@@ -7,13 +7,14 @@ import dataclasses
 import datetime as _dt
 import errno
 import hashlib
+import resource
 import sys
 import time
 from pathlib import Path
 
 from flowsim.assemble import PreparedRun, bayes_loss, sequence_law, model_description, prepare
 from flowsim.config import ConfigError, RunConfig, flat_settings, load_config
-from flowsim.interrupts import stop_requests
+from flowsim.interrupts import signals_interrupt, stop_requests
 from flowsim.io import DamagedFileError, read_npz, write_atomic_bytes, write_atomic_npz
 from flowsim.methods import METHOD, method_for
 from flowsim.families import compute_observables
@@ -152,18 +153,58 @@ def _write_run(config: RunConfig, run_dir: Path, progress: bool, prepared: Prepa
     return result
 
 
+class OutputsInterrupted(Exception):
+    """SIGINT or SIGTERM came while a solved run's outputs were computed: meta.json says which phase was cut and
+    that the trajectory is whole; the message says how to finish (``flowsim stages`` or ``flowsim run --resume``)."""
+
+
+OUTPUT_PHASES = ("observables", "stage labels", "summary figure")  # after the solve, in this order
+
+
+def peak_memory_mb() -> float:
+    """This process's peak resident memory so far, in MB (Linux reports kilobytes)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
+
+
 def _write_outputs(config: RunConfig, run_dir: Path, prepared: PreparedRun, result: FlowResult, meta: dict) -> None:
-    """Observables, stages and the summary figure of a run that ended, then meta.json, last: every output is there."""
+    """Observables, stages and the summary figure of a run that ended, then meta.json, last: every output is there.
+    meta.json records each phase's seconds and the process's peak memory at its end (``outputs``). A signal in any
+    phase stops it within a save's work: meta.json then says "interrupted" with the phase and the solve's
+    statistics, and ``OutputsInterrupted`` says what was kept."""
     chain, model = prepared.chain, prepared.model
-    observables = compute_observables(result.trajectory, model, chain.pi, prepared.flow, sequence_law(chain))
-    save_observables(observables, run_dir)
-    stages = stages_of(result, model, observables)
-    if stages is not None:
-        stages.save(run_dir)
-    if len(result.trajectory) > 1:
-        title = f"{model_description(config)}\n{chain.describe()}, {result.method}, {result.status_name}"
-        plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=title, stages=stages, bayes_loss=bayes_loss(config, chain))
-    write_meta(run_dir, {**meta, **result.summary(), "n_saved": len(result.trajectory)})
+    record = {"peak_memory_mb_after_solve": peak_memory_mb()}
+    phase, started = OUTPUT_PHASES[0], time.perf_counter()
+
+    def next_phase(name: str | None) -> None:
+        nonlocal phase, started
+        record[f"{phase.replace(' ', '_')}_seconds"] = time.perf_counter() - started
+        phase, started = name, time.perf_counter()
+
+    try:
+        with signals_interrupt():
+            observables = compute_observables(result.trajectory, model, chain.pi, prepared.flow, sequence_law(chain),
+                                              config.observables.fold_d)
+            save_observables(observables, run_dir)
+            next_phase(OUTPUT_PHASES[1])
+            stages = stages_of(result, model, observables)
+            if stages is not None:
+                stages.save(run_dir)
+            next_phase(OUTPUT_PHASES[2])
+            if len(result.trajectory) > 1:
+                title = f"{model_description(config)}\n{chain.describe()}, {result.method}, {result.status_name}"
+                plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=title, stages=stages,
+                                 bayes_loss=bayes_loss(config, chain))
+            next_phase(None)
+    except KeyboardInterrupt:
+        kept = f"the trajectory to t = {result.t_reached:g} is whole ({len(result.trajectory)} points)"
+        message = (f"interrupted while computing the {phase} after the solve; {kept}; `flowsim run --resume {run_dir}` "
+                   f"writes the outputs without solving again (`flowsim stages {run_dir}` labels it)")
+        write_meta(run_dir, {**meta, **result.summary(), "n_saved": len(result.trajectory),
+                             "status": int(Status.INTERRUPTED), "status_name": Status.INTERRUPTED.label, "message": message,
+                             "interrupted_phase": phase})
+        raise OutputsInterrupted(f"{run_dir}: {message}") from None
+    record["peak_memory_mb"] = peak_memory_mb()
+    write_meta(run_dir, {**meta, **result.summary(), "n_saved": len(result.trajectory), "outputs": record})
 
 
 def _complete_outputs(config: RunConfig, run_dir: Path, prepared: PreparedRun, run) -> FlowResult:
@@ -178,6 +219,7 @@ def _complete_outputs(config: RunConfig, run_dir: Path, prepared: PreparedRun, r
                         recorded.get("method", config.solver.method), float(run.trajectory.t[-1]), stats, run.trajectory)
     with folder_lock(run_dir):
         try:
+            recorded = {name: value for name, value in recorded.items() if name != "interrupted_phase"}
             _write_outputs(config, run_dir, prepared, result,
                            {**recorded, "finished": _dt.datetime.now().isoformat(timespec="seconds")})
         except OSError as error:

@@ -23,8 +23,10 @@ from flowsim.trajectory import Trajectory
 
 KIND_CONSTANT = "model_kind"
 
-# observables(trajectory, model, pi, flow, law): a sequence task's models read ``law``, the others ``pi``
-ObservablesFunction = Callable[[Trajectory, Model, np.ndarray, "GradientFlow | None", "SequenceLaw | None"], Observables]
+# observables(trajectory, model, pi, flow, law, fold_d): a sequence task's models read ``law``, the others ``pi``;
+# ``fold_d`` (observables.fold_d) is how many types a large vocabulary's kept attention keeps apart
+ObservablesFunction = Callable[[Trajectory, Model, np.ndarray, "GradientFlow | None", "SequenceLaw | None", "int | None"],
+                               Observables]
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,9 @@ class ModelFamily:
 
 
 def _two_layer_observables(trajectory: Trajectory, model: Model, pi: np.ndarray, flow: GradientFlow | None,
-                           law: SequenceLaw | None) -> Observables:
+                           law: SequenceLaw | None, fold_d: int | None = None) -> Observables:
+    """Its attention is kept whole (``fold_d`` is not read): the two-layer studies are small vocabularies, and the
+    memory budget refuses a large one before the run (``assemble.check_run_size``)."""
     if isinstance(model, PositionalTwoLayerTransformer):  # the model over positions reads a sequence task
         if law is None:
             raise ValueError("the observables of the positional model average over a task's contexts: pass law=task.law")
@@ -53,7 +57,7 @@ def _two_layer_observables(trajectory: Trajectory, model: Model, pi: np.ndarray,
 FAMILIES: dict[str, ModelFamily] = {
     "one_layer": ModelFamily(
         "one_layer", (OneLayerTransformer,),
-        lambda trajectory, model, pi, flow, law: one_layer_observables(trajectory, model, pi, flow),
+        lambda trajectory, model, pi, flow, law, fold_d=None: one_layer_observables(trajectory, model, pi, flow, fold_d),
         True, "W0", "attention_entropy",
         table_columns=lambda: (*(f"onset_{stage.name}" for stage in EVENT_STAGES), "end_condensation", "cycles"),
         summary_columns=lambda: tuple(stage.column for stage in EVENT_STAGES)),
@@ -82,12 +86,13 @@ def family_of(model: object) -> ModelFamily:
 
 
 def compute_observables(trajectory: Trajectory, model: Model, pi: np.ndarray, flow: GradientFlow | None = None,
-                        law: SequenceLaw | None = None) -> Observables:
+                        law: SequenceLaw | None = None, fold_d: int | None = None) -> Observables:
     """All observables of a trajectory, by its model's family (``flowsim.observables`` lists them), on a chain with
     frequencies ``pi`` or, for a sequence task, its exact law of contexts ``law``; gradient norms when ``flow`` is
-    given. The family's kind is recorded among the constants."""
+    given; the attention kept over ``fold_d`` types and "other" (``observables.fold_d``; None: the family's
+    default). The family's kind is recorded among the constants."""
     family = family_of(model)
-    observables = family.observables(trajectory, model, pi, flow, law)
+    observables = family.observables(trajectory, model, pi, flow, law, fold_d)
     return Observables(observables.t, observables.columns, {**observables.constants, KIND_CONSTANT: np.asarray(family.kind)})
 
 

@@ -121,6 +121,22 @@ def stop_requests() -> Iterator[StopRequest]:
             signal.signal(number, old)
 
 
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """Inside the block SIGINT and SIGTERM alike raise ``KeyboardInterrupt`` (where it is safe,
+    ``interrupt_when_safe``): for work made of short steps that keeps nothing half-done (its files are written
+    atomically), which the caller catches to say what was kept. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.signal(number, interrupt_when_safe) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
+
+
 def run_in_chunks(advance: Callable[[], bool], should_stop: Callable[[], bool] | None,
                   checkpoint: Callable[[], None] | None, checkpoint_every_s: float) -> bool:
     """Call ``advance()`` (one chunk of work; it says whether work is left) until it is done or ``should_stop()``

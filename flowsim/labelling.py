@@ -42,8 +42,10 @@ def observables_of_run(run_dir: Path) -> Observables:
         if current and digest is not None and str(observables.constants.get(TRAJECTORY_DIGEST)) == digest:
             return observables
     run = load_run(run_dir)
-    prepared = prepare(load_config(run_dir / CONFIG_FILE))
-    observables = compute_observables(run.trajectory, prepared.model, prepared.chain.pi, prepared.flow, sequence_law(prepared.chain))
+    config = load_config(run_dir / CONFIG_FILE)
+    prepared = prepare(config)
+    observables = compute_observables(run.trajectory, prepared.model, prepared.chain.pi, prepared.flow,
+                                      sequence_law(prepared.chain), config.observables.fold_d)
     save_observables(observables, run_dir)
     return observables
 

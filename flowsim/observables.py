@@ -49,8 +49,7 @@ from scipy.linalg import subspace_angles
 
 from flowsim.flow import GradientFlow
 from flowsim.io import REMEDY, DamagedFileError, read_npz, write_atomic_bytes, write_atomic_npz
-from flowsim.losses import mean_field_attention
-from flowsim.models import Model, PositionalTwoLayerTransformer, TwoLayerTransformer
+from flowsim.models import Model, OneLayerTransformer, PositionalTwoLayerTransformer, TwoLayerTransformer
 from flowsim.tasks import SequenceLaw
 from flowsim.trajectory import Trajectory
 
@@ -146,52 +145,147 @@ def doubling_angles(t: np.ndarray, spans: list[np.ndarray] | np.ndarray) -> np.n
 def principal_directions(embeddings: np.ndarray, n_directions: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """PCA of the embedding trajectory: flattened W0(t) (T, d·m), centred over time.
 
-    Returns (directions (n, d·m), explained variance fractions (n,), projections (T, n)).
+    Returns (directions (n, d·m), explained variance fractions (n,), projections (T, n)). Through the T x T Gram
+    matrix C Cᵀ of the centred rows C (its eigenvectors are C's left singular vectors): O(T² d m) time and no
+    copy beyond C, where an SVD of C would hold two more T x d·m arrays.
     """
     flat = embeddings.reshape(len(embeddings), -1)
     centred = flat - flat.mean(axis=0)
-    _, sigma, directions = np.linalg.svd(centred, full_matrices=False)
-    n = min(n_directions, len(sigma))
-    total = np.sum(sigma**2)
-    explained = sigma[:n] ** 2 / total if total > 0 else np.zeros(n)
-    return directions[:n], explained, centred @ directions[:n].T
+    eigenvalues, vectors = np.linalg.eigh(centred @ centred.T)  # ascending
+    order = np.argsort(eigenvalues)[::-1]
+    variance = np.clip(eigenvalues[order], 0.0, None)
+    total = variance.sum()
+    n = min(n_directions, len(variance))
+    scales = np.sqrt(variance[:n])
+    live = scales > np.sqrt(total) * 1e-7  # below this the Gram matrix's rounding decides the direction: none is kept
+    directions = np.zeros((n, flat.shape[1]))
+    directions[live] = (vectors[:, order[:n][live]].T @ centred) / scales[live, None]
+    explained = variance[:n] / total if total > 0 else np.zeros(n)
+    return directions, explained, centred @ directions.T
 
 
-# Compiled once per model and trajectory length: eager vmaps would trace on every call
-# (a sizeable share of a sweep run's time; benchmarks/MEASUREMENTS.md).
-@functools.partial(jax.jit, static_argnums=0)
-def _one_layer_maps(model: Model, params: dict, pi: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Φ(t), the value map M(t) and the mean-field attention A(t) along a trajectory."""
-    phi = jax.vmap(model.attention_logits)(params)
-    return phi, jax.vmap(model.value_map)(params), jax.vmap(mean_field_attention, in_axes=(0, None))(phi, pi)
+# Attention is kept whole up to this many types (16 x 16 = 256 entries per save); above it, folded to the
+# FOLDED_ATTENTION_TYPES most frequent types and "other", as the bridge folds its runs (a d = 1000 run kept whole
+# would hold T x 8 MB of attention and write it to observables.csv as text).
+FULL_ATTENTION_MAX_D = 16
+FOLDED_ATTENTION_TYPES = 16
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _two_layer_maps(model: TwoLayerTransformer, params: dict, pi: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(A1, A2, h2)(t) along a trajectory (``TwoLayerTransformer.attention_maps``)."""
-    return jax.vmap(model.attention_maps, in_axes=(0, None))(params, pi)
+def folded_types(frequencies: np.ndarray, d: int, tracked: tuple[int, ...] = ()) -> np.ndarray:
+    """Map each vocabulary id to a folded type: the top-d ids by frequency keep 0..d-1
+    (in order of frequency), the ``tracked`` ids follow, every other id is the last
+    type ("other")."""
+    if not isinstance(d, (int, np.integer)) or not 2 <= d < len(frequencies):
+        raise ValueError(f"fold_d must be an integer in [2, {len(frequencies) - 1}], got {d!r}")
+    order = [int(i) for i in np.argsort(-np.asarray(frequencies), kind="stable")[:d]]
+    keep = order + [i for i in tracked if i not in order]
+    fold = np.full(len(frequencies), len(keep), dtype=np.int64)
+    fold[keep] = np.arange(len(keep))
+    return fold
 
 
-def one_layer_observables(trajectory: Trajectory, model: Model, pi: np.ndarray, flow: GradientFlow | None = None) -> Observables:
+def kept_attention_types(d: int, fold_d: int | None = None) -> int:
+    """The rows (and columns) of the attention kept for d types: d when kept whole, else fold_d + 1 (the last
+    is "other"). ``fold_d`` (``observables.fold_d``): the number of most frequent types kept apart; None: whole
+    up to FULL_ATTENTION_MAX_D types, else FOLDED_ATTENTION_TYPES. Folding d - 1 or more types keeps it whole."""
+    if fold_d is None:
+        fold_d = d if d <= FULL_ATTENTION_MAX_D else FOLDED_ATTENTION_TYPES
+    return d if fold_d >= d - 1 else fold_d + 1
+
+
+def attention_fold(pi: np.ndarray, fold_d: int | None = None) -> np.ndarray | None:
+    """The folded type of each token for the kept attention (``kept_attention_types``), or None to keep it whole."""
+    kept = kept_attention_types(len(pi), fold_d)
+    return None if kept == len(pi) else folded_types(np.asarray(pi, dtype=float), kept - 1)
+
+
+def folding_matrices(pi: np.ndarray, fold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(keys (d, f), queries (f, d)) with A_folded = queries @ A @ keys: a folded key type's mass is the sum of its
+    types' masses; a folded query type's row is the π-weighted mean of its types' rows (as the bridge's probe set
+    averages a folded query's contexts)."""
+    n_types = int(fold.max()) + 1
+    keys = np.eye(n_types)[fold]
+    queries = (keys * np.asarray(pi, dtype=float)[:, None]).T
+    return keys, queries / queries.sum(axis=1, keepdims=True)
+
+
+def observables_memory_bytes(d: int, m: int, n_saves: int, fold_d: int | None = None) -> float:
+    """Peak memory of ``one_layer_observables`` beyond the trajectory itself: the columns kept (per save: three
+    d-vectors, the kept attention and a few singular values) with observables.csv's text of them (about 25 bytes
+    a number), and one save's d x d working arrays (logits, attention and their products: 4 d² numbers), which
+    do not grow with the number of saves."""
+    per_save = 4 * d + kept_attention_types(d, fold_d) ** 2 + 8 * min(d, m) + 16
+    return n_saves * per_save * (8.0 + 25.0) + 4 * 8.0 * d * d
+
+
+def _attention_probe(model: Model, params: dict, pi: jax.Array, top: int, keys: jax.Array | None,
+                     queries: jax.Array | None) -> dict[str, jax.Array]:
+    """One saved time of a one-layer model: each query's attention entropy and mass on the frequent token, and the
+    kept attention (``queries @ A @ keys``, or A whole when they are None). O(d² (k + f)) time for f kept types,
+    O(d²) memory: nothing d x d outlives the call."""
+    logits = model.attention_logits(params) + jnp.log(pi)[None, :]
+    logits = logits - logits.max(axis=1, keepdims=True)
+    weights = jnp.exp(logits)
+    total = weights.sum(axis=1)
+    attention = weights / total[:, None]  # mean_field_attention, with the entropy from the same pass:
+    entropy = jnp.log(total) - jnp.sum(attention * logits, axis=1)  # H = log Σ e^l - Σ a l, one exponential per entry
+    return {"attention_entropy": entropy, "attention_mass_top": attention[:, top],
+            "attention": attention if keys is None else queries @ (attention @ keys)}
+
+
+def _factored_singular_values(model: Model, params: dict) -> dict[str, jax.Array]:
+    """The non-zero singular values of M and Φ at one saved time, through W0 = Q R: sv(M) = sv(R W1) (R W_V W1
+    with a value matrix), sv(Φ) = sv(κ R W_Q W_K^T R^T). O(d m² + m³), where a d x d SVD costs O(d³)."""
+    R = jnp.linalg.qr(params["W0"], mode="r")
+    factored = {**params, "W0": R}
+    return {"sv_M": jnp.linalg.svd(model.value_map(factored), compute_uv=False),
+            "sv_Phi": jnp.linalg.svd(model.attention_logits(factored), compute_uv=False)}
+
+
+# Two compiled calls per save: with the factorisations in the same program XLA ran the whole save 3x slower at
+# d = 1000 (5.4 ms against 1.6 + 0.24 ms).
+_attention_probe_jit = jax.jit(_attention_probe, static_argnums=(0, 3))
+_factored_singular_values_jit = jax.jit(_factored_singular_values, static_argnums=0)
+
+
+def attention_probes(trajectory: Trajectory, model: Model, pi: np.ndarray, fold: np.ndarray | None,
+                     keep_attention: bool = True) -> dict[str, np.ndarray]:
+    """``_attention_probe`` (and, with ``keep_attention``, ``_factored_singular_values``) at every saved time, one
+    save at a time (each compiled once per model shape), stacked. Peak memory: the stacked columns
+    (O(T (d + f²))) and one save's O(d²) working arrays, whatever T is."""
+    top = int(np.argmax(pi))
+    keys, queries = (None, None) if fold is None else (jnp.asarray(m) for m in folding_matrices(pi, fold))
+    pi = jnp.asarray(pi, dtype=float)
+    rows = []
+    for index in range(len(trajectory)):
+        params = trajectory.at(index)
+        row = _attention_probe_jit(model, params, pi, top, keys, queries)
+        if keep_attention:
+            row.update(_factored_singular_values_jit(model, params))
+        else:
+            row.pop("attention")
+        rows.append({name: np.asarray(value) for name, value in row.items()})
+    return {name: np.stack([row[name] for row in rows]) for name in rows[0]}
+
+
+def one_layer_observables(trajectory: Trajectory, model: Model, pi: np.ndarray, flow: GradientFlow | None = None,
+                          fold_d: int | None = None) -> Observables:
     """All observables of a one-layer trajectory on a chain with frequencies ``pi`` (gradient norms when ``flow``
-    is given). Keeps Φ, M and A per saved time: O(T d²) memory (``stage_observables`` keeps O(T d))."""
-    phi, value_map, attention = (np.asarray(x) for x in _one_layer_maps(model, dict(trajectory.params), jnp.asarray(pi)))
-    matrices = {
-        "W0": trajectory.params["W0"],
-        "W1": trajectory.params["W1"],
-        "W_Q": trajectory.params["W_Q"],
-        "W_K": trajectory.params["W_K"],
-        "M": value_map,
-        "Phi": phi,
-    }
+    is given), save by save: the attention is kept whole, or folded to the ``fold_d`` most frequent types and
+    "other" (``attention_fold``; the constant ``attention_fold`` maps each token to its row), and M and Φ (d x d)
+    are never stored. Memory beyond the trajectory: ``observables_memory_bytes``. Time O(T d² (k + f) + T d m²)."""
+    fold = attention_fold(pi, fold_d)
     columns: dict[str, np.ndarray] = {"loss": np.asarray(trajectory.loss)}
-    for name, stack in matrices.items():
-        sigma = singular_values(stack)
+    for name in ("W0", "W1", "W_Q", "W_K"):
+        sigma = singular_values(trajectory.params[name])
         columns[f"sv_{name}"] = sigma
         columns[f"stable_rank_{name}"] = stable_rank(sigma)
-    columns["attention"] = attention
-    columns["attention_entropy"] = attention_entropy(attention)
-    columns["attention_mass_top"] = attention[:, :, int(np.argmax(pi))]
+    probes = attention_probes(trajectory, model, pi, fold)
+    for name in ("M", "Phi"):
+        columns[f"sv_{name}"] = probes[f"sv_{name}"]
+        columns[f"stable_rank_{name}"] = stable_rank(probes[f"sv_{name}"])
+    for name in ("attention", "attention_entropy", "attention_mass_top"):
+        columns[name] = probes[name]
     columns["embedding_norm"] = np.linalg.norm(trajectory.params["W0"], axis=2)
     directions, explained, projections = principal_directions(trajectory.params["W0"], N_PRINCIPAL_DIRECTIONS)
     columns["embedding_pc"] = projections
@@ -199,36 +293,33 @@ def one_layer_observables(trajectory: Trajectory, model: Model, pi: np.ndarray, 
         for name, norms in gradient_norms(trajectory, flow).items():
             columns[f"grad_norm_{name}"] = norms
     constants = {"embedding_pc_directions": directions, "embedding_pc_explained": explained, "pi": np.asarray(pi)}
+    if fold is not None:
+        constants["attention_fold"] = fold
     return Observables(t=np.asarray(trajectory.t), columns=columns, constants=constants)
 
 
 def stage_observables(trajectory: Trajectory, pi: np.ndarray) -> Observables:
     """What the stage detectors read of a one-layer trajectory (paper model), at any vocabulary size:
     loss, singular values of W0, W1, W_Q, W_K, per-query attention entropy and mass on the frequent
-    token, embedding norms. Nothing d x d is kept per time: O(T d² k) time, O(T d) memory (the full
-    ``one_layer_observables`` keeps Φ, M and A per saved time)."""
+    token, embedding norms. Nothing d x d is kept: O(T d² k) time, O(T d + d²) memory."""
     params = trajectory.params
-    log_pi = np.log(np.asarray(pi, dtype=float))
-    top = int(np.argmax(pi))
-    entropy, mass = [], []
-    for W0, W_Q, W_K in zip(params["W0"], params["W_Q"], params["W_K"]):
-        logits = (W0 @ W_Q) @ (W0 @ W_K).T + log_pi[None, :]
-        logits -= logits.max(axis=1, keepdims=True)
-        weights = np.exp(logits)
-        total = weights.sum(axis=1)
-        attention = weights / total[:, None]
-        # H = log Σ e^l - Σ a l, row by row
-        entropy.append(np.log(total) - np.sum(attention * logits, axis=1))
-        mass.append(attention[:, top])
+    model = OneLayerTransformer(d=params["W0"].shape[1], m=params["W0"].shape[2], k=params["W_Q"].shape[2])
+    probes = attention_probes(trajectory, model, pi, fold=None, keep_attention=False)
     columns: dict[str, np.ndarray] = {"loss": np.asarray(trajectory.loss)}
     for name in ("W0", "W1", "W_Q", "W_K"):
         sigma = singular_values(params[name])
         columns[f"sv_{name}"] = sigma
         columns[f"stable_rank_{name}"] = stable_rank(sigma)
-    columns["attention_entropy"] = np.array(entropy)
-    columns["attention_mass_top"] = np.array(mass)
+    columns["attention_entropy"] = probes["attention_entropy"]
+    columns["attention_mass_top"] = probes["attention_mass_top"]
     columns["embedding_norm"] = np.linalg.norm(params["W0"], axis=2)
     return Observables(t=np.asarray(trajectory.t), columns=columns, constants={"pi": np.asarray(pi)})
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _two_layer_maps(model: TwoLayerTransformer, params: dict, pi: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(A1, A2, h2)(t) along a trajectory (``TwoLayerTransformer.attention_maps``)."""
+    return jax.vmap(model.attention_maps, in_axes=(0, None))(params, pi)
 
 
 def two_layer_observables(
@@ -313,8 +404,16 @@ def positional_observables(
     return Observables(t=np.asarray(trajectory.t), columns=columns, constants={"pi": law.query_law})
 
 
+GRADIENT_NORM_ROWS = 64  # saves per chunk of gradients: O(64 n) numbers held, whatever T is
+
+
 def gradient_norms(trajectory: Trajectory, flow: GradientFlow) -> dict[str, np.ndarray]:
-    """‖∂L/∂G‖ (Frobenius) per parameter group G at each saved time (rates not applied)."""
-    thetas = np.stack([flow.flatten(trajectory.at(i)) for i in range(len(trajectory))])
-    gradients = flow.unflatten_batch(flow.gradient_along(thetas))
-    return {name: np.linalg.norm(value.reshape(len(thetas), -1), axis=1) for name, value in gradients.items()}
+    """‖∂L/∂G‖ (Frobenius) per parameter group G at each saved time (rates not applied), GRADIENT_NORM_ROWS saves
+    at a time."""
+    norms: dict[str, list[np.ndarray]] = {name: [] for name in flow.groups}
+    for first in range(0, len(trajectory), GRADIENT_NORM_ROWS):
+        rows = {name: value[first:first + GRADIENT_NORM_ROWS] for name, value in trajectory.params.items()}
+        gradients = flow.gradient_along(flow.flatten_batch(rows))
+        for name in flow.groups:
+            norms[name].append(np.linalg.norm(gradients[:, flow.entries_of(name)], axis=1))
+    return {name: np.concatenate(parts) for name, parts in norms.items()}

@@ -11,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: runs happen on machines without a screen
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 import numpy as np  # noqa: E402
 
 from flowsim.families import FAMILIES, family_of_observables  # noqa: E402
@@ -21,8 +22,18 @@ from flowsim.status import Status  # noqa: E402
 
 
 
+MAX_DRAWN_QUERIES = 10  # a large vocabulary's entropies: the most frequent queries only (the detectors read all)
+
+
 def _shade(axis, start: float, end: float | None, t_last: float, **style) -> None:
     axis.axvspan(start, t_last if end is None else end, lw=0, **style)
+
+
+def drawn_queries(pi: np.ndarray, limit: int = MAX_DRAWN_QUERIES) -> np.ndarray:
+    """The queries whose attention entropy a figure draws: all of them up to ``limit``, else the ``limit`` most
+    frequent (largest π first)."""
+    pi = np.asarray(pi)
+    return np.arange(len(pi)) if len(pi) <= limit else np.argsort(-pi, kind="stable")[:limit]
 
 
 def plot_run_summary(observables: Observables, path: Path, title: str = "", stages: StageReport | None = None,
@@ -42,8 +53,8 @@ def _save(figure, path: Path) -> Path:
 
 def summary_figure(observables: Observables, title: str = "", stages: StageReport | None = None,
                    loss_label: str = "population loss", time_label: str = "t", bayes_loss: float | None = None):
-    """Three panels against t (log axis, t > 0): loss; σ_r(W0); entropy of each query's attention.
-    ``loss_label`` and ``time_label`` say what they are (a torch run: validation loss, t = lr × steps);
+    """Three panels against t (log axis, t > 0): loss; σ_r(W0); entropy of each query's attention (the
+    ``MAX_DRAWN_QUERIES`` most frequent queries when there are more). ``loss_label`` and ``time_label`` say what they are (a torch run: validation loss, t = lr × steps);
     ``bayes_loss``, where the data law gives one, is drawn on the loss as the line it cannot go below.
 
     With ``stages``: condensation and plateaus shaded on the loss, each restart on the
@@ -59,41 +70,51 @@ def summary_figure(observables: Observables, title: str = "", stages: StageRepor
     pi = observables.constants["pi"]
 
     figure, axes = plt.subplots(3, 1, figsize=(7.5, 8.5), sharex=True, constrained_layout=True)
-    axes[0].plot(t, observables["loss"][keep], color="black")
+    axes[0].plot(t, observables["loss"][keep], color="black", label=loss_label)
     axes[0].set_ylabel(loss_label)
     if bayes_loss is not None:
         axes[0].axhline(bayes_loss, color="tab:red", ls=":", lw=1.0, label=f"Bayes loss {bayes_loss:.5g}")
-        axes[0].legend(fontsize="small", loc="upper right")
     for i in range(sigma.shape[1]):
         axes[1].plot(t, sigma[:, i], label=f"σ{i}", color=f"C{i}")
     axes[1].set_yscale("log")
     axes[1].set_ylabel(f"singular values of {embedding}")
-    axes[1].legend(fontsize="small", ncol=min(4, sigma.shape[1]))
-    for query in range(entropy.shape[1]):
-        axes[2].plot(t, entropy[:, query], label=f"query {query} (π={pi[query]:.3g})", color=f"C{query}")
+    queries = drawn_queries(pi)
+    colour = {int(query): f"C{n}" for n, query in enumerate(queries)}
+    for query in queries:
+        axes[2].plot(t, entropy[:, query], label=f"query {query} (π={pi[query]:.3g})", color=colour[int(query)])
+    bands: dict[int, dict[str, object]] = {0: {}, 1: {}, 2: {}}  # per panel: legend entries of the shading drawn
     for interval in [] if stages is None else stages.intervals:
         span = (interval.t_start, interval.t_end, t[-1])
-        colour = STAGE[interval.stage].colour
-        if colour is not None:
-            _shade(axes[0], *span, color=colour, alpha=0.2)
+        stage_colour = STAGE[interval.stage].colour
+        if stage_colour is not None:
+            _shade(axes[0], *span, color=stage_colour, alpha=0.2)
             axes[0].text(interval.t_start, 1.0, interval.stage, transform=axes[0].get_xaxis_transform(),
-                         fontsize="x-small", va="top", color=colour)
+                         fontsize="x-small", va="top", color=stage_colour)
+            bands[0][interval.stage] = Patch(color=stage_colour, alpha=0.2, label=interval.stage)
         elif interval.stage == "restart":
             _shade(axes[1], *span, color=f"C{interval.direction}", alpha=0.12)
-        elif interval.stage == "focus":
-            _shade(axes[2], *span, color=f"C{interval.query}", alpha=0.15)
-        elif interval.stage == "dilution":
-            _shade(axes[2], *span, facecolor="none", edgecolor=f"C{interval.query}", hatch="//", alpha=0.4)
-    axes[2].axhline(np.log(len(pi)), color="grey", lw=0.5, ls=":")
+            bands[1]["restart"] = Patch(color="grey", alpha=0.2, label="restart (σr's colour)")
+        elif interval.query in colour and interval.stage == "focus":
+            _shade(axes[2], *span, color=colour[interval.query], alpha=0.15)
+            bands[2]["focus"] = Patch(color="grey", alpha=0.2, label="focus (query's colour)")
+        elif interval.query in colour and interval.stage == "dilution":
+            _shade(axes[2], *span, facecolor="none", edgecolor=colour[interval.query], hatch="//", alpha=0.4)
+            bands[2]["dilution"] = Patch(facecolor="none", edgecolor="grey", hatch="//", label="dilution (query's colour)")
+    axes[2].axhline(np.log(len(pi)), color="grey", lw=0.5, ls=":", label=f"ln {len(pi)}: uniform over the types")
     layered = family.lower_entropy is not None and family.lower_entropy in observables.columns
     if layered:
         lower = observables[family.lower_entropy][keep]
-        for query in range(lower.shape[1]):
-            axes[2].plot(t, lower[:, query], color=f"C{query}", ls="--", lw=0.8)
-    axes[2].set_ylabel("attention entropy (nats)" + ("\nupper —, lower --" if layered else ""))
+        for query in queries:
+            axes[2].plot(t, lower[:, query], color=colour[int(query)], ls="--", lw=0.8)
+    shown = "" if len(queries) == len(pi) else f"\n(the {len(queries)} most frequent of {len(pi)} queries)"
+    axes[2].set_ylabel("attention entropy (nats)" + ("\nupper —, lower --" if layered else "") + shown)
     axes[2].set_xlabel(time_label)
     axes[2].set_xscale("log")
-    axes[2].legend(fontsize="small")
+    for panel, axis in enumerate(axes):
+        handles, _ = axis.get_legend_handles_labels()
+        handles += list(bands[panel].values())
+        if handles and (panel > 0 or len(handles) > 1):  # the loss alone needs no legend: its axis names it
+            axis.legend(handles=handles, fontsize="x-small", ncol=min(4, max(1, len(handles) // 4)))
     if stages is not None:
         title = f"{title}\n{stages.cycles} cycle(s): shaded condensation/plateau (loss), restarts (σ), focus/dilution (entropy)"
     if title:
@@ -191,10 +212,11 @@ def overlay_figure(runs: list[tuple[str, Observables]], title: str = "", names: 
         for i in range(sigma.shape[1]):
             axes[1].plot(t, sigma[:, i], color=f"C{i}", ls=style, lw=1.0)
         entropy = observables["attention_entropy"][keep]
-        colours = [f"C{q}" for q in range(10)] if entropy.shape[1] <= 10 else list(plt.cm.tab20.colors)
-        for query in range(entropy.shape[1]):
+        queries = drawn_queries(observables.constants["pi"]) if "pi" in observables.constants \
+            else np.arange(min(entropy.shape[1], MAX_DRAWN_QUERIES))
+        for n, query in enumerate(queries):
             name = f"query {query}" if names is None else names[query]
-            axes[2].plot(t, entropy[:, query], color=colours[query % len(colours)], ls=style, lw=1.0,
+            axes[2].plot(t, entropy[:, query], color=f"C{n}", ls=style, lw=1.0,
                          label=name if style == RUN_STYLES[0] else None)
     axes[0].set_ylabel(loss_label)
     axes[0].legend(fontsize="small")

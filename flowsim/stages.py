@@ -206,25 +206,35 @@ class StageReport:
         write_atomic_bytes(run_dir / STAGES_TEXT, (self.table() + "\n").encode())
 
 
+SMOOTHING_WINDOW_ENTRIES = 1 << 22  # numbers in one block of sorted windows (32 MB): the columns go in blocks
+
+
 def smooth_in_log_time(t: np.ndarray, values: np.ndarray, half_width_decades: float) -> np.ndarray:
     """Running median over samples with |log10 t' - log10 t| <= half_width (t > 0 only).
 
     All windows at once: each is padded to the widest with +inf, sorted, and its median
-    read at the middle of its own count (NaN where the window holds a NaN, as np.median)."""
+    read at the middle of its own count (NaN where the window holds a NaN, as np.median).
+    Columns (the trailing axes) go in blocks of SMOOTHING_WINDOW_ENTRIES numbers: O(T w c) time for windows of
+    w samples and c columns, memory bounded whatever T and c are."""
     values = np.asarray(values, dtype=float)
     log_t = np.log10(t)
     lower = np.searchsorted(log_t, log_t - half_width_decades, side="left")
     upper = np.searchsorted(log_t, log_t + half_width_decades, side="right")
     count = upper - lower
     index = lower[:, None] + np.arange(count.max())[None, :]  # (T, widest window)
-    inside = (index < upper[:, None]).reshape(index.shape + (1,) * (values.ndim - 1))
-    window = np.where(inside, values[np.minimum(index, len(values) - 1)], np.inf)
-    has_nan = np.any(np.isnan(window), axis=1)
-    window = np.sort(window, axis=1)
-    middle = np.stack([(count - 1) // 2, count // 2])  # equal for odd counts
-    shape = (2, len(count)) + (1,) * values.ndim
-    halves = np.take_along_axis(window[None], middle.reshape(shape), axis=2)[:, :, 0]
-    return np.where(has_nan, np.nan, 0.5 * (halves[0] + halves[1]))
+    inside = (index < upper[:, None])[:, :, None]
+    index = np.minimum(index, len(values) - 1)
+    middle = np.stack([(count - 1) // 2, count // 2])[:, :, None, None]  # equal for odd counts
+    columns = values.reshape(len(values), -1)
+    block = max(1, SMOOTHING_WINDOW_ENTRIES // max(index.size, 1))
+    smoothed = np.empty_like(columns)
+    for first in range(0, columns.shape[1], block):
+        window = np.where(inside, columns[:, first:first + block][index], np.inf)  # (T, widest, block)
+        has_nan = np.any(np.isnan(window), axis=1)
+        window = np.sort(window, axis=1)
+        halves = np.take_along_axis(window[None], np.broadcast_to(middle, (2, len(count), 1, window.shape[2])), axis=2)
+        smoothed[:, first:first + block] = np.where(has_nan, np.nan, 0.5 * (halves[0, :, 0] + halves[1, :, 0]))
+    return smoothed.reshape(values.shape)
 
 
 def _first_crossing(series: np.ndarray, level: float, start: int = 0) -> int | None:

@@ -193,7 +193,8 @@ def _compute_rows(runs: list[tuple[RunSpec, object]], out: str, should_stop: Cal
                                   "basis_angle": observables["basis_angle"].tolist(),
                                   "basis_doubling_angle": observables["basis_doubling_angle"].tolist()}})
         # Without the flow: the detectors need no gradient norms.
-        report = stages_of(result, run.model, compute_observables(result.trajectory, run.model, run.chain.pi)) \
+        report = stages_of(result, run.model, compute_observables(result.trajectory, run.model, run.chain.pi,
+                                                                   fold_d=config.observables.fold_d)) \
             if stage_detectors_apply(run.model) else None
         if report is not None:
             row.update({f"onset_{stage.name}": report.onset(stage.name) for stage in EVENT_STAGES})

@@ -17,7 +17,8 @@ from conftest import random_params  # noqa: E402
 
 import flowsim  # noqa: E402
 from flowsim.bridge.config import load_bridge_config  # noqa: E402
-from flowsim.bridge.data import default_data_dir, folded_types, load_corpus  # noqa: E402
+from flowsim.bridge.data import default_data_dir, load_corpus  # noqa: E402
+from flowsim.observables import folded_types  # noqa: E402
 from flowsim.bridge.models import GPT, GPTConfig, torch_model_for  # noqa: E402
 from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer  # noqa: E402
 from flowsim.bridge.train import CHECKPOINT_FILE, train  # noqa: E402

@@ -152,16 +152,3 @@ def load_corpus(corpus: str, vocab_size: int, data_dir: Path | str | None = None
         return np.fromiter((index.get(word, 0) for word in words), dtype=np.int64, count=len(words))
 
     return Corpus(corpus, vocabulary, ids(train_words), ids(valid_words), dict(counts))
-
-
-def folded_types(frequencies: np.ndarray, d: int, tracked: tuple[int, ...] = ()) -> np.ndarray:
-    """Map each vocabulary id to a folded type: the top-d ids by frequency keep 0..d-1
-    (in order of frequency), the ``tracked`` ids follow, every other id is the last
-    type ("other")."""
-    if not isinstance(d, int) or not 2 <= d < len(frequencies):
-        raise ValueError(f"log.fold_d must be an integer in [2, {len(frequencies) - 1}], got {d!r}")
-    order = [int(i) for i in np.argsort(-frequencies, kind="stable")[:d]]
-    keep = order + [i for i in tracked if i not in order]
-    fold = np.full(len(frequencies), len(keep), dtype=np.int64)
-    fold[keep] = np.arange(len(keep))
-    return fold

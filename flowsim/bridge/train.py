@@ -31,7 +31,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from flowsim.bridge.config import BridgeConfig, load_bridge_config
-from flowsim.bridge.data import Corpus, folded_types, load_corpus, markov_batch
+from flowsim.bridge.data import Corpus, load_corpus, markov_batch
 from flowsim.bridge.models import GPT, GPTConfig, torch_model_for
 from flowsim.bridge.observables import (
     ProbeSet,
@@ -47,7 +47,7 @@ from flowsim.config import ConfigError
 from flowsim.interrupts import StopRequest, run_in_chunks, stop_requests
 from flowsim.io import DamagedFileError, write_atomic_bytes
 from flowsim.models import model_from_config
-from flowsim.observables import MEASURED_BY
+from flowsim.observables import MEASURED_BY, folded_types
 from flowsim.rundir import (
     CONFIG_FILE,
     SUMMARY_FIGURE,
