@@ -48,11 +48,12 @@ def measure(d: int, folder: Path) -> dict:
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"flowsim run at d = {d} failed: {stderr[-2000:]}")
     meta = json.loads((run_dir / "meta.json").read_text())
-    outputs = meta["outputs"]
+    outputs = meta.get("outputs", {})  # not recorded before the outputs were timed (a flowsim of before, on PYTHONPATH)
     size = sum(path.stat().st_size for path in run_dir.iterdir() if path.is_file())
     return {"d": d, "n_saved": meta["n_saved"], "steps": meta["n_steps"], "compile": meta["compile_seconds"],
-            "solve": meta["solve_seconds"], **{phase: outputs[f"{phase}_seconds"] for phase in PHASES},
-            "whole": whole, "peak_mb": usage.ru_maxrss / 1e3, "after_solve_mb": outputs["peak_memory_mb_after_solve"],
+            "solve": meta["solve_seconds"], **{phase: outputs.get(f"{phase}_seconds", float("nan")) for phase in PHASES},
+            "whole": whole, "peak_mb": usage.ru_maxrss / 1e3,
+            "after_solve_mb": outputs.get("peak_memory_mb_after_solve", float("nan")),
             "folder_mb": size / 1e6, "observables_mb": (run_dir / "observables.npz").stat().st_size / 1e6}
 
 

@@ -129,9 +129,13 @@ def signals_interrupt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    global raised_interrupt
     previous = {number: signal.signal(number, interrupt_when_safe) for number in STOP_SIGNALS}
     try:
         yield
+    except KeyboardInterrupt:
+        raised_interrupt = None  # it reached the caller, which handles it: no later stop_requests block inherits it
+        raise
     finally:
         for number, old in previous.items():
             signal.signal(number, old)

@@ -610,3 +610,65 @@ def test_a_theory_integration_that_fails_is_one_line_and_exit_1(monkeypatch):
     result = CliRunner().invoke(app, ["predict"])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "flowsim: error: the prediction failed: the rank-3 reduced flow failed at t ≈ 2645.96" in result.output
+
+
+@pytest.mark.parametrize("phase, patched, number", [("observables", "compute_observables", "SIGTERM"),
+                                                    ("stage labels", "stages_of", "SIGINT"),
+                                                    ("summary figure", "plot_run_summary", "SIGTERM")])
+def test_a_signal_in_each_output_phase_exits_130_and_the_phase_is_finished_without_solving(tmp_path, monkeypatch, phase,
+                                                                                          patched, number):
+    """SIGINT or SIGTERM while the observables, the stage labels or the figure are computed: exit 130 with one line
+    naming the phase and the remedy; meta.json says "interrupted", the phase and the solve's statistics; the
+    trajectory is whole. `flowsim stages` then labels the run and `--resume` writes every output without solving."""
+    import os
+    import signal
+
+    import flowsim.experiment as experiment
+
+    run_dir = tmp_path / "run"
+    real = getattr(experiment, patched)
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), getattr(signal, number))  # lands as the phase starts its work
+        return real(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(experiment, patched, signalled)
+        sets = [item for pair in zip(["--set"] * len(SMALL), SMALL) for item in pair]
+        result = _invoke("run", *sets, "--out", str(run_dir), "--quiet")
+    assert result.exit_code == 130, result.output
+    said = result.output.strip().splitlines()
+    assert len(said) == 1 and f"interrupted while computing the {phase}" in said[0] and "--resume" in said[0], said
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["status_name"] == "interrupted" and meta["interrupted_phase"] == phase
+    assert meta["t_reached"] == 30.0 and meta["n_steps"] > 0 and meta["method"] == "JaxBDF"
+    trajectory = (run_dir / "trajectory.npz").read_bytes()
+    steps = meta["n_steps"]
+
+    def no_solve(*args, **kwargs):
+        raise AssertionError("the outputs of a solved run must not solve again")
+
+    monkeypatch.setattr(experiment, "solve_flow", no_solve)
+    labelled = _invoke("stages", str(run_dir))
+    assert labelled.exit_code == 0 and "condensation" in labelled.output, labelled.output
+    resumed = _invoke("run", "--resume", str(run_dir))
+    assert resumed.exit_code == 0 and "its outputs written by a resume" in resumed.output, resumed.output
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["status_name"] == "finished" and "interrupted_phase" not in meta and meta["n_steps"] == steps
+    assert set(meta["outputs"]) >= {"observables_seconds", "stage_labels_seconds", "summary_figure_seconds"}
+    assert (run_dir / "trajectory.npz").read_bytes() == trajectory and (run_dir / "summary.png").stat().st_size > 0
+
+
+def test_sigterm_while_the_observables_are_computed_is_exit_130_from_the_command_line(tmp_path):
+    """The real command, its SIGTERM handler and all: the signal comes as the observables start (the function is
+    wrapped to send it), and the process leaves with 130 and one line, not killed by the signal (-15)."""
+    run_dir = tmp_path / "run"
+    script = ("import os, signal, sys, runpy; import flowsim.experiment as e; real = e.compute_observables\n"
+              "def signalled(*a, **k):\n    os.kill(os.getpid(), signal.SIGTERM)\n    return real(*a, **k)\n"
+              "e.compute_observables = signalled\n"
+              f"sys.argv = {['flowsim', 'run', *[x for s in SMALL for x in ('--set', s)], '--out', str(run_dir), '--quiet']!r}\n"
+              "runpy.run_module('flowsim', run_name='__main__')")
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert completed.returncode == 130, completed.stderr
+    assert "interrupted while computing the observables" in completed.stderr and "Traceback" not in completed.stderr
+    assert json.loads((run_dir / "meta.json").read_text())["interrupted_phase"] == "observables"

@@ -247,3 +247,21 @@ def test_a_command_leaves_with_its_own_status_and_no_redelivery_pending():
               "    print(stop.code, signal.getitimer(signal.ITIMER_REAL)[0])\n")
     completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0 and completed.stdout.split() == ["2", "0.0"], completed.stdout + completed.stderr
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
+def test_signals_interrupt_raises_for_both_signals_and_leaves_nothing_for_a_later_stop_request(number):
+    """Inside signals_interrupt both signals raise KeyboardInterrupt; once its caller has it, the next stop_requests
+    block starts unstopped (a remembered interrupt would stop the next run of the same process at once)."""
+    from flowsim.interrupts import interrupt_when_safe, signals_interrupt
+
+    before = signal.getsignal(number)
+    with pytest.raises(KeyboardInterrupt):
+        with signals_interrupt():
+            assert signal.getsignal(number) is interrupt_when_safe
+            os.kill(os.getpid(), number)
+            for _ in range(10**7):  # the handler runs between bytecodes
+                pass
+    assert signal.getsignal(number) is before
+    with stop_requests() as stop:
+        assert not stop()

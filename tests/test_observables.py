@@ -8,8 +8,12 @@ from flowsim import MarkovChain, OneLayerTransformer, make_loss_function
 from flowsim.flow import GradientFlow
 from flowsim.families import compute_observables
 from flowsim.observables import (
+    FOLDED_ATTENTION_TYPES,
+    FULL_ATTENTION_MAX_D,
     OBSERVABLES_CSV,
     Observables,
+    kept_attention_types,
+    observables_memory_bytes,
     principal_directions,
     stable_rank,
 )
@@ -118,3 +122,86 @@ def test_save_load_and_csv(tmp_path, small_case):
     column = header.index("attention_entropy[2]")
     row = next(csv.reader([lines[3]]))
     assert float(row[column]) == observables["attention_entropy"][2, 2]  # %.17g round-trips exactly
+
+
+@pytest.fixture(scope="module")
+def folded_case():
+    """d = 40 (above FULL_ATTENTION_MAX_D): random weights large enough that attention is far from uniform."""
+    d = 40
+    rng = np.random.default_rng(7)
+    pi = rng.dirichlet(np.full(d, 0.5))
+    chain = MarkovChain(pi=pi, lam=0.3)
+    model = OneLayerTransformer(d=d, m=6, k=3)
+    trajectory = trajectory_of([random_params(model, 1.3, seed) for seed in range(4)])
+    flow = GradientFlow(make_loss_function(model, chain), trajectory.at(0))
+    return chain, model, trajectory, flow
+
+
+def test_save_by_save_observables_equal_the_whole_arrays_and_full_svds(folded_case):
+    """Every column of the save-by-save observables against Φ, M and A formed whole in numpy: per-query entropy and
+    mass (all d queries), the attention folded by hand (top types kept, the rest summed as keys and π-averaged as
+    queries), and the factored singular values of M and Φ against full d x d SVDs (the rest of whose values are 0)."""
+    chain, model, trajectory, flow = folded_case
+    observables = compute_observables(trajectory, model, chain.pi, flow)
+    fold = observables.constants["attention_fold"]
+    assert observables["attention"].shape == (len(trajectory), FOLDED_ATTENTION_TYPES + 1, FOLDED_ATTENTION_TYPES + 1)
+    kept = np.argsort(-chain.pi, kind="stable")[:FOLDED_ATTENTION_TYPES]
+    np.testing.assert_array_equal(fold[kept], np.arange(FOLDED_ATTENTION_TYPES))
+    other = np.setdiff1d(np.arange(chain.d), kept)
+    assert np.all(fold[other] == FOLDED_ATTENTION_TYPES)
+    for index in range(len(trajectory)):
+        W0, WQ, WK, W1 = (trajectory.params[name][index] for name in ("W0", "W_Q", "W_K", "W1"))
+        phi, M = W0 @ WQ @ WK.T @ W0.T, W0 @ W1
+        scores = phi + np.log(chain.pi)
+        A = np.exp(scores - scores.max(axis=1, keepdims=True))
+        A /= A.sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(observables["attention_entropy"][index], -(A * np.log(A)).sum(axis=1), atol=1e-12)
+        np.testing.assert_allclose(observables["attention_mass_top"][index], A[:, np.argmax(chain.pi)], atol=1e-14)
+        keys = np.column_stack([A[:, kept], A[:, other].sum(axis=1)])  # (d, f + 1)
+        weights = chain.pi[other] / chain.pi[other].sum()
+        folded = np.vstack([keys[kept], weights @ keys[other]])
+        np.testing.assert_allclose(observables["attention"][index], folded, atol=1e-14)
+        for name, matrix in (("M", M), ("Phi", phi)):
+            full = np.linalg.svd(matrix, compute_uv=False)
+            sigma = observables[f"sv_{name}"][index]
+            assert len(sigma) == model.m
+            np.testing.assert_allclose(sigma, full[:model.m], rtol=1e-10, atol=1e-12 * full[0])
+            assert full[model.m:].max() < 1e-12 * full[0]  # rank <= m: nothing is lost
+            assert observables[f"stable_rank_{name}"][index] == pytest.approx((full**2).sum() / full[0] ** 2, rel=1e-10)
+        np.testing.assert_allclose(observables["embedding_norm"][index], np.linalg.norm(W0, axis=1), atol=1e-14)
+
+
+def test_gradient_norms_in_chunks_equal_one_batch(folded_case, monkeypatch):
+    import flowsim.observables as module
+
+    chain, model, trajectory, flow = folded_case
+    whole = module.gradient_norms(trajectory, flow)
+    monkeypatch.setattr(module, "GRADIENT_NORM_ROWS", 3)  # 4 saves: two chunks
+    chunked = module.gradient_norms(trajectory, flow)
+    gradients = flow.unflatten_batch(flow.gradient_along(flow.flatten_batch(trajectory.params)))
+    for name, value in gradients.items():
+        direct = np.linalg.norm(value.reshape(len(trajectory), -1), axis=1)
+        np.testing.assert_allclose(chunked[name], direct, rtol=1e-13)
+        np.testing.assert_allclose(whole[name], direct, rtol=1e-13)
+
+
+def test_the_principal_directions_match_an_svd_of_the_centred_trajectory():
+    """The Gram route against numpy's SVD: the same explained fractions and, up to sign, the same directions."""
+    embeddings = np.random.default_rng(3).standard_normal((30, 9, 4)) * np.linspace(3, 0.1, 36).reshape(9, 4)
+    directions, explained, projections = principal_directions(embeddings, 3)
+    centred = embeddings.reshape(30, -1) - embeddings.reshape(30, -1).mean(axis=0)
+    _, sigma, rows = np.linalg.svd(centred, full_matrices=False)
+    np.testing.assert_allclose(explained, sigma[:3] ** 2 / (sigma**2).sum(), rtol=1e-10)
+    np.testing.assert_allclose(np.abs(np.sum(directions * rows[:3], axis=1)), 1.0, rtol=1e-10)
+    np.testing.assert_allclose(projections, centred @ directions.T, atol=1e-12)
+
+
+def test_kept_attention_types_and_the_memory_estimate():
+    assert kept_attention_types(4) == 4 and kept_attention_types(FULL_ATTENTION_MAX_D) == FULL_ATTENTION_MAX_D
+    assert kept_attention_types(1000) == FOLDED_ATTENTION_TYPES + 1
+    assert kept_attention_types(1000, 999) == 1000 and kept_attention_types(1000, 998) == 999  # d - 1 kept apart: whole
+    assert kept_attention_types(1000, 8) == 9
+    whole, folded = observables_memory_bytes(1000, 16, 500, 999), observables_memory_bytes(1000, 16, 500)
+    assert whole > 500 * 1000**2 * 8 and folded < 200e6
+    # the working set does not grow with the number of saves: the estimate is affine in it, per-save cost O(d + f²)
+    assert observables_memory_bytes(1000, 16, 1000) - folded == pytest.approx(folded - observables_memory_bytes(1000, 16, 0))
