@@ -99,3 +99,11 @@ def test_compare_and_a_sweep_read_the_large_run(large_run, tmp_path):
     same = next(row for row in table if row["chain.lam"] == "0.5")  # the large run's own settings
     assert float(same["end_condensation"]) == pytest.approx(json.loads((large_run / "stages.json").read_text())
                                                             ["intervals"][0]["t_end"], rel=1e-9)
+
+
+def test_the_fold_keys_help_states_the_defaults_the_code_uses():
+    from flowsim.config import ObservablesConfig
+    from flowsim.observables import FULL_ATTENTION_MAX_D
+
+    meaning = ObservablesConfig.model_fields["fold_d"].description
+    assert f"whole up to d = {FULL_ATTENTION_MAX_D}, else {FOLDED_ATTENTION_TYPES}" in meaning
