@@ -115,6 +115,11 @@ class StageThresholds:
     focus_drop: float = 0.35  # nats below the running maximum of a query's entropy
     dilution_rise: float = 0.2  # nats above the running minimum after a focus
     min_duration_decades: float = 0.1  # a focus or dilution must hold this long (log10 t) to count
+    # ... and fall or rise by at least this many times the series' own noise (SGD logs: ``series_noise``); a focus
+    # that stays low, with noise of SD 0.13-0.3 nats after it, was labelled diluted in 6-55% of seeds with the plain
+    # thresholds and in none of 200 with this factor (benchmarks/MEASUREMENTS.md, "Dilution on noisy logs")
+    noise_factor: float = 3.0
+    noise_window_decades: float = 0.25  # half-width (log10 t) over which that noise is measured
     restart_factor: float = 10.0  # σ_r(W0) above restart_factor × floor: a new direction
     restart_open_fraction: float = 0.5  # the restart ends when σ_r >= this × σ_0
     plateau_window_decades: float = 0.3
@@ -283,27 +288,38 @@ def detect_condensation(t: np.ndarray, sigma1: np.ndarray, th: StageThresholds) 
     )
 
 
-def _turning_points(t: np.ndarray, h: np.ndarray, th: StageThresholds) -> list[int]:
+def series_noise(t: np.ndarray, raw: np.ndarray, smoothed: np.ndarray, half_width_decades: float) -> np.ndarray:
+    """Each column's noise SD about its running median, at its noisiest: the largest over t of 1.4826 × the
+    running median (over ±``half_width_decades`` of log t) of the absolute residual. Robust, so a flow's fast
+    transition does not raise it (near 0 for a smooth series), and local before it is maximal, since an SGD log is
+    still before condensation and noisy after it (a median over the whole log would halve its noise)."""
+    residual = np.abs(np.asarray(raw, dtype=float) - smoothed)
+    local = np.nan_to_num(1.4826 * smooth_in_log_time(t, residual, half_width_decades), nan=0.0)
+    return local.max(axis=0)
+
+
+def _turning_points(t: np.ndarray, h: np.ndarray, th: StageThresholds, noise: float = 0.0) -> list[int]:
     """Alternating peak, trough, peak, ... indices of h, with hysteresis.
 
     A trough is confirmed when h has fallen ``focus_drop`` below the running maximum (a
     focus), a peak when h has risen ``dilution_rise`` above the running minimum (a
-    dilution), each holding for ``min_duration_decades``. The last index is the running
-    extreme at the end of the series: a trough (a focus still open) when the list has
-    even length.
+    dilution), each holding for ``min_duration_decades``; both thresholds are at least
+    ``noise_factor`` × ``noise``. The last index is the running extreme at the end of the
+    series: a trough (a focus still open) when the list has even length.
     """
+    drop, rise = max(th.focus_drop, th.noise_factor * noise), max(th.dilution_rise, th.noise_factor * noise)
     turning, extreme_at, in_focus = [], 0, False
     for n in range(1, len(t)):
         if not in_focus:
             if h[n] > h[extreme_at]:
                 extreme_at = n
-            elif h[n] <= h[extreme_at] - th.focus_drop and _holds(t, h, n, h[extreme_at] - th.focus_drop, False, th):
+            elif h[n] <= h[extreme_at] - drop and _holds(t, h, n, h[extreme_at] - drop, False, th):
                 turning.append(extreme_at)
                 extreme_at, in_focus = n, True
         else:
             if h[n] < h[extreme_at]:
                 extreme_at = n
-            elif h[n] >= h[extreme_at] + th.dilution_rise and _holds(t, h, n, h[extreme_at] + th.dilution_rise, True, th):
+            elif h[n] >= h[extreme_at] + rise and _holds(t, h, n, h[extreme_at] + rise, True, th):
                 turning.append(extreme_at)
                 extreme_at, in_focus = n, False
     return turning + [extreme_at]
@@ -317,11 +333,15 @@ def _midpoint_crossing(t: np.ndarray, h: np.ndarray, first: int, last: int) -> f
     return _crossing_time(t, h, first + int(hits[0]), level)
 
 
-def detect_focus_and_dilution(t: np.ndarray, entropy: np.ndarray, query: int, th: StageThresholds) -> list[Interval]:
+def detect_focus_and_dilution(t: np.ndarray, entropy: np.ndarray, query: int, th: StageThresholds,
+                              noise: float = 0.0) -> list[Interval]:
     """Focus = a confirmed fall of one query's smoothed entropy, dilution = the confirmed rise
     after it. Both are timed where the entropy crosses halfway between the turning points,
-    which is insensitive to noise on the levels themselves."""
-    turning = _turning_points(t, entropy, th)
+    which is insensitive to noise on the levels themselves. ``noise`` (``series_noise`` of the raw entropy) raises
+    both thresholds to ``noise_factor`` × noise where that is larger, so a noisy log's wander is not labelled."""
+    turning = _turning_points(t, entropy, th, noise)
+    raised = th.noise_factor * noise > min(th.focus_drop, th.dilution_rise)
+    noted = f" (thresholds at least {th.noise_factor:g} × the log's noise SD {noise:.3g})" if raised else ""
     intervals = []
     for k in range(1, len(turning), 2):
         peak, trough = turning[k - 1], turning[k]
@@ -331,13 +351,13 @@ def detect_focus_and_dilution(t: np.ndarray, entropy: np.ndarray, query: int, th
         intervals.append(Interval(
             "focus", query, None, focus_start, dilution_start,
             f"entropy of query {query} fell from {entropy[peak]:.3g} (t={t[peak]:.4g}) to {entropy[trough]:.3g} "
-            f"(t={t[trough]:.4g}), halfway at t={focus_start:.4g}" + (" and stays low" if next_peak is None else ""),
+            f"(t={t[trough]:.4g}), halfway at t={focus_start:.4g}" + (" and stays low" if next_peak is None else "") + noted,
         ))
         if next_peak is not None:
             intervals.append(Interval(
                 "dilution", query, None, dilution_start, float(t[next_peak]),
                 f"entropy of query {query} rose from {entropy[trough]:.3g} (t={t[trough]:.4g}) to "
-                f"{entropy[next_peak]:.3g} (t={t[next_peak]:.4g}), halfway at t={dilution_start:.4g}",
+                f"{entropy[next_peak]:.3g} (t={t[next_peak]:.4g}), halfway at t={dilution_start:.4g}" + noted,
             ))
     return intervals
 
@@ -447,8 +467,9 @@ def detect_stages(observables: Observables, thresholds: StageThresholds | None =
         intervals.append(condensation)
     pi = observables.constants["pi"]
     entropy = smoothed("attention_entropy")
+    noise = series_noise(t, observables["attention_entropy"][keep], entropy, th.noise_window_decades)
     for query in np.flatnonzero(pi > 0):
-        intervals.extend(detect_focus_and_dilution(t, entropy[:, query], int(query), th))
+        intervals.extend(detect_focus_and_dilution(t, entropy[:, query], int(query), th, float(noise[query])))
     if "embedding_norm" in observables.columns:
         norms = smoothed("embedding_norm")
         intervals = [_with_embedding_motion(i, t, norms, pi) if i.stage == "dilution" else i for i in intervals]
