@@ -42,6 +42,7 @@ FIGURE_MODULES = (
     "fig15_phase_diagram",
     "fig16_gpt_study",
     "fig17_induction_task",
+    "fig18_text_cycle",
 )
 
 
