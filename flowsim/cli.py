@@ -379,19 +379,20 @@ def bridge_validate(
     out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default runs/validate-CORPUS); run again to resume."),
     set_: List[str] = typer.Option([], "--set", help="Override a key of the bridge config: section.key=TOML-literal."),
     no_theory: bool = typer.Option(False, "--no-theory", help="Only SGD and the ODE (the theory's rank-r flows are the slowest part)."),
+    short: bool = typer.Option(False, "--short", help="The example's first stages only (CORPUS-onelayer-short.toml), not its whole cycle."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
 ) -> None:
     """Train SGD, integrate the surrogate's ODE and run the theory from the same start; write the table of events."""
     from flowsim.config import ConfigError
     from flowsim.rundir import check_output_dir
 
-    out = out if out is not None else Path("runs") / f"validate-{Path(corpus).stem}"
+    out = out if out is not None else Path("runs") / f"validate-{Path(corpus).stem}{'-short' if short else ''}"
     try:
         check_output_dir(out)
         from flowsim.bridge.validate import VALIDATE_JSON, VALIDATE_MD, validate
 
-        payload = validate(corpus, out, set_, theory=not no_theory, progress=lambda message: typer.echo(f"flowsim: {message}", err=True),
-                           bars=not quiet)
+        payload = validate(corpus, out, set_, theory=not no_theory, short=short,
+                           progress=lambda message: typer.echo(f"flowsim: {message}", err=True), bars=not quiet)
     except (ConfigError, ImportError, FileNotFoundError, FloatingPointError, ValueError) as error:
         _fail(str(error))
     except KeyboardInterrupt:

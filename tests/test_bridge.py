@@ -433,6 +433,25 @@ def test_bridge_validate_names_a_corpus_it_does_not_know(tmp_path):
     assert not (tmp_path / "v").exists()
 
 
+def test_the_shipped_text_examples_run_to_the_whole_cycle_and_short_to_their_first_stages(tmp_path):
+    """Each corpus has a cycle example and a --short one; TinyStories's cycle horizon (t = 3000) is the one the
+    surrogate's flow put after its second foci (2087-2190), its short one the first stages' (t = 400); --short with a
+    config of one's own is refused."""
+    from typer.testing import CliRunner
+
+    from flowsim.bridge.validate import example_config
+    from flowsim.cli import app
+
+    horizon = lambda path: (lambda c: c.optim.lr * c.optim.steps)(load_bridge_config(path))  # noqa: E731
+    assert horizon(example_config("tinystories")) == 3000 and horizon(example_config("tinystories", short=True)) == 400
+    assert example_config("wikitext2", short=True).name == "wikitext2-onelayer-short.toml"
+    assert set(load_bridge_config(example_config("tinystories")).log.track) == {"day", "you", "loved", "friend"}
+    own = tmp_path / "own.toml"
+    own.write_text("[optim]\nsteps = 10\n")
+    result = CliRunner().invoke(app, ["bridge", "validate", str(own), "--short", "--out", str(tmp_path / "v")])
+    assert result.exit_code == 2 and "set its optim.steps instead" in result.output, result.output
+
+
 def test_a_diverging_run_stops_with_a_clear_error_and_keeps_its_last_good_state(tmp_path):
     config = load_bridge_config(None, ["optim.lr=1e12", "optim.steps=20", "data.batch_size=32", "data.s=8",
                                        "model.init_eps=1.0", "log.n_checkpoints=5", "log.probe_per_type=4"])

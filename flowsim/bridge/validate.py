@@ -48,13 +48,17 @@ VALIDATE_MD = "validate.md"
 SIDES = ("theory", "ode_full_vocabulary", "ode", "sgd")
 
 
-def example_config(corpus: str) -> Path:
-    """The shipped d = 1001 example of a corpus, or ``corpus`` itself when it names a bridge config file."""
+def example_config(corpus: str, short: bool = False) -> Path:
+    """The shipped d = 1001 example of a corpus (its whole cycle; with ``short`` its first stages only,
+    ``bridge/CORPUS-onelayer-short.toml``), or ``corpus`` itself when it names a bridge config file."""
     if Path(corpus).suffix == ".toml":
+        if short:
+            raise ConfigError(f"--short picks a shipped example's first stages; {corpus!r} is a config of your own: "
+                              "set its optim.steps instead")
         return find_config(corpus)
     if corpus not in ("wikitext2", "tinystories"):
         raise ConfigError(f"CORPUS must be wikitext2, tinystories or a bridge config .toml, got {corpus!r}")
-    return find_config(f"bridge/{corpus}-onelayer.toml")
+    return find_config(f"bridge/{corpus}-onelayer{'-short' if short else ''}.toml")
 
 
 def theory_config(config: BridgeConfig, data: DataSource, run_dir: Path, folder: Path) -> RunConfig:
@@ -101,11 +105,12 @@ def folded_key(data: DataSource, stage: str, query: int | None, direction: int |
     return None if folded == int(fold.max()) else (stage, folded, direction, 1)  # fold.max(): the type "other"
 
 
-def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool = True,
+def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool = True, short: bool = False,
              progress: Callable[[str], None] = lambda message: None, bars: bool = False) -> dict:
-    """Train, integrate the surrogate's ODE, run the theory, and write validate.json and validate.md in ``out``."""
+    """Train, integrate the surrogate's ODE, run the theory, and write validate.json and validate.md in ``out``
+    (``short``: the shipped example's first stages only, ``example_config``)."""
     out = Path(out)
-    config = load_bridge_config(example_config(corpus), list(overrides))
+    config = load_bridge_config(example_config(corpus, short), list(overrides))
     if config.data.kind == "markov" or config.model.kind != "one_layer":
         raise ConfigError("bridge validate needs a text corpus (data.kind wikitext2 or tinystories) and the "
                           f"one-layer model, got data.kind = {config.data.kind!r}, model.kind = {config.model.kind!r}")

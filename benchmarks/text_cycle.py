@@ -1,0 +1,143 @@
+"""The cycle on real text: every event of a shipped example's cycle, SGD at its lr and at lr/2, beside the ODE and
+the theory.
+
+    python benchmarks/text_cycle.py --corpus tinystories [--folder runs/cycle-tinystories] [--no-theory]
+                                    [--seeds 1,2,3] [--out benchmarks/RESULTS.md]
+
+Runs `flowsim bridge validate CORPUS` (the shipped example, to its whole cycle) into FOLDER, and the same run at
+lr/2 for twice the steps (the same t) into FOLDER-half (SGD and the ODE only: the theory and the ODE do not depend
+on lr). Each part is cached, so a second call only rebuilds the table. An event is in the flow regime when halving
+lr moves it less than 5%; the ODE is compared with SGD at lr/2 where it is not (the nearer the flow). Columns: the
+theory, the ODE read on the whole vocabulary and on the run's probe set, SGD at lr and lr/2, how far halving lr
+moved the event, and the ODE (probe set, as SGD is read) and the theory (against the ODE on the vocabulary, as it
+reads) with their relative errors. On this 2-core CPU TinyStories takes about 4 minutes at lr, 7 at lr/2, plus the
+theory.
+
+``--seeds`` also runs the example at those seeds (``data.seed``: the initial draw and the batches; SGD and the ODE
+from each seed's own start, into FOLDER-seedS) and tabulates, per event, SGD's and the ODE's mean ± SD over the
+seeds with seed 0, and the distance between the two means in SGD's SDs: where SGD's noise decides a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from report import write_section
+
+FLOW_REGIME = 0.05  # halving lr moves an event in the flow regime by less than this
+
+
+def key(row: dict) -> tuple:
+    return row["stage"], row["query"], row["direction"], row["occurrence"]
+
+
+def relative(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else abs(a - b) / b
+
+
+def cycle_rows(full: dict, half: dict) -> list[dict]:
+    """One row per event of either run: the times, the lr/2 shift, the flow-regime SGD time and the errors."""
+    halves = {key(row): row for row in half["rows"]}
+    rows = []
+    for row in full["rows"]:
+        other = halves.get(key(row), {})
+        sgd, sgd_half = row["sgd"], other.get("sgd")
+        shift = relative(sgd, sgd_half)
+        reference = sgd if shift is not None and shift < FLOW_REGIME else sgd_half
+        rows.append({**row, "sgd_half": sgd_half, "shift": shift, "flow_regime_sgd": reference,
+                     "ode_vs_flow_regime_sgd": relative(row["ode"], reference),
+                     "theory_vs_ode": relative(row["theory"], row["ode_full_vocabulary"])})
+    for extra in set(halves) - {key(row) for row in full["rows"]}:  # an event only the lr/2 run shows
+        row = halves[extra]
+        rows.append({**row, "sgd": None, "sgd_half": row["sgd"], "shift": None, "flow_regime_sgd": row["sgd"],
+                     "ode_vs_flow_regime_sgd": relative(row["ode"], row["sgd"]), "theory": None, "theory_vs_ode": None})
+    return rows
+
+
+def table(rows: list[dict], full: dict) -> str:
+    from flowsim.stages import event_label
+
+    show = lambda value: "–" if value is None else f"{value:.4g}"  # noqa: E731
+    percent = lambda value: "–" if value is None else f"{100 * value:.1f}%"  # noqa: E731
+    lines = [f"{full['corpus']}, d = {full['d']}, SGD lr = {full['lr']:g} and {full['lr'] / 2:g} to t = {full['t_end']:g}; "
+             f"surrogate: {full['surrogate']}", "",
+             "| event | token | theory | ODE (vocabulary) | ODE (probe set) | SGD lr | SGD lr/2 | lr/2 moved it "
+             "| ODE vs flow-regime SGD | theory vs ODE |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        lines.append(f"| {event_label(key(row))} | {row['token']} | {show(row['theory'])} "
+                     f"| {show(row['ode_full_vocabulary'])} | {show(row['ode'])} | {show(row['sgd'])} "
+                     f"| {show(row['sgd_half'])} | {percent(row['shift'])} | {percent(row['ode_vs_flow_regime_sgd'])} "
+                     f"| {percent(row['theory_vs_ode'])} |")
+    return "\n".join(lines)
+
+
+def spread(values: list[float]) -> tuple[float, float] | None:
+    """(mean, sample SD) of the values, or None when fewer than two seeds have the event."""
+    import numpy as np
+
+    return None if len(values) < 2 else (float(np.mean(values)), float(np.std(values, ddof=1)))
+
+
+def seeds_table(payloads: dict[int, dict]) -> str:
+    """Per event seen at every seed: SGD's and the ODE's mean ± SD over the seeds, and |ODE mean - SGD mean| in SGD's
+    SDs; events some seeds lack say how many have them."""
+    from flowsim.stages import event_label
+
+    events: dict[tuple, dict[str, list[float]]] = {}
+    for payload in payloads.values():
+        for row in payload["rows"]:
+            entry = events.setdefault(key(row), {"sgd": [], "ode": [], "token": row["token"]})
+            for side in ("sgd", "ode"):
+                if row[side] is not None:
+                    entry[side].append(row[side])
+    n = len(payloads)
+    lines = [f"seeds {sorted(payloads)}", "", "| event | token | SGD mean ± SD (seeds) | ODE mean ± SD (seeds) "
+             "| ODE vs SGD, in SGD's SDs |", "|---|---|---:|---:|---:|"]
+    for event, entry in sorted(events.items(), key=lambda item: min(item[1]["sgd"] + item[1]["ode"], default=0)):
+        shown = {}
+        for side in ("sgd", "ode"):
+            summary = spread(entry[side])
+            shown[side] = "–" if summary is None else f"{summary[0]:.4g} ± {summary[1]:.2g} ({len(entry[side])}/{n})"
+        sgd, ode = spread(entry["sgd"]), spread(entry["ode"])
+        distance = "–" if sgd is None or ode is None or sgd[1] == 0 else f"{abs(ode[0] - sgd[0]) / sgd[1]:.1f}"
+        lines.append(f"| {event_label(event)} | {entry['token']} | {shown['sgd']} | {shown['ode']} | {distance} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from flowsim.bridge.config import load_bridge_config
+    from flowsim.bridge.validate import example_config, validate
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--corpus", choices=("tinystories", "wikitext2"), required=True)
+    parser.add_argument("--folder", type=Path, default=None, help="where the runs go (default runs/cycle-CORPUS)")
+    parser.add_argument("--no-theory", action="store_true", help="SGD and the ODE only")
+    parser.add_argument("--seeds", default="", help="comma-separated further seeds (data.seed), e.g. 1,2,3")
+    parser.add_argument("--out", type=Path, default=None, help="a markdown file to write the table into (its section)")
+    arguments = parser.parse_args()
+    folder = arguments.folder or Path("runs") / f"cycle-{arguments.corpus}"
+    config = load_bridge_config(example_config(arguments.corpus))
+    report = lambda message: print(f"{arguments.corpus}: {message}", flush=True)  # noqa: E731
+    full = validate(arguments.corpus, folder, theory=not arguments.no_theory, progress=report)
+    half = validate(arguments.corpus, Path(f"{folder}-half"), theory=False, progress=report,
+                    overrides=[f"optim.lr={config.optim.lr / 2}", f"optim.steps={2 * config.optim.steps}"])
+    text = table(cycle_rows(full, half), full)
+    try:
+        seeds = [int(seed) for seed in arguments.seeds.split(",") if seed.strip()]
+    except ValueError:
+        parser.error(f"--seeds must be comma-separated integers, got {arguments.seeds!r}")
+    if seeds:
+        payloads = {0: full, **{seed: validate(arguments.corpus, Path(f"{folder}-seed{seed}"), [f"data.seed={seed}"],
+                                                theory=False, progress=report) for seed in seeds}}
+        text += "\n\n" + seeds_table(payloads)
+    print(text)
+    print("seconds:", {"lr": full["seconds"], "lr/2": half["seconds"]})
+    if arguments.out is not None:
+        command = (f"python benchmarks/text_cycle.py --corpus {arguments.corpus}" + (" --no-theory" if arguments.no_theory else "")
+                   + (f" --seeds {arguments.seeds}" if seeds else ""))
+        write_section(arguments.out, f"cycle-{arguments.corpus}", f"`{command}`\n\n{text}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""benchmarks/text_cycle.py: the table of the cycle, its flow-regime reference and its errors, on hand-made rows."""
+
+import pytest
+
+import text_cycle  # benchmarks/ is on the path (conftest)
+
+
+def row(stage, query, sgd, ode=None, theory=None, vocabulary=None, direction=None):
+    return {"stage": stage, "query": query, "direction": direction, "occurrence": 1, "token": "-", "sgd": sgd,
+            "ode": ode, "theory": theory, "ode_full_vocabulary": vocabulary}
+
+
+def test_an_event_halving_lr_moves_by_5_percent_or_more_is_compared_at_lr_half():
+    full = {"rows": [row("focus", 1, 100.0, ode=103.0, theory=99.0, vocabulary=100.0),
+                     row("dilution", 1, 1000.0, ode=1500.0)]}
+    half = {"rows": [row("focus", 1, 102.0), row("dilution", 1, 1200.0), row("restart", None, 2000.0, direction=2)]}
+    rows = {(r["stage"], r["query"]): r for r in text_cycle.cycle_rows(full, half)}
+    focus, dilution, restart = rows[("focus", 1)], rows[("dilution", 1)], rows[("restart", None)]
+    assert focus["shift"] == pytest.approx(2 / 102) and focus["flow_regime_sgd"] == 100.0  # in the flow regime: lr
+    assert focus["ode_vs_flow_regime_sgd"] == pytest.approx(0.03) and focus["theory_vs_ode"] == pytest.approx(0.01)
+    assert dilution["shift"] == pytest.approx(200 / 1200) and dilution["flow_regime_sgd"] == 1200.0  # lr/2 instead
+    assert dilution["ode_vs_flow_regime_sgd"] == pytest.approx(0.25)
+    assert restart["sgd"] is None and restart["sgd_half"] == 2000.0 and restart["shift"] is None  # lr/2 alone
+    text = text_cycle.table(list(rows.values()), {"corpus": "c", "d": 5, "lr": 0.5, "t_end": 10, "surrogate": "s"})
+    assert "| focus q1 #1 | - | 99 | 100 | 103 | 100 | 102 | 2.0% | 3.0% | 1.0% |" in text
+    assert "| dilution q1 #1 | - | – | – | 1500 | 1000 | 1200 | 16.7% | 25.0% | – |" in text
+
+
+def test_the_seeds_table_gives_each_sides_mean_and_sd_and_their_distance_in_sgds_sds():
+    payloads = {seed: {"rows": [row("restart", None, sgd, ode=ode, direction=1)]}
+                for seed, (sgd, ode) in enumerate([(1000.0, 1500.0), (1200.0, 1550.0), (1400.0, 1600.0)])}
+    payloads[3] = {"rows": []}  # a seed without the event
+    text = text_cycle.seeds_table(payloads)
+    # SGD 1200 ± 200, the ODE 1550 ± 50: 1.75 SDs apart
+    assert "| restart σ1 #1 | - | 1200 ± 2e+02 (3/4) | 1550 ± 50 (3/4) | 1.8 |" in text
