@@ -33,3 +33,14 @@ def test_the_seeds_table_gives_each_sides_mean_and_sd_and_their_distance_in_sgds
     text = text_cycle.seeds_table(payloads)
     # SGD 1200 ± 200, the ODE 1550 ± 50: 1.75 SDs apart
     assert "| restart σ1 #1 | - | 1200 ± 2e+02 (3/4) | 1550 ± 50 (3/4) | 1.8 |" in text
+
+
+def test_the_first_cycle_is_a_focus_then_a_later_dilution_then_a_later_restart():
+    import cycle_horizon
+
+    intervals = [{"stage": "restart", "t_start": 50.0}, {"stage": "focus", "t_start": 100.0},
+                 {"stage": "restart", "t_start": 150.0}, {"stage": "dilution", "t_start": 300.0},
+                 {"stage": "focus", "t_start": 350.0}, {"stage": "restart", "t_start": 4000.0}]
+    assert cycle_horizon.first_cycle(intervals) == (100.0, 300.0, 4000.0)  # the restarts before the dilution do not count
+    assert cycle_horizon.first_cycle(intervals[:4]) is None
+    assert cycle_horizon.proposed_horizon((100.0, 300.0, 4000.0), lr=0.025) == 5200.0  # 1.3 x 4000, a multiple of 2.5
