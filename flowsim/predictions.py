@@ -47,10 +47,12 @@ def prediction_cache_dir() -> Path | None:
 
 
 def prediction_key(config: RunConfig) -> str:
-    """A digest of everything the prediction depends on: chain, model, init (and its file's bytes), loss,
-    flow, the horizon, and the code (``_source_digest``)."""
+    """A digest of everything the prediction depends on: chain, model, init (its file by its bytes, not its path:
+    the same start copied elsewhere is the same prediction), loss, flow, the horizon, and the code
+    (``_source_digest``)."""
     sections = config.to_dict()
     relevant = {name: sections.get(name) for name in ("chain", "model", "init", "loss", "flow")}
+    relevant["init"] = {key: value for key, value in (relevant["init"] or {}).items() if key != "file"}
     relevant["t_end"] = float(config.time.t_end)
     relevant["code"] = _source_digest()
     if config.init.file is not None:

@@ -116,7 +116,7 @@ class StageThresholds:
     dilution_rise: float = 0.2  # nats above the running minimum after a focus
     min_duration_decades: float = 0.1  # a focus or dilution must hold this long (log10 t) to count
     # ... and fall or rise by at least this many times the series' own noise (SGD logs: ``series_noise``); a focus
-    # that stays low, with noise of SD 0.13-0.3 nats after it, was labelled diluted in 6-55% of seeds with the plain
+    # that stays low, with noise of SD 0.13-0.3 nats after it, was labelled diluted in 6-19% of seeds with the plain
     # thresholds and in none of 200 with this factor (benchmarks/MEASUREMENTS.md, "Dilution on noisy logs")
     noise_factor: float = 3.0
     noise_window_decades: float = 0.25  # half-width (log10 t) over which that noise is measured

@@ -307,3 +307,18 @@ def test_predicted_rows_hold_at_a_realistic_initial_scale(index):
     restart = restart_accuracy(pi, lam, 1e-2, n_save=400)
     assert restart.row is not None and restart.measured is not None, restart
     assert restart.row_error < 0.05, restart
+
+
+def test_a_prediction_is_keyed_by_its_init_files_bytes_not_its_path(tmp_path):
+    """The same start at two paths is one prediction (a figure's cache and a run folder share it); other bytes are
+    another."""
+    from flowsim.config import load_config
+    from flowsim.predictions import prediction_key
+
+    params = {"W0": np.ones((4, 8)), "W_Q": np.ones((8, 8)), "W_K": np.ones((8, 8)), "W1": np.ones((8, 4))}
+    paths = [tmp_path / "a" / "init.npz", tmp_path / "b" / "init.npz", tmp_path / "c" / "init.npz"]
+    for path, scale in zip(paths, (1.0, 1.0, 2.0)):
+        path.parent.mkdir()
+        np.savez(path, **{name: scale * value for name, value in params.items()})
+    keys = [prediction_key(load_config(None, [f"init.file='{path}'"])) for path in paths]
+    assert keys[0] == keys[1] != keys[2]
