@@ -111,9 +111,10 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
             entropy_axis.set(xscale="log", ylabel="attention entropy (nats), probe set",
                              title=f"{corpus}, d = {payload['d']}: SGD lr {payload['lr']:g} to t = {payload['t_end']:g}")
             sigma_axis.set(xscale="log", yscale="log", xlabel=T_LABEL, ylabel="singular values of W0")
-            data.update({f"{key}:t": t, f"{key}:attention_entropy": sgd["attention_entropy"][keep][:, queries],
-                         f"{key}:sv_W0": sgd["sv_W0"][keep][:, :SIGMAS], f"{key}/ode:t": ode_t,
-                         f"{key}/ode:attention_entropy": ode["attention_entropy"][ode_keep][:, queries]})
+            data.update({f"{key}:t": t, f"{key}:attention_entropy": sgd["attention_entropy"][keep],
+                         f"{key}:sv_W0": sgd["sv_W0"][keep], f"{key}/ode:t": ode_t,
+                         f"{key}/ode:attention_entropy": ode["attention_entropy"][ode_keep],
+                         f"{key}/ode:sv_W0": ode["sv_W0"][ode_keep]})
         # inside the style: a line's "C1" is resolved when it is drawn, a hatch's when it is made
         return save_figure(figure, out, NAME, CAPTION, data)
 
