@@ -11,7 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: runs happen on machines without a screen
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.patches import Patch, Rectangle  # noqa: E402
 import numpy as np  # noqa: E402
 
 from flowsim.families import FAMILIES, family_of_observables  # noqa: E402
@@ -145,43 +145,55 @@ def plot_sweep_phase_diagram(rows: list[dict], grid_keys: list[str], path: Path,
 
 
 def phase_diagram_figure(rows: list[dict], grid_keys: list[str], columns: tuple[str, ...] = ONSET_COLUMNS):
-    """One panel per time column of the rows (e.g. a stage's onset): its mean over seeds, over the first two
-    grid keys (a single row for a one-key grid), on one log colour scale shared by every panel, so that
-    colours compare across stages. A cell where no seed has the time is grey and says why: "not reached"
-    (its runs finished without the event) or "no finished run" (rows without a status count as finished)."""
+    """One panel per time column of the rows (e.g. a stage's onset): its mean over the seeds that reached it, over
+    the first two grid keys (a single row for a one-key grid), on one log colour scale shared by every panel, so
+    that colours compare across stages. A cell where only k of its N seeds reached the time is hatched and says
+    "k/N" (its colour is the mean of those k); a cell where none did is grey and says why: "not reached" (its runs
+    finished without the event) or "no finished run" (rows without a status count as finished)."""
     x_key = grid_keys[0]
     y_key = grid_keys[1] if len(grid_keys) > 1 else None
     xs = _grid_values(rows, x_key)
     ys = _grid_values(rows, y_key) if y_key else [None]
-    grids, finished = {}, np.zeros((len(ys), len(xs)), dtype=bool)
+    grids, counts, finished = {}, {}, np.zeros((len(ys), len(xs)), dtype=bool)
     for column in columns:
-        grid = np.full((len(ys), len(xs)), np.nan)
+        grid, count = np.full((len(ys), len(xs)), np.nan), np.zeros((len(ys), len(xs), 2), dtype=int)
         for j, y in enumerate(ys):
             for i, x in enumerate(xs):
                 cell = [row for row in rows if row[x_key] == x and (y_key is None or row[y_key] == y)]
                 finished[j, i] = any(row.get("status", Status.FINISHED.label) == Status.FINISHED.label for row in cell)
                 times = [row[column] for row in cell if row.get(column) is not None and np.isfinite(row[column])]
                 grid[j, i] = np.log10(np.mean(times)) if times else np.nan
-        grids[column] = grid
+                count[j, i] = len(times), len(cell)
+        grids[column], counts[column] = grid, count
     values = np.concatenate([grid[np.isfinite(grid)] for grid in grids.values()])
     low, high = (float(values.min()), float(values.max())) if len(values) else (0.0, 1.0)
     if high - low < 1e-9:
         low, high = low - 0.5, high + 0.5
     figure, axes = plt.subplots(1, len(columns), figsize=(3.2 * len(columns) + 1.0, 2.8), constrained_layout=True,
                                 squeeze=False)
+    partial_cells = False
     for axis, column in zip(axes[0], columns):
-        grid = grids[column]
+        grid, count = grids[column], counts[column]
         image = axis.imshow(grid, origin="lower", aspect="auto", cmap="viridis", vmin=low, vmax=high)
         axis.imshow(np.where(np.isnan(grid), 1.0, np.nan), origin="lower", aspect="auto", cmap="Greys", vmin=0, vmax=4)
         for j, i in zip(*np.nonzero(np.isnan(grid))):
             axis.text(i, j, NOT_REACHED if finished[j, i] else NO_FINISHED_RUN, ha="center", va="center", fontsize="x-small")
+        for j, i in zip(*np.nonzero((count[:, :, 0] > 0) & (count[:, :, 0] < count[:, :, 1]))):
+            axis.add_patch(Rectangle((i - 0.5, j - 0.5), 1, 1, facecolor="none", edgecolor="white", hatch="//", lw=0))
+            axis.text(i, j, f"{count[j, i, 0]}/{count[j, i, 1]}", ha="center", va="center", fontsize="x-small",
+                      color="black", backgroundcolor="white")
+            partial_cells = True
         axis.set_xticks(range(len(xs)), [_grid_label(x) for x in xs], rotation=45)
         axis.set_yticks(range(len(ys)), [_grid_label(y) for y in ys] if y_key else [""])
         axis.set_xlabel(x_key)
         if y_key:
             axis.set_ylabel(y_key)
         axis.set_title(column.replace("_", " "))
-    colorbar = figure.colorbar(image, ax=axes[0].tolist(), label="log10 t (mean over seeds)")
+    if partial_cells:
+        figure.legend(handles=[Patch(facecolor="0.6", edgecolor="white", hatch="//",
+                                     label="k/N: only k of the cell's N seeds reached it (the mean of those k)")],
+                      loc="outside lower center", fontsize="x-small")
+    colorbar = figure.colorbar(image, ax=axes[0].tolist(), label="log10 t (mean over\nthe seeds that reached it)")
     colorbar.ax.ticklabel_format(useOffset=False)
     return figure
 

@@ -350,15 +350,25 @@ def write_table(out: Path, specs: list[RunSpec], grid_keys: Sequence[str]) -> li
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
-    writer.writerows({key: ("" if value is None else repr(value) if isinstance(value, float) else value)
+    writer.writerows({key: (missing_cell(row, key) if value is None else repr(value) if isinstance(value, float) else value)
                       for key, value in row.items()} for row in rows)
     write_atomic_bytes(out / "sweep.csv", buffer.getvalue().encode())
     return rows
 
 
+NOT_REACHED_CELL = "not reached"
+
+
+def missing_cell(row: dict, column: str) -> str:
+    """What a table writes for a row's missing value: "not reached" for a time (an event) a finished run did not
+    reach by its horizon, "-" (printed table) or "" (sweep.csv) otherwise, as the caller formats it."""
+    return NOT_REACHED_CELL if column.startswith(("onset_", "end_", "t_")) and row.get("status") == Status.FINISHED.label else ""
+
+
 def summary_table(rows: list[dict]) -> str:
     """The sweep at a glance, one line per row: status, final loss and the model's headline times, an event the
-    run did not reach by its horizon written "not reached" (the phase diagram leaves those cells blank)."""
+    run did not reach by its horizon written "not reached" (as in sweep.csv; the phase diagram counts the seeds of
+    each cell that reached it)."""
     present = {model_kind(row) for row in rows}
     columns = ["name", "status", "final_loss",
                *[column for kind, family in FAMILIES.items() if kind in present for column in family.summary_columns()]]
@@ -366,7 +376,7 @@ def summary_table(rows: list[dict]) -> str:
     def cell(row: dict, column: str) -> str:
         value = row.get(column)
         if value is None:
-            return "not reached" if column.startswith(("onset_", "end_", "t_")) and row.get("status") == Status.FINISHED.label else "-"
+            return missing_cell(row, column) or "-"
         return f"{value:.6g}" if isinstance(value, float) else str(value)
 
     table = [columns] + [[cell(row, c) for c in columns] for row in rows]

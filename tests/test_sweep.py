@@ -64,7 +64,8 @@ def test_rows_equal_independent_runs_and_resume_recomputes_only_missing_rows(tmp
             continue
         old_values, new_values = old_line.split(",")[3:-1], new_line.split(",")[3:-1]  # status .. n_steps
         assert old_values[0] == new_values[0] == "finished"
-        as_numbers = lambda values: np.array([value or "nan" for value in values], float)  # noqa: E731 (empty: no onset)
+        as_numbers = lambda values: np.array([value if value not in ("", "not reached") else "nan" for value in values],  # noqa: E731
+                                             float)  # no onset
         np.testing.assert_allclose(as_numbers(new_values[1:]), as_numbers(old_values[1:]), rtol=1e-9)
 
 
@@ -381,3 +382,29 @@ def test_a_chunk_run_again_computes_only_its_runs_without_a_finished_row(tmp_pat
                         or original_chunk(*task, **options))
     rows = sweep.run_sweep(None, {"time.t_end": [5, 6, 7]}, 1, out, base_overrides=small)
     assert chunks == [[specs[1].name]] and [row["status"] for row in rows] == ["finished"] * 3
+
+
+def test_a_cell_where_only_some_seeds_reached_the_event_says_how_many_and_the_csv_says_not_reached(tmp_path):
+    """Three seeds per cell, one of which reaches the focus where λ = 0.8: that cell's colour is the mean of the one,
+    it is hatched and says 1/3; the cells every seed reached say nothing. sweep.csv writes "not reached" where the
+    printed table does, for a finished run's missing event."""
+    import matplotlib.pyplot as plt
+
+    from flowsim.plots import phase_diagram_figure
+
+    rows = [{"chain.lam": lam, "seed": seed, "status": "finished",
+             "onset_focus": None if lam == 0.8 and seed > 0 else 100.0 * (seed + 1)} for lam in (0.2, 0.8) for seed in range(3)]
+    figure = phase_diagram_figure(rows, ["chain.lam"], ("onset_focus",))
+    axis = figure.axes[0]
+    assert [text.get_text() for text in axis.texts] == ["1/3"]
+    assert axis.images[0].get_array()[0, 1] == pytest.approx(np.log10(100.0))  # the one seed that reached it
+    assert axis.images[0].get_array()[0, 0] == pytest.approx(np.log10(200.0))  # the mean of all three
+    assert len(axis.patches) == 1 and axis.patches[0].get_hatch() == "//"
+    assert any("k/N" in text.get_text() for legend in figure.legends for text in legend.get_texts())
+    plt.close(figure)
+    specs = sweep.expand_grid({"chain.lam": [0.2, 0.8]}, 3)
+    for spec, row in zip(specs, sorted(rows, key=lambda r: (r["chain.lam"], r["seed"]))):
+        write_atomic_json(tmp_path / "rows" / f"{spec.name}.json", {**row, "name": spec.name, "config": {}})
+    sweep.write_table(tmp_path, specs, ["chain.lam"])
+    table = (tmp_path / "sweep.csv").read_text()
+    assert table.count("not reached") == 2 and "not reached" in sweep.summary_table(sweep.write_table(tmp_path, specs, ["chain.lam"]))
