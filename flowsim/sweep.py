@@ -48,7 +48,7 @@ except ModuleNotFoundError:  # Python 3.10
 from flowsim.config import ConfigError, flat_settings, load_config
 from flowsim.assemble import sequence_law, prepare
 from flowsim.labelling import stage_detectors_apply, stages_of
-from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
+from flowsim.io import DamagedFileError, file_digest, read_json, write_atomic_bytes, write_atomic_json
 from flowsim.methods import METHOD, method_for
 from flowsim.families import FAMILIES, compute_observables
 from flowsim.progress import TICK_SECONDS, ticking
@@ -226,8 +226,12 @@ def finished_row(path: Path, config) -> dict | None:
 
 
 def resolved_settings(config) -> dict:
-    """A run's full resolved configuration as plain data (what a row records)."""
-    return tomllib.loads(config.to_toml())
+    """A run's full resolved configuration as plain data, with the SHA-256 of every file it reads (``files``:
+    init.file): what a row records, so a row made from other bytes at the same path is not reused."""
+    settings = tomllib.loads(config.to_toml())
+    if config.init.file is not None and Path(config.init.file).is_file():
+        settings["files"] = {"init.file sha256": file_digest(Path(config.init.file))}
+    return settings
 
 
 def number_columns() -> tuple[str, ...]:

@@ -408,3 +408,32 @@ def test_a_cell_where_only_some_seeds_reached_the_event_says_how_many_and_the_cs
     sweep.write_table(tmp_path, specs, ["chain.lam"])
     table = (tmp_path / "sweep.csv").read_text()
     assert table.count("not reached") == 2 and "not reached" in sweep.summary_table(sweep.write_table(tmp_path, specs, ["chain.lam"]))
+
+
+def test_a_row_made_from_an_init_file_whose_bytes_changed_is_not_reused(tmp_path):
+    """A sweep from init.file, run again after the file was overwritten with other weights: refused, exit 2, naming
+    the file's digest (its path is the same); the same bytes touched are reused; --force-new recomputes."""
+    import os
+
+    from flowsim import OneLayerTransformer
+
+    model = OneLayerTransformer(d=4, m=8, k=8)
+    init = tmp_path / "sub" / "a.npz"
+    init.parent.mkdir()
+    np.savez(init, **model.init(1e-3, 0))
+    arguments = ["sweep", "--grid", "chain.lam=[0.5]", "--out", str(tmp_path / "sweep"),
+                 *[item for override in [*SHORT, f"init.file='{init}'"] for item in ("--set", override)]]
+    first = CliRunner().invoke(app, arguments)
+    assert first.exit_code == 0, first.output
+    row_file = next((tmp_path / "sweep" / "rows").glob("*.json"))
+    row, stamp = json.loads(row_file.read_text()), row_file.stat().st_mtime_ns
+    os.utime(init, (1e9, 1e9))  # touched, the same bytes: the row is reused
+    again = CliRunner().invoke(app, arguments)
+    assert again.exit_code == 0 and row_file.stat().st_mtime_ns == stamp, again.output
+    np.savez(init, **model.init(1e-3, 1))  # other weights at the same path
+    refused = CliRunner().invoke(app, arguments)
+    assert refused.exit_code == 2 and "files.init.file sha256" in refused.output, refused.output
+    forced = CliRunner().invoke(app, [*arguments, "--force-new"])
+    assert forced.exit_code == 0, forced.output
+    recomputed = json.loads(next((tmp_path / "sweep" / "rows").glob("*.json")).read_text())
+    assert recomputed["final_loss"] != row["final_loss"]
