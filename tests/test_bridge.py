@@ -452,6 +452,22 @@ def test_the_shipped_text_examples_run_to_the_whole_cycle_and_short_to_their_fir
     assert result.exit_code == 2 and "set its optim.steps instead" in result.output, result.output
 
 
+def test_bridge_compare_of_a_run_with_too_few_checkpoints_is_refused_before_the_ode_is_solved(tmp_path, monkeypatch):
+    """Two steps give two checkpoints after t = 0 (the log-spaced steps coincide): refused in one line, exit 2,
+    naming the count and the remedy, with no ODE solved and nothing written beside the run."""
+    from typer.testing import CliRunner
+
+    import flowsim.bridge.compare as bridge_compare
+    from flowsim.cli import app
+
+    train(load_bridge_config(None, ["optim.steps=2", "data.batch_size=16", "data.s=8", "log.probe_per_type=4"]),
+          tmp_path / "run", progress=False)
+    monkeypatch.setattr(bridge_compare, "solve_flow", lambda *a, **k: pytest.fail("the ODE was solved"))
+    result = CliRunner().invoke(app, ["bridge", "compare", str(tmp_path / "run")])
+    assert result.exit_code == 2 and "has 2 checkpoint(s) after t = 0" in result.output and "train more steps" in result.output
+    assert not (tmp_path / "run" / "ode").exists() and not (tmp_path / "run" / "compare.json").exists()
+
+
 def test_a_diverging_run_stops_with_a_clear_error_and_keeps_its_last_good_state(tmp_path):
     config = load_bridge_config(None, ["optim.lr=1e12", "optim.steps=20", "data.batch_size=32", "data.s=8",
                                        "model.init_eps=1.0", "log.n_checkpoints=5", "log.probe_per_type=4"])

@@ -37,6 +37,7 @@ from flowsim.interrupts import stop_requests
 from flowsim.io import DamagedFileError, file_digest, read_json, write_atomic_json
 from flowsim.losses import make_loss_function
 from flowsim.models import model_from_config
+from flowsim.labelling import MIN_SAMPLES_FOR_STAGES
 from flowsim.observables import MEASURED_BY, OBSERVABLES_NPZ, Observables, stage_observables
 from flowsim.plots import plot_overlay
 from flowsim.rundir import CONFIG_FILE, TRAJECTORY_FILE, read_meta, status_of
@@ -205,6 +206,11 @@ def compare_bridge_run(run_dir: Path, progress: bool = False) -> tuple[list[Even
     if config.model.kind != "one_layer":
         raise ConfigError(f"bridge compare labels stages of the one-layer model; this run has model.kind = {config.model.kind!r}")
     measured_observables = Observables.load(run_dir)
+    saved = int(np.count_nonzero(measured_observables.t > 0))
+    if saved < MIN_SAMPLES_FOR_STAGES:  # refused before the ODE is solved, not after
+        raise ValueError(f"{run_dir} has {saved} checkpoint(s) after t = 0 (optim.steps = {config.optim.steps}: its "
+                         f"log-spaced steps coincide); stage detection needs at least {MIN_SAMPLES_FOR_STAGES}: train "
+                         "more steps")
     ode, description = ode_beside(run_dir, progress)
     measured = detect_stages(measured_observables).events()
     predicted = detect_stages(ode).events()
