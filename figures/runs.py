@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from flowsim.config import Sections, load_config
-from flowsim.experiment import execute_run
+from flowsim.experiment import execute_run, pinned_config
 from flowsim.labelling import observables_of_run
 from flowsim.observables import Observables
 from flowsim.rundir import CONFIG_FILE, META_FILE, load_run
@@ -64,7 +64,7 @@ def flowsim_run(cache: Path, overrides: Sequence[str] = (), config_path: Path | 
             load_run(run_dir)
         except Exception as error:  # any unreadable file: the folder is corrupt
             raise FigureInputError(f"cached run {run_dir} is unreadable ({error}); delete the folder to recompute it") from None
-        if stored.to_toml() != config.to_toml():
+        if pinned_config(stored).to_toml() != pinned_config(config).to_toml():  # "auto" and its method alike
             raise FigureInputError(f"cached run {run_dir} holds a different configuration; delete the folder to recompute it")
         if status == "finished":
             return run_dir
@@ -86,11 +86,11 @@ def finished_run_beside(cache: Path, config: Sections) -> Path | None:
     """A finished run directory of exactly ``config`` directly under the cache's parent folder, if one is there
     (the first by name; a folder that is no readable run is passed over)."""
     folder = cache.resolve().parent
-    wanted = config.to_toml()
+    wanted = pinned_config(config).to_toml()
     for candidate in sorted(folder.iterdir()) if folder.is_dir() else ():
         try:
             finished = json.loads((candidate / META_FILE).read_text()).get("status_name") == "finished"
-            if finished and load_config(candidate / CONFIG_FILE).to_toml() == wanted:
+            if finished and pinned_config(load_config(candidate / CONFIG_FILE)).to_toml() == wanted:
                 load_run(candidate)
                 return candidate
         except Exception:  # not a run directory, or not one that can be read: not a match

@@ -16,7 +16,7 @@ from flowsim.assemble import PreparedRun, bayes_loss, sequence_law, model_descri
 from flowsim.config import ConfigError, RunConfig, flat_settings, load_config
 from flowsim.interrupts import signals_interrupt, stop_requests
 from flowsim.io import DamagedFileError, read_npz, write_atomic_bytes, write_atomic_npz
-from flowsim.methods import METHOD, method_for
+from flowsim.methods import METHOD, default_rtol, method_for
 from flowsim.families import compute_observables
 from flowsim.observables import OBSERVABLES_NPZ
 from flowsim.plots import plot_run_summary
@@ -54,9 +54,11 @@ def execute_run(
     ``FolderInUseError``). meta.json says "finished" only once every output is written. A failure
     before the first checkpoint leaves a resumed folder as it was; a failure to write (a full
     disk) keeps what was written, and meta.json says "failed" and what was lost
-    (``OutputWriteError``).
+    (``OutputWriteError``). config.toml and meta.json hold the configuration pinned (``pinned_config``): the
+    method "auto" stood for and the tolerance it ran at.
     """
     prepared = prepare(config) if prepared is None else prepared
+    config = pinned_config(config)
     run_dir = Path(run_dir)
     with folder_lock(run_dir):
         before = {name: (run_dir / name).read_bytes() for name in (CONFIG_FILE, META_FILE) if (run_dir / name).is_file()}
@@ -70,6 +72,15 @@ def execute_run(
                 for name, data in before.items():
                     write_atomic_bytes(run_dir / name, data)
             raise
+
+
+def pinned_config(config: RunConfig) -> RunConfig:
+    """The configuration with what its defaults resolved to written out: the method "auto" stands for today and its
+    rtol, so a run reloaded from its config.toml integrates the same way when a default changes. (A run saved with
+    "auto" keeps it: its config digest, which a resume checks, is of the configuration as saved.)"""
+    method = method_for(config.solver.method)
+    rtol = config.solver.rtol if config.solver.rtol is not None else default_rtol(method)
+    return config.model_copy(update={"solver": config.solver.model_copy(update={"method": method, "rtol": rtol})})
 
 
 class OutputWriteError(RuntimeError):
@@ -116,6 +127,7 @@ def _write_run(config: RunConfig, run_dir: Path, progress: bool, prepared: Prepa
         "chain": chain.describe(),
         "config_digest": config_digest(config),
         "config": config.to_dict(),
+        "tolerances": {"rtol": config.solver.rtol, "atol": config.solver.atol},
         "versions": library_versions(),
         **this_process(),
         **({"sessions": history} if history else {}),

@@ -672,3 +672,23 @@ def test_sigterm_while_the_observables_are_computed_is_exit_130_from_the_command
     assert completed.returncode == 130, completed.stderr
     assert "interrupted while computing the observables" in completed.stderr and "Traceback" not in completed.stderr
     assert json.loads((run_dir / "meta.json").read_text())["interrupted_phase"] == "observables"
+
+
+def test_config_toml_pins_the_method_and_tolerance_that_ran_and_reloads_to_the_same_flow(tmp_path):
+    """A run with the default method saves what "auto" stood for and its rtol (config.toml, meta.json's config and
+    tolerances); `flowsim run` of that config.toml integrates the same steps to the same numbers."""
+    from flowsim.config import tomllib
+
+    sets = [item for pair in zip(["--set"] * len(SMALL), SMALL) for item in pair]
+    first = _invoke("run", *sets, "--out", str(tmp_path / "first"), "--quiet")
+    assert first.exit_code == 0, first.output
+    solver = tomllib.loads((tmp_path / "first" / "config.toml").read_text())["solver"]
+    meta = json.loads((tmp_path / "first" / "meta.json").read_text())
+    assert solver["method"] == meta["method"] == "JaxBDF" and solver["rtol"] == meta["tolerances"]["rtol"] == 1e-7
+    assert meta["config"]["solver"]["method"] == "JaxBDF" and meta["tolerances"]["atol"] == 1e-12
+    again = _invoke("run", str(tmp_path / "first" / "config.toml"), "--out", str(tmp_path / "again"), "--quiet")
+    assert again.exit_code == 0, again.output
+    second = json.loads((tmp_path / "again" / "meta.json").read_text())
+    assert second["n_steps"] == meta["n_steps"] and second["config_digest"] == meta["config_digest"]
+    np.testing.assert_array_equal(np.load(tmp_path / "again" / "trajectory.npz")["loss"],
+                                  np.load(tmp_path / "first" / "trajectory.npz")["loss"])

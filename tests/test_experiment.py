@@ -3,7 +3,7 @@
 import numpy as np
 
 from flowsim.config import load_config
-from flowsim.experiment import execute_run
+from flowsim.experiment import execute_run, pinned_config
 from flowsim.models import model_from_config
 from flowsim.observables import Observables
 from flowsim.rundir import load_run
@@ -26,8 +26,9 @@ def test_run_directory_round_trip(tmp_path):
     np.testing.assert_array_equal(saved.loss, result.trajectory.loss)
     # the initial point is the seeded initialisation
     np.testing.assert_array_equal(saved.params["W0"][0], np.asarray(model_from_config(config.model, 4).init(1e-3, 5)["W0"]))
-    # config.toml is the full resolved config: reloading it reproduces the config
-    assert load_config(tmp_path / "run" / "config.toml") == config
+    # config.toml is the full resolved config, pinned: reloading it reproduces the config with "auto" written out
+    assert load_config(tmp_path / "run" / "config.toml") == pinned_config(config) != config
+    assert pinned_config(config).solver.method == "JaxBDF" and config.solver.method == "auto"
     assert run.meta["seed"] == 5 and run.meta["status_name"] == "finished"
     assert {"python", "jax", "diffrax", "scipy", "numpy"} <= set(run.meta["versions"])
     assert run.meta["nfev"] > 0 and run.meta["wall_time_s"] > 0
