@@ -19,6 +19,7 @@ from flowsim.observables import MEASURED_BY, OBSERVABLES_NPZ, TRAJECTORY_DIGEST,
 from flowsim.rundir import CONFIG_FILE, TRAJECTORY_FILE, load_run, read_meta, status_of
 from flowsim.stages import StageReport, detect_stages
 from flowsim.status import Status
+from flowsim.trajectory import Trajectory
 
 RESUMABLE = (Status.INTERRUPTED.label, Status.STEP_LIMIT.label)  # the statuses `flowsim run --resume` continues
 MIN_SAMPLES_FOR_STAGES = 3
@@ -40,6 +41,7 @@ def observables_of_run(run_dir: Path) -> Observables:
         current = observables is not None and ("basis_angle" not in observables.columns
                                                or "basis_doubling_angle" in observables.columns)  # else an older layout
         if current and digest is not None and str(observables.constants.get(TRAJECTORY_DIGEST)) == digest:
+            Trajectory.load(run_dir / TRAJECTORY_FILE)  # checked (finite, consistent): a cache of a damaged file is no cure
             return observables
     run = load_run(run_dir)
     config = load_config(run_dir / CONFIG_FILE)

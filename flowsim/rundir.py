@@ -167,6 +167,8 @@ def read_meta(run_dir: Path) -> dict:
     for key in META_TEXT_FIELDS:
         if key in meta and not isinstance(meta[key], str):
             raise DamagedFileError(path, f"its {key} is {meta[key]!r}, expected text", LOST_RUN)
+    if "status_name" not in meta:  # every meta.json flowsim writes says how the run stands
+        raise DamagedFileError(path, "it has no status_name: whether the run finished is unknown", LOST_RUN)
     return meta
 
 

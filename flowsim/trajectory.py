@@ -42,6 +42,12 @@ class Trajectory:
         remedy = f"run the flow again (flowsim run {Path(path).parent / 'config.toml'} --out NEW_DIR)"
         arrays = read_npz(path, required=("t", "loss"), remedy=remedy)
         t, loss = arrays.pop("t"), arrays.pop("loss")
+        for name, values in {"t": t, "loss": loss, **arrays}.items():  # a flow's saved points are finite (a run that
+            bad = ~np.isfinite(np.asarray(values, dtype=float))      # left the flow keeps its last sound one)
+            if bad.any():
+                first = int(np.argmax(bad.reshape(len(bad), -1).any(axis=1))) if np.ndim(values) else 0
+                raise DamagedFileError(path, f"{name} is not finite from saved point {first} on ({int(bad.sum())} "
+                                             "entries)", remedy)
         try:
             return cls(t=t, loss=loss, params=arrays)
         except ValueError as error:

@@ -692,3 +692,32 @@ def test_config_toml_pins_the_method_and_tolerance_that_ran_and_reloads_to_the_s
     assert second["n_steps"] == meta["n_steps"] and second["config_digest"] == meta["config_digest"]
     np.testing.assert_array_equal(np.load(tmp_path / "again" / "trajectory.npz")["loss"],
                                   np.load(tmp_path / "first" / "trajectory.npz")["loss"])
+
+
+@pytest.mark.parametrize("damage", ["meta without status", "loss NaN from index 10", "an infinite weight"])
+def test_files_with_lost_status_or_non_finite_numbers_are_named_as_damaged(tmp_path, damage):
+    """meta.json without its status, a loss that turns NaN, an infinite weight: `stages` and `compare-runs` name the
+    file and what is wrong, exit 2; so they do when a cached observables.npz was computed from the damaged file."""
+    run_dir = tmp_path / "run"
+    execute_run(load_config(None, SMALL), run_dir, progress=False)
+    if damage == "meta without status":
+        meta = json.loads((run_dir / "meta.json").read_text())
+        (run_dir / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k not in ("status", "status_name")}))
+        expected = ("meta.json is damaged", "no status_name")
+    else:
+        arrays = dict(np.load(run_dir / "trajectory.npz"))
+        if damage == "an infinite weight":
+            arrays["W0"][20, 0, 0] = np.inf
+            expected = ("trajectory.npz is damaged", "W0 is not finite from saved point 20")
+        else:
+            arrays["loss"][10:] = np.nan
+            expected = ("trajectory.npz is damaged", "loss is not finite from saved point 10")
+        np.savez(run_dir / "trajectory.npz", **arrays)
+        from flowsim.labelling import save_observables
+        from flowsim.observables import Observables
+
+        save_observables(Observables.load(run_dir), run_dir)  # a cache stamped with the damaged file's digest
+    for command in (["stages", str(run_dir)], ["compare-runs", str(run_dir), "--figure", str(tmp_path / "x.png")]):
+        result = _invoke(*command)
+        line = _one_error_line(result)
+        assert result.exit_code == 2 and all(part in line for part in expected), line
