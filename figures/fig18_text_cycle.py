@@ -53,11 +53,12 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
     data = {}
     # every run first: validate draws its own overlay, and matplotlib's state after it is not the figure style's
     folders = {corpus: validated(cache, corpus, tiny) for corpus in CORPORA}
+    from flowsim.bridge.config import load_bridge_config  # the bridge extra (torch): validated() checked it is there
+
     with figure_style():
         figure, axes = plt.subplots(2, len(CORPORA), figsize=(5.2 * len(CORPORA), 6.4), sharex="col", squeeze=False)
         for column, corpus in enumerate(CORPORA):
             folder = folders[corpus]
-            from flowsim.bridge.config import load_bridge_config  # the bridge extra: validated() checked it
             sgd_dir, key = folder / "sgd", f"{folder.name}/sgd"
             sgd, report = observables_and_stages(sgd_dir)
             ode = read_observables(sgd_dir / "ode")

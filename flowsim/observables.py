@@ -37,8 +37,8 @@ Saved as ``observables.npz`` (every column and constant) and ``observables.csv``
 column flattened to scalar columns: ``attention_entropy[0]``, ``attention[1,2]``, ...).
 
 The one-layer observables are computed save by save: nothing d x d is kept, and the memory they need beyond the
-trajectory (``observables_memory_bytes``) is O(T (d + f²)) for the kept columns plus O(d²) for one save's work. At
-d = 1000 with 500 saves: about 2 s of attention and 4 s of gradient norms (benchmarks/MEASUREMENTS.md).
+trajectory (``observables_memory_bytes``) is O(T (d + f²)) for the kept columns plus O(d²) for one save's work (its
+cost at d = 1000: benchmarks/MEASUREMENTS.md, "Observables and labels at the real vocabulary").
 """
 
 from __future__ import annotations
@@ -249,8 +249,8 @@ def _factored_singular_values(model: Model, params: dict) -> dict[str, jax.Array
             "sv_Phi": jnp.linalg.svd(model.attention_logits(factored), compute_uv=False)}
 
 
-# Two compiled calls per save: with the factorisations in the same program XLA ran the whole save 3x slower at
-# d = 1000 (5.4 ms against 1.6 + 0.24 ms).
+# Two compiled calls per save: one program holding both ran slower (benchmarks/MEASUREMENTS.md, "Observables and
+# labels at the real vocabulary").
 _attention_probe_jit = jax.jit(_attention_probe, static_argnums=(0, 3))
 _factored_singular_values_jit = jax.jit(_factored_singular_values, static_argnums=0)
 
@@ -275,6 +275,15 @@ def attention_probes(trajectory: Trajectory, model: Model, pi: np.ndarray, fold:
     return {name: np.stack([row[name] for row in rows]) for name in rows[0]}
 
 
+def weight_spectra(params: dict, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """sv_X and stable_rank_X per saved time for the weight stacks ``params[X]`` (leading axis = time)."""
+    columns = {}
+    for name in names:
+        sigma = singular_values(params[name])
+        columns[f"sv_{name}"], columns[f"stable_rank_{name}"] = sigma, stable_rank(sigma)
+    return columns
+
+
 def one_layer_observables(trajectory: Trajectory, model: Model, pi: np.ndarray, flow: GradientFlow | None = None,
                           fold_d: int | None = None) -> Observables:
     """All observables of a one-layer trajectory on a chain with frequencies ``pi`` (gradient norms when ``flow``
@@ -282,11 +291,7 @@ def one_layer_observables(trajectory: Trajectory, model: Model, pi: np.ndarray, 
     "other" (``attention_fold``; the constant ``attention_fold`` maps each token to its row), and M and Φ (d x d)
     are never stored. Memory beyond the trajectory: ``observables_memory_bytes``. Time O(T d² (k + f) + T d m²)."""
     fold = attention_fold(pi, fold_d)
-    columns: dict[str, np.ndarray] = {"loss": np.asarray(trajectory.loss)}
-    for name in ("W0", "W1", "W_Q", "W_K"):
-        sigma = singular_values(trajectory.params[name])
-        columns[f"sv_{name}"] = sigma
-        columns[f"stable_rank_{name}"] = stable_rank(sigma)
+    columns = {"loss": np.asarray(trajectory.loss), **weight_spectra(trajectory.params, ("W0", "W1", "W_Q", "W_K"))}
     probes = attention_probes(trajectory, model, pi, fold)
     for name in ("M", "Phi"):
         columns[f"sv_{name}"] = probes[f"sv_{name}"]
@@ -312,11 +317,7 @@ def stage_observables(trajectory: Trajectory, pi: np.ndarray) -> Observables:
     params = trajectory.params
     model = OneLayerTransformer(d=params["W0"].shape[1], m=params["W0"].shape[2], k=params["W_Q"].shape[2])
     probes = attention_probes(trajectory, model, pi, fold=None, keep_attention=False)
-    columns: dict[str, np.ndarray] = {"loss": np.asarray(trajectory.loss)}
-    for name in ("W0", "W1", "W_Q", "W_K"):
-        sigma = singular_values(params[name])
-        columns[f"sv_{name}"] = sigma
-        columns[f"stable_rank_{name}"] = stable_rank(sigma)
+    columns = {"loss": np.asarray(trajectory.loss), **weight_spectra(params, ("W0", "W1", "W_Q", "W_K"))}
     columns["attention_entropy"] = probes["attention_entropy"]
     columns["attention_mass_top"] = probes["attention_mass_top"]
     columns["embedding_norm"] = np.linalg.norm(params["W0"], axis=2)
@@ -337,11 +338,7 @@ def two_layer_observables(
     of the Q/K matrices; embedding norms; the residual basis h2 and its maturity: the
     largest principal angle between span(h2(t)) and span(h2 at the last time)."""
     A1, A2, h2 = (np.asarray(x) for x in _two_layer_maps(model, dict(trajectory.params), jnp.asarray(pi)))
-    columns: dict[str, np.ndarray] = {"loss": np.asarray(trajectory.loss)}
-    for name in ("W_E", "W_Q1", "W_K1", "W_Q2", "W_K2"):
-        sigma = singular_values(trajectory.params[name])
-        columns[f"sv_{name}"] = sigma
-        columns[f"stable_rank_{name}"] = stable_rank(sigma)
+    columns = {"loss": np.asarray(trajectory.loss), **weight_spectra(trajectory.params, ("W_E", "W_Q1", "W_K1", "W_Q2", "W_K2"))}
     columns["sv_h2"] = singular_values(h2)
     top = int(np.argmax(pi))
     for layer, attention in ((1, A1), (2, A2)):
@@ -397,10 +394,7 @@ def positional_observables(
     rank = min(2 * model.d, model.m - 1)  # the token and previous-token features, a proper subspace
     top = eigenvectors[:, :, ::-1][:, :, :rank]
     columns: dict[str, np.ndarray] = {"loss": np.asarray(trajectory.loss), **probes}
-    for name in ("W_E", "W_P", "W_Q1", "W_K1", "W_Q2", "W_K2"):
-        sigma = singular_values(trajectory.params[name])
-        columns[f"sv_{name}"] = sigma
-        columns[f"stable_rank_{name}"] = stable_rank(sigma)
+    columns.update(weight_spectra(trajectory.params, ("W_E", "W_P", "W_Q1", "W_K1", "W_Q2", "W_K2")))
     columns["sv_h2"] = np.sqrt(np.clip(eigenvalues[:, ::-1], 0, None))
     columns["embedding_norm"] = np.linalg.norm(trajectory.params["W_E"], axis=2)
     columns["basis_angle"] = np.array([subspace_angles(basis, top[-1]).max() for basis in top])

@@ -115,9 +115,8 @@ class StageThresholds:
     focus_drop: float = 0.35  # nats below the running maximum of a query's entropy
     dilution_rise: float = 0.2  # nats above the running minimum after a focus
     min_duration_decades: float = 0.1  # a focus or dilution must hold this long (log10 t) to count
-    # ... and fall or rise by at least this many times the series' own noise (SGD logs: ``series_noise``); a focus
-    # that stays low, with noise of SD 0.13-0.3 nats after it, was labelled diluted in 6-19% of seeds with the plain
-    # thresholds and in none of 200 with this factor (benchmarks/MEASUREMENTS.md, "Dilution on noisy logs")
+    # ... and fall or rise by at least this many times the series' own noise (SGD logs: ``series_noise``), so that
+    # noise alone after a focus is not labelled a dilution (benchmarks/MEASUREMENTS.md, "Dilution on noisy logs")
     noise_factor: float = 3.0
     noise_window_decades: float = 0.25  # half-width (log10 t) over which that noise is measured
     restart_factor: float = 10.0  # σ_r(W0) above restart_factor × floor: a new direction

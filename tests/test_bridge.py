@@ -761,8 +761,7 @@ def test_a_bridge_run_killed_at_a_random_moment_resumes_to_the_uninterrupted_obs
 
     import numpy as np
 
-    # 6000 steps train for about 6 s on a 2-core CPU (1500 took 1.5 s: the kill, up to 2 s after the first
-    # checkpoint, then came after the last step)
+    # long enough that the kill, up to 2 s after the first checkpoint, lands before the last step (1500 steps did not)
     settings = ["--set", "optim.steps=6000", "--set", "data.batch_size=16", "--set", "data.s=8", "--set", "log.probe_per_type=4"]
     base = [sys.executable, "-m", "flowsim.cli", "bridge", "train", "--quiet", *settings]
     subprocess.run([*base, "--out", str(tmp_path / "whole")], check=True, capture_output=True)
