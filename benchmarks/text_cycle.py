@@ -3,8 +3,9 @@ the theory.
 
     python benchmarks/text_cycle.py --corpus tinystories [--folder runs/cycle-tinystories] [--no-theory]
                                     [--seeds 1,2,3] [--out benchmarks/RESULTS.md]
+    python benchmarks/text_cycle.py --corpus bridge/wikitext2-d64.toml     # a bridge config: the d = 64 examples
 
-Runs `flowsim bridge validate CORPUS` (the shipped example, to its whole cycle) into FOLDER, and the same run at
+Runs `flowsim bridge validate CORPUS` (the shipped example, to its whole cycle, or the config named) into FOLDER, and the same run at
 lr/2 for twice the steps (the same t) into FOLDER-half (SGD and the ODE only: the theory and the ODE do not depend
 on lr). Each part is cached, so a second call only rebuilds the table. An event is in the flow regime when halving
 lr moves it less than 5%; the ODE is compared with SGD at lr/2 where it is not (the nearer the flow). Columns: the
@@ -110,15 +111,16 @@ def main() -> None:
     from flowsim.bridge.validate import example_config, validate
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--corpus", choices=("tinystories", "wikitext2"), required=True)
-    parser.add_argument("--folder", type=Path, default=None, help="where the runs go (default runs/cycle-CORPUS)")
+    parser.add_argument("--corpus", required=True, help="tinystories, wikitext2 (the d = 1001 examples) or a bridge config")
+    parser.add_argument("--folder", type=Path, default=None, help="where the runs go (default runs/cycle-NAME)")
     parser.add_argument("--no-theory", action="store_true", help="SGD and the ODE only")
     parser.add_argument("--seeds", default="", help="comma-separated further seeds (data.seed), e.g. 1,2,3")
     parser.add_argument("--out", type=Path, default=None, help="a markdown file to write the table into (its section)")
     arguments = parser.parse_args()
-    folder = arguments.folder or Path("runs") / f"cycle-{arguments.corpus}"
+    name = Path(arguments.corpus).stem if arguments.corpus.endswith(".toml") else arguments.corpus
+    folder = arguments.folder or Path("runs") / f"cycle-{name}"
     config = load_bridge_config(example_config(arguments.corpus))
-    report = lambda message: print(f"{arguments.corpus}: {message}", flush=True)  # noqa: E731
+    report = lambda message: print(f"{name}: {message}", flush=True)  # noqa: E731
     full = validate(arguments.corpus, folder, theory=not arguments.no_theory, progress=report)
     half = validate(arguments.corpus, Path(f"{folder}-half"), theory=False, progress=report,
                     overrides=[f"optim.lr={config.optim.lr / 2}", f"optim.steps={2 * config.optim.steps}"])
@@ -136,7 +138,7 @@ def main() -> None:
     if arguments.out is not None:
         command = (f"python benchmarks/text_cycle.py --corpus {arguments.corpus}" + (" --no-theory" if arguments.no_theory else "")
                    + (f" --seeds {arguments.seeds}" if seeds else ""))
-        write_section(arguments.out, f"cycle-{arguments.corpus}", f"`{command}`\n\n{text}")
+        write_section(arguments.out, f"cycle-{name}", f"`{command}`\n\n{text}")
 
 
 if __name__ == "__main__":

@@ -179,6 +179,11 @@ def fit_unigram_weight(counts: np.ndarray, held_out: np.ndarray, tolerance: floa
 
     counts = np.asarray(counts, dtype=float)
     held_out = np.asarray(held_out, dtype=np.int64)
+    d = len(counts)
+    if held_out.ndim != 1 or len(held_out) < 2:
+        raise ValueError(f"the held-out sequence needs at least 2 tokens (one transition), got shape {held_out.shape}")
+    if held_out.min() < 0 or held_out.max() >= d:
+        raise ValueError(f"held-out tokens must lie in 0 .. {d - 1} (the counts' d = {d}), got {held_out.min()} .. {held_out.max()}")
     n = counts.sum(axis=1)
     unigram = n / n.sum()
     pairs = held_out[:-1], held_out[1:]

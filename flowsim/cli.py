@@ -85,7 +85,8 @@ def run(
             _fail(str(error))
         if not exact:
             typer.echo(f"flowsim: note: {result.method} resumed afresh from the last saved point; its steps differ "
-                       "from an uninterrupted run's (JaxRadau with its saved state and gradient descent resume exactly)",
+                       "from an uninterrupted run's (JaxBDF and JaxRadau with their saved state, and gradient descent, resume "
+                       "exactly)",
                        err=True)
         _report_run(result, resume)
         return
@@ -287,7 +288,9 @@ def figures(
     except (ValueError, FigureInputError) as error:
         _fail(str(error))
     except KeyboardInterrupt:
-        _stop_interrupted(f"interrupted: the figures built so far are in {out}; the same command computes the rest")
+        built = sorted(out.glob("*.png")) if out.is_dir() else []
+        _stop_interrupted(f"interrupted: {f'the {len(built)} figures built so far are in {out}' if built else 'no figure was written'}; "
+                          "the same command computes the rest")
     typer.echo(f"written: {out}")
 
 
@@ -428,12 +431,11 @@ def sweep(
     except (ConfigError, ValueError) as error:
         _fail(str(error))
     except ClusterLost as error:
-        _fail(f"{error} ({_rows_written(out)} rows are written in {out / 'rows'})", code=1)
+        _fail(f"{error} ({_rows_written(out)})", code=1)
     except OSError as error:
-        _fail_writing(error, f"the {_rows_written(out)} rows written are kept in {out / 'rows'}")
+        _fail_writing(error, f"{_rows_written(out)}, kept")
     except KeyboardInterrupt:
-        _stop_interrupted(f"interrupted: {_rows_written(out)} rows are written in {out / 'rows'}; the same command "
-                          "continues with the rest")
+        _stop_interrupted(f"interrupted: {_rows_written(out)}; the same command continues with the rest")
     failed = [row["name"] + (f" ({row['reason']})" if "reason" in row else "") for row in rows
               if row["status"] != Status.FINISHED.label]
     typer.echo(summary_table(rows))
@@ -443,9 +445,10 @@ def sweep(
         raise typer.Exit(code=1)
 
 
-def _rows_written(out: Path) -> int:
-    """How many row files a sweep folder holds."""
-    return len(list((out / "rows").glob("*.json"))) if (out / "rows").is_dir() else 0
+def _rows_written(out: Path) -> str:
+    """How many row files a sweep folder holds, and where, in words ("no row was written" when there is no folder)."""
+    rows = len(list((out / "rows").glob("*.json"))) if (out / "rows").is_dir() else 0
+    return f"{rows} row{'s are' if rows != 1 else ' is'} written in {out / 'rows'}" if rows else "no row was written"
 
 
 @app.command("config", short_help="Every config key with its default, type and meaning.")

@@ -329,6 +329,13 @@ def flat_settings(tree: dict, prefix: str = "") -> dict:
     return flat
 
 
+def changed_keys(old: dict, new: dict) -> str:
+    """"section.key: old -> new" for every key whose value differs between two resolved configurations."""
+    before, after = flat_settings(old), flat_settings(new)
+    keys = sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))
+    return ", ".join(f"{key}: {before.get(key)!r} -> {after.get(key)!r}" for key in keys) or "the recorded config is missing"
+
+
 def transition_override(P: np.ndarray) -> str:
     """The --set override that gives the chain of transition matrix P."""
     return "chain.P=[" + ", ".join("[" + ", ".join(repr(float(x)) for x in row) + "]" for row in np.asarray(P)) + "]"

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from flowsim.assemble import PreparedRun, bayes_loss, sequence_law, model_description, prepare
-from flowsim.config import ConfigError, RunConfig, flat_settings, load_config
+from flowsim.config import ConfigError, RunConfig, changed_keys, load_config
 from flowsim.interrupts import signals_interrupt, stop_requests
 from flowsim.io import DamagedFileError, read_npz, write_atomic_bytes, write_atomic_npz
 from flowsim.methods import METHOD, default_rtol, method_for
@@ -35,7 +35,7 @@ from flowsim.rundir import (
     write_config,
     write_meta,
 )
-from flowsim.solvers import FlowResult, ResumePoint, SolverStats, solve_flow
+from flowsim.solvers import FlowResult, ResumePoint, SavedStateError, SolverStats, solve_flow
 from flowsim.status import Status
 from flowsim.labelling import RESUMABLE, save_observables, stages_of
 
@@ -93,8 +93,9 @@ def _record_lost_outputs(run_dir: Path, error: OSError) -> OutputWriteError:
     outputs = (TRAJECTORY_FILE, OBSERVABLES_NPZ, "stages.json", SUMMARY_FIGURE)
     present = [name for name in outputs if (run_dir / name).is_file()]
     lost = [name for name in outputs if name not in present]
-    message = (f"failed: {reason} while writing {error.filename or 'an output'}; kept: {', '.join(present) or 'nothing'}"
-               f" (the trajectory as of its last checkpoint); not written: {', '.join(lost) or 'nothing'}")
+    kept = ", ".join(name + (" (as of its last checkpoint)" if name == TRAJECTORY_FILE else "") for name in present)
+    message = (f"failed: {reason} while writing {error.filename or 'an output'}; kept: {kept or 'nothing'}; "
+               f"not written: {', '.join(lost) or 'nothing'}")
     try:
         write_meta(run_dir, {**read_meta(run_dir), "status_name": f"failed: {reason}", "message": message})
     except (OSError, DamagedFileError):
@@ -105,13 +106,6 @@ def _record_lost_outputs(run_dir: Path, error: OSError) -> OutputWriteError:
 def config_digest(config: RunConfig) -> str:
     """SHA-256 of the resolved configuration: a resume checks that config.toml still describes the run."""
     return hashlib.sha256(config.to_toml().encode()).hexdigest()
-
-
-def changed_keys(old: dict, new: dict) -> str:
-    """"section.key: old -> new" for every key whose value differs between two resolved configurations."""
-    before, after = flat_settings(old), flat_settings(new)
-    keys = sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))
-    return ", ".join(f"{key}: {before.get(key)!r} -> {after.get(key)!r}" for key in keys) or "the recorded config is missing"
 
 
 def _write_run(config: RunConfig, run_dir: Path, progress: bool, prepared: PreparedRun, resume: ResumePoint | None,
@@ -272,4 +266,9 @@ def resume_run(run_dir: Path, *, progress: bool = True) -> tuple[FlowResult, boo
     resume = ResumePoint(run.trajectory.t, thetas, solver_state, state_method=run.meta.get("method"))
     history = [*run.meta.get("sessions", []), {key: run.meta.get(key) for key in
                                                  ("started", "status_name", "t_reached", "n_steps", "solve_seconds")}]
-    return execute_run(config, run_dir, progress=progress, prepared=prepared, resume=resume, history=history), resume.is_exact(method)
+    try:
+        result = execute_run(config, run_dir, progress=progress, prepared=prepared, resume=resume, history=history)
+    except SavedStateError as error:
+        raise DamagedFileError(run_dir / SOLVER_STATE_FILE, f"not this run's {method} loop state: {error}",
+                               "delete it to resume afresh from the last saved point") from None
+    return result, resume.is_exact(method)

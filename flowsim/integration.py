@@ -79,6 +79,10 @@ class FlowResult:
         }
 
 
+class SavedStateError(ValueError):
+    """A saved loop state (``ResumePoint.solver_state``) that does not belong to the problem being resumed."""
+
+
 @dataclass(frozen=True)
 class ResumePoint:
     """Where a stopped solve continues: the points it saved (``t`` ascending from 0, ``theta``

@@ -494,6 +494,8 @@ def population_loss(
     """
     model = model_for_params(params) if model is None else model
     model.check_params(params)
+    if model.d != chain.d:
+        raise ValueError(f"the model has d = {model.d} tokens and the chain d = {chain.d}: they must be equal")
     if s is None:
         return population_loss_mean_field(params, chain, model)
     return population_loss_finite(params, chain, s, model)

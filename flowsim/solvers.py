@@ -27,8 +27,8 @@ from flowsim import methods
 from flowsim.compiled_methods import JaxBDF, JaxRadau, stiff_rank
 from flowsim.config import SolverConfig, resolve_config
 from flowsim.flow import GradientFlow
-from flowsim.integration import (CHECKPOINT_EVERY_S, FlowResult, Integration, Method, Problem, ResumePoint, SolverStats,
-                                 check_save_times, drive, flow_result, solver_stats)
+from flowsim.integration import (CHECKPOINT_EVERY_S, FlowResult, Integration, Method, Problem, ResumePoint, SavedStateError,
+                                 SolverStats, check_save_times, drive, flow_result, solver_stats)
 from flowsim.methods import AUTO, DEFAULT_METHOD, METHOD, default_rtol, method_for
 from flowsim.models import Params
 from flowsim.reference_methods import DIFFRAX_METHODS, SCIPY_METHODS, Diffrax, GradientDescent, Scipy
@@ -138,7 +138,10 @@ def solve_flow(
         theta0 = np.asarray(resume.theta[-1])
     problem = Problem([flow], theta0[None], times, rtol, atol, int(max_steps), progress,
                       listening=progress or on_checkpoint is not None or should_stop is not None, should_stop=should_stop)
-    saved = None if state is None else solver.check_saved_state(state, problem)  # checked before anything is compiled
+    try:
+        saved = None if state is None else solver.check_saved_state(state, problem)  # checked before anything is compiled
+    except ValueError as error:
+        raise SavedStateError(str(error)) from None
     checkpoint = None if on_checkpoint is None else lambda results: on_checkpoint(_prepend(flow, prefix_t, prefix_theta, results[0]))
     result = drive(solver, problem, checkpoint, checkpoint_every_s, saved=saved)[0]
     return _prepend(flow, prefix_t, prefix_theta, result)

@@ -234,3 +234,6 @@ def test_a_random_corpus_read_as_a_cycle_keeps_its_frequencies_and_the_fitted_we
     unseen = np.array([0, 1, d - 1])
     with pytest.raises(ValueError, match=f"token {d - 1} occurs in the held-out sequence but never in the counts"):
         fit_unigram_weight(bigram_counts(np.array([0, 1, 0, 1]), d, cyclic=True), unseen)
+    for held_out, message in (([], "needs at least 2 tokens"), ([0, d], f"must lie in 0 .. {d - 1}"), ([-1, 0], "got -1 .. 0")):
+        with pytest.raises(ValueError, match=message):
+            fit_unigram_weight(counts, np.array(held_out, dtype=int))

@@ -246,7 +246,8 @@ def test_a_failed_resume_leaves_the_folder_as_it_was(tmp_path):
     np.savez(tmp_path / "run" / "solver_state.npz", y=np.zeros((1, 7)), saved=np.zeros((1, 64, 7)))
     files = {name: (tmp_path / "run" / name).read_bytes() for name in ("meta.json", "config.toml", "trajectory.npz")}
     line = _one_error_line(_invoke("run", "--resume", str(tmp_path / "run")))
-    assert "the saved JaxBDF state lacks" in line
+    assert "solver_state.npz is damaged (not this run's JaxBDF loop state: the saved JaxBDF state lacks" in line
+    assert "delete it to resume afresh from the last saved point" in line
     assert {name: (tmp_path / "run" / name).read_bytes() for name in files} == files
 
 
@@ -514,8 +515,35 @@ def test_a_full_disk_in_a_sweep_is_one_line_that_keeps_the_rows_written(tmp_path
         result = _invoke(*base)
     lines = result.output.strip().splitlines()
     assert result.exit_code == 1 and lines[-1].startswith("flowsim: error: no space left on device while writing "), result.output
-    assert "the 1 rows written are kept" in lines[-1] and len(list((out / "rows").iterdir())) == 1
+    assert f"1 row is written in {out / 'rows'}, kept" in lines[-1] and len(list((out / "rows").iterdir())) == 1
     assert _invoke(*base).exit_code == 0 and len(list((out / "rows").iterdir())) == 2
+
+
+def test_interrupt_and_failure_messages_name_only_what_exists(tmp_path, monkeypatch):
+    """An interrupted `figures` or sweep names a folder only when something was written in it, and a failed write that
+    kept nothing says so without claiming a trajectory."""
+    import errno
+
+    import figures
+
+    from flowsim import cli
+    from flowsim.experiment import _record_lost_outputs
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(figures, "build_figures", interrupted)
+    result = _invoke("figures", "--out", str(tmp_path / "figo"), "--cache", str(tmp_path / "cache"))
+    assert result.exit_code == 130
+    assert result.output.strip() == "interrupted: no figure was written; the same command computes the rest", result.output
+    assert cli._rows_written(tmp_path / "st4") == "no row was written"
+    (tmp_path / "st4" / "rows").mkdir(parents=True)
+    (tmp_path / "st4" / "rows" / "a.json").write_text("{}")
+    assert cli._rows_written(tmp_path / "st4") == f"1 row is written in {tmp_path / 'st4' / 'rows'}"
+    (tmp_path / "run").mkdir()
+    message = str(_record_lost_outputs(tmp_path / "run", OSError(errno.ENOSPC, "No space left on device")))
+    assert "kept: nothing; not written: trajectory.npz, observables.npz" in message, message
+    assert "last checkpoint" not in message
 
 
 def test_a_run_whose_last_meta_write_failed_is_finished_by_its_resume(tmp_path, monkeypatch):

@@ -303,3 +303,15 @@ def test_an_oversized_finite_loss_is_refused_before_any_allocation(paper_chain, 
         losses.make_loss_function(paper_model, paper_chain, "finite", 10_000)
     with pytest.raises(BudgetError, match=r"Monte Carlo loss on 1000000000 sequences .*: lower loss.mc_samples or loss.s$"):
         losses.make_loss_function(paper_model, paper_chain, "monte_carlo", 10_000, mc_samples=10**9)
+
+
+def test_a_model_and_a_chain_of_different_d_are_one_clear_error():
+    from flowsim.losses import population_loss
+    from flowsim.models import OneLayerTransformer
+
+    model = OneLayerTransformer(d=4, m=3, k=3)
+    params = model.init(0.1, 0)
+    chain = MarkovChain(pi=np.full(5, 0.2), lam=0.5)
+    for s in (None, 3):
+        with pytest.raises(ValueError, match="the model has d = 4 tokens and the chain d = 5"):
+            population_loss(params, chain, s, model=model)

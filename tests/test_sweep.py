@@ -227,7 +227,7 @@ def test_sigint_stops_a_sweep_saying_what_is_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "run_sweep", one_row_then_interrupted)
     result = CliRunner().invoke(app, ["sweep", "--grid", "chain.lam=[0.3, 0.4]", "--out", str(tmp_path / "sweep")])
     assert result.exit_code == 130
-    assert f"interrupted: 1 rows are written in {tmp_path / 'sweep' / 'rows'}" in result.output and "Traceback" not in result.output
+    assert f"interrupted: 1 row is written in {tmp_path / 'sweep' / 'rows'}" in result.output and "Traceback" not in result.output
 
 
 def test_a_sweep_labels_its_rows_as_flowsim_run_labels_its_runs(tmp_path):
@@ -297,7 +297,7 @@ def test_sigint_stops_a_sweep_inside_a_long_solve_keeping_its_finished_rows(tmp_
                "--out", str(tmp_path / "sweep")]
     returncode, stderr = interrupt_once(command, lambda progress: b"1/2 runs done" in progress, signal.SIGINT)
     assert returncode == 130, stderr.decode()
-    assert b"interrupted: 1 rows are written" in stderr
+    assert b"interrupted: 1 row is written" in stderr
     assert [path.name for path in (tmp_path / "sweep" / "rows").iterdir()] == ["time.t_end=20_seed=0.json"]
 
 

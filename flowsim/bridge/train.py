@@ -43,7 +43,7 @@ from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer
 from flowsim.bridge.surrogate import text_surrogate
 from flowsim.budget import check_memory
 from flowsim.chains import MarkovChain
-from flowsim.config import ConfigError
+from flowsim.config import ConfigError, changed_keys
 from flowsim.interrupts import StopRequest, run_in_chunks, stop_requests
 from flowsim.io import DamagedFileError, write_atomic_bytes
 from flowsim.models import model_from_config
@@ -221,8 +221,9 @@ def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at
     run_dir = Path(run_dir)
     toml_text = config.to_toml()
     # compared as settings, not as text: a run saved before a key with a default existed still resumes
-    if (run_dir / CONFIG_FILE).is_file() and load_bridge_config(run_dir / CONFIG_FILE) != config:
-        raise ConfigError(f"{run_dir} holds a run with a different configuration; resume with the same config or choose a new folder")
+    if (run_dir / CONFIG_FILE).is_file() and (saved := load_bridge_config(run_dir / CONFIG_FILE)) != config:
+        raise ConfigError(f"{run_dir} holds a run with a different configuration ({changed_keys(saved.to_dict(), config.to_dict())}); "
+                          "resume with the same config or choose a new folder")
     with folder_lock(run_dir), stop_requests() as stop:
         return _train_locked(config, run_dir, data, device, toml_text, progress, stop_at_step, stop)
 
