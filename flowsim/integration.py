@@ -13,12 +13,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from flowsim.flow import GradientFlow
 from flowsim.interrupts import run_in_chunks
 from flowsim.methods import METHOD
-from flowsim.progress import ticking
+from flowsim.progress import progress_bar, stderr_is_terminal, ticking
 from flowsim.status import Status, at_time
 from flowsim.trajectory import Trajectory
 
@@ -188,7 +187,8 @@ def drive(method: Method, problem: Problem, on_checkpoint: Callable[[list[FlowRe
     polled after each chunk, ``on_checkpoint`` with the partial results every ``checkpoint_every_s``
     seconds, and the results with the method's status. ``saved``: a method's saved state to continue."""
     times = problem.times
-    bar = _Progress(problem.progress and not method.shows_own_progress, times[0], times[-1], method.name)
+    own_bar = method.shows_own_progress and stderr_is_terminal()
+    bar = _Progress(problem.progress and not own_bar, times[0], times[-1], method.name)
     try:
         bar.compiling(0.0)
         with ticking(bar.compiling):
@@ -225,7 +225,7 @@ def flow_result(flow: GradientFlow, method: str, status: Status, message: str, t
 
 
 class _Progress:
-    """A tqdm bar over model time on a log scale, log(1 + t) / log(1 + t_end): a gradient
+    """A bar (plain lines in a log file) over model time on a log scale, log(1 + t) / log(1 + t_end): a gradient
     flow's steps grow with t, so its cost goes with log t rather than t, and so does the
     estimate of the time left."""
 
@@ -233,9 +233,10 @@ class _Progress:
         self.method, self.t_end = method, float(t_end)
         # No bar at all when none is shown: even a disabled tqdm makes tqdm's multiprocessing lock, a named semaphore
         # that a sweep's worker, stopped by SIGTERM, leaves for Python's resource tracker to warn of.
-        self.bar = None if not enabled else tqdm(
+        self.bar = None if not enabled else progress_bar(
             total=float(np.log1p(t_end)), initial=float(np.log1p(t_start)), smoothing=0.0, desc=self._label(t_start),
-            bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]",
+            count=lambda n: "of log(1 + t)")
 
     def _label(self, t: float) -> str:
         return f"flow ({self.method}) t={t:.4g}/{self.t_end:.4g}"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ import numpy as np
 import scipy.integrate
 
 from flowsim.integration import FlowResult, Integration, Method, Problem, flow_result, solver_stats
+from flowsim.progress import stderr_is_terminal
 from flowsim.status import Status, at_time
 
 SCIPY_METHODS = {"LSODA": scipy.integrate.LSODA, "BDF": scipy.integrate.BDF, "Radau": scipy.integrate.Radau}
@@ -135,7 +137,10 @@ class Diffrax(Method):
         kinks = [t for t in flow.rates.kinks if times[0] < t < times[-1]]
         if kinks:
             controller = diffrax.ClipStepSizeController(controller, step_ts=jnp.asarray(kinks, dtype=float))
-        meter = diffrax.TqdmProgressMeter() if problem.progress else diffrax.NoProgressMeter()
+        labelled = problem.progress and stderr_is_terminal()  # in a log file the run's own lines say how far it is
+        if labelled:
+            print(f"flow ({self.name}) to t = {times[-1]:.4g}: diffrax's bar, in model time", file=sys.stderr, flush=True)
+        meter = diffrax.TqdmProgressMeter() if labelled else diffrax.NoProgressMeter()
         should_stop = problem.should_stop
         stop = None if should_stop is None else diffrax.Event(lambda t, y, args, **kwargs: jax.pure_callback(
             lambda t: np.bool_(should_stop()), jax.ShapeDtypeStruct((), jnp.bool_), t))

@@ -814,3 +814,18 @@ def test_a_stop_request_during_the_odes_solve_stops_bridge_compare_with_nothing_
     assert AskedAtOnce.asked >= 2  # the solver polled it (diffrax's event), then the command read it
     assert not (tmp_path / "run" / bridge_compare.ODE_DIR / bridge_compare.ODE_JSON).exists()
     assert not (tmp_path / "run" / bridge_compare.BRIDGE_COMPARE_JSON).exists()
+
+
+def test_bridge_train_logged_to_a_file_writes_a_line_every_five_percent(tmp_path):
+    """stderr redirected to a file: the training's progress is at most 20 plain lines, not a redrawn bar."""
+    import subprocess
+    import sys
+
+    settings = ["--set", "optim.steps=400", "--set", "data.batch_size=16", "--set", "data.s=8", "--set", "log.probe_per_type=4"]
+    with open(tmp_path / "log", "w") as log:
+        subprocess.run([sys.executable, "-m", "flowsim", "bridge", "train", *settings, "--out", str(tmp_path / "run")],
+                       stderr=log, stdout=subprocess.DEVNULL, check=True, timeout=300)
+    text = (tmp_path / "log").read_text()
+    lines = [line for line in text.splitlines() if line.startswith("sgd on markov, lr = ")]
+    assert "\r" not in text and len(lines) == 20, text
+    assert lines[-1].startswith("sgd on markov, lr = 0.1: 100% (400/400 step, t = lr × step = 40, validation loss "), lines[-1]

@@ -34,15 +34,48 @@ def test_a_solve_without_progress_makes_no_progress_bar_and_one_with_it_makes_on
     from flowsim.solvers import solve_flow
 
     made = []
+    real = integration.progress_bar
 
-    class CountedBar(integration.tqdm):
-        def __init__(self, *arguments, **options):
-            made.append(options)
-            super().__init__(*arguments, **options)
+    def counted_bar(**options):
+        made.append(options)
+        return real(**options)
 
-    monkeypatch.setattr(integration, "tqdm", CountedBar)
+    monkeypatch.setattr(integration, "progress_bar", counted_bar)
     prepared = prepare(resolve_config({"time": {"t_end": 5.0, "n_linear": 6, "n_log": 3}}))
     for shown in (False, True):
         result = solve_flow(prepared.flow, prepared.params0, prepared.times, method="JaxRadau", progress=shown)
         assert result.status_name == "finished"
     assert len(made) == 1 and not made[0].get("disable", False)
+
+
+def test_progress_in_a_log_file_is_a_plain_line_every_five_percent(capsys):
+    """stderr is not a terminal under capture: 1000 updates make 20 lines (not 1000 redraws), each naming what runs,
+    how far (percent and count), and the postfix; a disabled one says nothing."""
+    bar = progress.progress_bar(total=1000, desc="sgd on wikitext2", unit="step")
+    assert isinstance(bar, progress.LineProgress)
+    with bar:
+        for step in range(1000):
+            bar.update(1)
+            if step == 500:
+                bar.set_postfix_str("validation loss 3.1")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 20 and "\r" not in "".join(lines), lines
+    assert lines[0].startswith("sgd on wikitext2:   5% (50/1000 step) ") and lines[-1].startswith("sgd on wikitext2: 100% (1000/1000 step, validation loss 3.1) ")
+    with progress.progress_bar(total=10, desc="quiet", disable=True) as silent:
+        silent.update(10)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_run_logged_to_a_file_writes_plain_lines(tmp_path):
+    """`flowsim run` with stderr redirected: the flow's progress is a few plain lines naming the solver and t, no bar."""
+    import subprocess
+    import sys
+
+    with open(tmp_path / "log", "w") as log:
+        subprocess.run([sys.executable, "-m", "flowsim", "run", "--out", str(tmp_path / "run"), "--set", "time.t_end=30.0",
+                        "--set", "time.n_linear=31", "--set", "time.n_log=10", "--set", "model.m=4", "--set", "model.k=4"],
+                       stderr=log, stdout=subprocess.DEVNULL, check=True, timeout=300)
+    text = (tmp_path / "log").read_text()
+    flow_lines = [line for line in text.splitlines() if line.startswith("flow (JaxBDF) t=")]
+    assert "\r" not in text and 1 <= len(flow_lines) <= 21, text
+    assert flow_lines[-1].startswith("flow (JaxBDF) t=30/30: 100% (of log(1 + t)) "), flow_lines

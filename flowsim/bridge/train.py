@@ -28,7 +28,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.nn import functional as F
-from tqdm import tqdm
 
 from flowsim.bridge.config import BridgeConfig, load_bridge_config
 from flowsim.bridge.data import Corpus, load_corpus, markov_batch
@@ -45,6 +44,7 @@ from flowsim.budget import check_memory
 from flowsim.chains import MarkovChain
 from flowsim.config import ConfigError, changed_keys
 from flowsim.interrupts import StopRequest, run_in_chunks, stop_requests
+from flowsim.progress import progress_bar
 from flowsim.io import DamagedFileError, write_atomic_bytes
 from flowsim.models import model_from_config
 from flowsim.observables import MEASURED_BY, folded_types
@@ -240,8 +240,8 @@ def _train_locked(config: BridgeConfig, run_dir: Path, data: DataSource, device,
         trainer.record(trainer.evaluate())
         trainer.save(Status.RUNNING)
     end = config.optim.steps if stop_at_step is None else min(stop_at_step, config.optim.steps)
-    with tqdm(total=config.optim.steps, initial=trainer.step, disable=not progress, unit="step",
-              desc=f"{config.optim.name} on {config.data.kind}, lr = {config.optim.lr:g}") as bar:
+    with progress_bar(total=config.optim.steps, initial=trainer.step, disable=not progress, unit="step",
+                      desc=f"{config.optim.name} on {config.data.kind}, lr = {config.optim.lr:g}") as bar:
         if trainer.step < end and not stop():
             run_in_chunks(lambda: trainer.advance(bar) < end, stop, lambda: trainer.save(Status.RUNNING), CHECKPOINT_EVERY_S)
     trainer.meta["wall_time_s"] = time.perf_counter() - started
@@ -300,7 +300,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.rows, self.log, self.params = state["step"], state["rows"], state["log"], state["params"]
 
-    def advance(self, bar: tqdm) -> int:
+    def advance(self, bar) -> int:
         """One optimiser step, logged and saved at the checkpoint steps; returns the steps done."""
         tokens = self.data.batch(self.step).to(self.device)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
@@ -314,11 +314,11 @@ class Trainer:
         self.step += 1
         if not all(torch.isfinite(p).all() for p in self.model.parameters()):
             self.diverged(f"the parameters became non-finite at step {self.step}")
-        bar.update(1)
         if self.step in self.checkpoints:
             self.record(loss.item())
             bar.set_postfix_str(f"t = lr × step = {self.log[-1]['t']:.4g}, validation loss {self.log[-1]['val_loss']:.4f}")
             self.save(Status.RUNNING)
+        bar.update(1)  # after the checkpoint, so that a log line shows the step's own t
         return self.step
 
     def evaluate(self) -> float:
