@@ -51,18 +51,19 @@ def figure_names() -> list[str]:
 
 
 def figure_list(out: Path) -> list[str]:
-    """One line per figure: its name, what it shows (its module's first docstring line), and its cost as the seconds
-    its last build into ``out`` took (``out``/manifest.json), or that it has not been built there."""
+    """One line per figure: its name, what it shows (its module's first docstring sentence), what it computes and its
+    expected cost (its module's COST), and the seconds its last build into ``out`` took (``out``/manifest.json)."""
     manifest_path = Path(out) / MANIFEST
     manifest = read_json(manifest_path) if manifest_path.is_file() else {}  # DamagedFileError names a damaged one
     built = manifest.get("figures", {}) if isinstance(manifest, dict) else {}
     lines = []
     for module_name in FIGURE_MODULES:
         module = importlib.import_module(f"figures.{module_name}")
-        shows = (module.__doc__ or "").strip().splitlines()[0].split(": ", 1)[-1].rstrip(".")
-        cost = f"{built[module.NAME]['seconds']:.1f} s on its last build in {out}" if module.NAME in built else \
+        first_paragraph = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())
+        shows = first_paragraph.split(": ", 1)[-1].split(". ")[0].rstrip(".")
+        last = f"{built[module.NAME]['seconds']:.1f} s on its last build in {out}" if module.NAME in built else \
             f"not built in {out} yet"
-        lines.append(f"{module.NAME}: {shows} ({cost})")
+        lines.append(f"{module.NAME}: {shows}. Computes {module.COST} ({last})")
     return lines
 
 
@@ -81,6 +82,7 @@ def build_figures(out: Path, cache: Path, only: Sequence[str] = (), tiny: bool =
     for name, module in modules.items():
         if only and name not in only:
             continue
+        report(f"{name}: building ({module.COST})")
         started = time.perf_counter()
         try:
             result = module.build(Path(cache), Path(out), tiny=tiny)

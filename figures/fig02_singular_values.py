@@ -10,6 +10,7 @@ from figures.runs import default_run, observables_and_stages
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure, shade_stages
 
 NAME = "fig02_singular_values"
+COST = "the default flowsim run (d = 6): seconds, shared by figures 1-6"  # on a 2-core CPU; cached after the first build
 MATRICES = ("W0", "W1", "W_Q", "W_K")
 
 
@@ -30,7 +31,8 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
             axis.set(xscale="log", yscale="log", title=name, ylabel="singular value")
         for axis in axes[1]:
             axis.set_xlabel(T_LABEL)
-        axes[0, 0].legend(fontsize=6, ncol=2)
+        for axis in axes.flat:  # every panel names its own lines and the shaded condensation
+            axis.legend(fontsize=6, ncol=2)
     caption = ("Singular values against t: W0 and W1 condense to rank one (σ0 grows, shaded) while W_Q, W_K stay "
                "at their initial scale; later σ1, σ2 of W0 leave the floor one after another (restarts).")
     return save_figure(figure, out, NAME, caption, data)

@@ -11,6 +11,7 @@ from figures.style import T_LABEL, FigureResult, figure_style, save_figure
 from figures.two_layer import two_layer_run
 
 NAME = "fig10_premature_specialisation"
+COST = "4 two-layer flows (the variants): about a minute each, shared by figures 10-12"  # on a 2-core CPU; cached after the first build
 RUNS = ("baseline", "slowed", "glu", "glu_slowed")
 RUNS_TINY = ("baseline", "glu_slowed")  # both FFNs, both Q/K rates
 

@@ -12,6 +12,7 @@ from figures.two_layer import two_layer_run
 from flowsim.predictions import pathwise_of_run
 
 NAME = "fig11_pathwise_factors"
+COST = "the 4 two-layer flows of figure 10 and their pathwise factors: minutes"  # on a 2-core CPU; cached after the first build
 RUNS = ("baseline", "slowed", "glu", "glu_slowed")
 RUNS_TINY = ("baseline", "glu_slowed")  # both FFNs, both Q/K rates
 PANELS = (("step", "step-size factor max(κ_Q, κ_K)"), ("residual_energy", "residual energy max‖h‖⁴"),

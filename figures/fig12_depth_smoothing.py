@@ -15,6 +15,7 @@ from flowsim.config import load_config
 from flowsim.rundir import CONFIG_FILE
 
 NAME = "fig12_depth_smoothing"
+COST = "3 two-layer flows (a = 0, 0.1, 0.2): about a minute each"  # on a 2-core CPU; cached after the first build
 RUNS = (("baseline", 0.0), ("smoothing_0.1", 0.1), ("smoothing_0.2", 0.2))
 RUNS_TINY = (RUNS[0], RUNS[2])
 

@@ -13,6 +13,7 @@ from figures.runs import observables_and_stages
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure, shade_stages
 
 NAME = "fig13_text_attention"
+COST = "2 SGD runs at d = 256 (torch, the corpora) and their surrogates' flows: minutes each"  # on a 2-core CPU; cached after the first build
 CORPORA = (("wikitext2", "she"), ("tinystories", "friend"))
 # The full figure keeps the top 255 words (d = 256, the tracked words rank 150 and 100): the
 # surrogate's flow at d = 1001 takes far longer than the run on a CPU (benchmarks/MEASUREMENTS.md).
@@ -28,7 +29,7 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
         figure, axes = plt.subplots(2, 2, figsize=(9.0, 5.5), sharex="col")
         for column, (corpus, word) in enumerate(CORPORA):
             word = "was" if tiny else word  # the tiny vocabulary has no mid-frequency words
-            run_dir = bridge_run(cache, f"{corpus}-onelayer", [*(TINY if tiny else FULL), f"log.track=['{word}']"])
+            run_dir = bridge_run(cache, f"{corpus}-onelayer-short", [*(TINY if tiny else FULL), f"log.track=['{word}']"])
             name = run_dir.name
             observables, report = observables_and_stages(run_dir)
             names = [str(n) for n in observables.constants["type_names"]]

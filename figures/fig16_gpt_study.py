@@ -13,6 +13,7 @@ from figures.runs import read_observables
 from figures.style import T_LABEL, FigureResult, figure_style, plot_specialisation, save_figure
 
 NAME = "fig16_gpt_study"
+COST = "4 GPT runs on WikiText-2 (torch, the corpora): minutes each"  # on a 2-core CPU; cached after the first build
 RUNS = ("gpt-mlp", "gpt-mlp-qk", "gpt-glu", "gpt-glu-qk")
 RUNS_TINY = ("gpt-mlp", "gpt-glu-qk")
 TINY = ("data.vocab_size=100", "data.s=16", "data.batch_size=8", "model.n_layer=2", "model.d_model=16", "model.n_head=2",

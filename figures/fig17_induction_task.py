@@ -14,6 +14,7 @@ from flowsim.specialisation import MATURE_ANGLE
 from flowsim.tasks import InductionTask
 
 NAME = "fig17_induction_task"
+COST = "5 induction flows (d = 3, s = 5, exact loss): about a minute each"  # on a 2-core CPU; cached after the first build
 SHIPPED = shipped_config("induction")
 RUNS = ("baseline", "slowed", "glu", "glu_slowed", "smoothing_0.1")
 RUNS_TINY = ("baseline",)  # one induction run: each variant is a compilation of its own, the tiny set's costliest

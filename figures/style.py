@@ -68,13 +68,16 @@ def save_figure(figure, out: Path, name: str, caption: str, data: dict[str, np.n
 
 
 def shade_stages(axis, report, t_last: float, stages: tuple[str, ...], query: int | None = None) -> None:
-    """Shade the detected intervals of ``stages`` (hatched for dilution) with their names."""
+    """Shade the detected intervals of ``stages`` (hatched for dilution), each stage named once in the axis's legend."""
+    named = set()
     for interval in report.intervals:
         if interval.stage not in stages or (query is not None and interval.query not in (None, query)):
             continue
         end = t_last if interval.t_end is None else interval.t_end
+        label = "_nolegend_" if interval.stage in named else f"{interval.stage} (detected)"
+        named.add(interval.stage)
         axis.axvspan(interval.t_start, end, facecolor="0.85" if interval.stage != "dilution" else "none",
-                     edgecolor="0.4", hatch=STAGE[interval.stage].hatch, lw=0, alpha=0.6, zorder=0)
+                     edgecolor="0.4", hatch=STAGE[interval.stage].hatch, lw=0, alpha=0.6, zorder=0, label=label)
 
 
 def plot_specialisation(axes, observables, name: str, key: str, entropy_column: str, angle_column: str,

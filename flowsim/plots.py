@@ -222,18 +222,20 @@ def overlay_figure(runs: list[tuple[str, Observables]], title: str = "", names: 
         axes[0].plot(t, observables["loss"][keep], color="black", ls=style, label=label)
         sigma = observables["sv_W0"][keep]
         for i in range(sigma.shape[1]):
-            axes[1].plot(t, sigma[:, i], color=f"C{i}", ls=style, lw=1.0)
+            axes[1].plot(t, sigma[:, i], color=f"C{i % 10}", ls=style, lw=1.0, label=f"σ{i}" if style == RUN_STYLES[0] else None)
         entropy = observables["attention_entropy"][keep]
         queries = drawn_queries(observables.constants["pi"]) if "pi" in observables.constants \
             else np.arange(min(entropy.shape[1], MAX_DRAWN_QUERIES))
         for n, query in enumerate(queries):
-            name = f"query {query}" if names is None else names[query]
+            name = f"query {query}" if names is None else f"query '{names[query]}'"
             axes[2].plot(t, entropy[:, query], color=f"C{n}", ls=style, lw=1.0,
                          label=name if style == RUN_STYLES[0] else None)
     axes[0].set_ylabel(loss_label)
     axes[0].legend(fontsize="small")
     axes[1].set_yscale("log")
-    axes[1].set_ylabel("singular values of W0")
+    axes[1].set_ylabel("singular values of W0\n" + ", ".join(f"{label} {STYLE_NAMES[style]}"
+                                                           for (label, _), style in zip(runs, RUN_STYLES)))
+    axes[1].legend(fontsize="x-small", ncol=4)
     axes[2].set_ylabel("attention entropy (nats)\n" + ", ".join(f"{label} {STYLE_NAMES[style]}"
                                                                  for (label, _), style in zip(runs, RUN_STYLES)))
     axes[2].set_xlabel(time_label)

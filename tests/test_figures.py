@@ -1,6 +1,7 @@
 """The figure modules on a tiny configuration: files written, plotted data equal to the
 run directory's arrays, cached runs reused, corrupt inputs refused clearly."""
 
+import importlib
 import json
 import shutil
 
@@ -167,6 +168,8 @@ def test_the_list_names_every_figure_with_its_last_build_time(built, tmp_path):
         name = line.split(":")[0]
         expected = f"({manifest[name]['seconds']:.1f} s on its last build in" if name in manifest else "(not built in"
         assert expected in line, line
+        module = importlib.import_module(f"figures.{name}")
+        assert f". Computes {module.COST} (" in line and not line.split(". Computes")[0].endswith(","), line  # whole sentence
     empty = CliRunner().invoke(app, ["figures", "--list", "--out", str(tmp_path / "none")])
     assert all("not built in" in line for line in empty.output.strip().splitlines()) and not (tmp_path / "none").exists()
     damaged = tmp_path / "damaged"
@@ -197,3 +200,37 @@ def test_a_finished_run_beside_the_cache_is_read_instead_of_computed(built, tmp_
     shutil.rmtree(mine)
     with pytest.raises(AssertionError, match="computed again"):  # the other configuration is no match
         default_run(tmp_path / "runs" / "figures", tiny=True)
+
+
+def test_a_build_says_which_figure_it_is_building_and_every_band_and_line_is_named(built, tmp_path):
+    """`flowsim figures` names each figure (and what it computes) before building it; fig02 names every panel's lines,
+    fig04 the entropy line and each shaded stage in one figure legend."""
+    import matplotlib.pyplot as plt
+
+    from figures import fig02_singular_values, fig04_attention_entropy
+
+    root, _ = built
+    said = []
+    build_figures(tmp_path / "out", root / "cache", only=["fig06_embedding_norms"], tiny=True, report=said.append)
+    assert said[0] == f"fig06_embedding_norms: building ({importlib.import_module('figures.fig06_embedding_norms').COST})"
+    shown = []
+    real_save = fig02_singular_values.save_figure
+
+    def keep(figure, *arguments):
+        shown.append(figure)
+        return real_save(figure, *arguments)
+
+    for module in (fig02_singular_values, fig04_attention_entropy):
+        module.save_figure = keep
+        try:
+            module.build(root / "cache", tmp_path / "again", tiny=True)
+        finally:
+            module.save_figure = real_save
+    singular, entropy = shown
+    for axis in singular.axes:
+        labels = [text.get_text() for text in axis.get_legend().get_texts()]
+        assert labels[:1] == ["condensation (detected)"] and "σ0" in labels and "σ1" in labels, (axis.get_title(), labels)
+    labels = [text.get_text() for text in entropy.legends[0].get_texts()]
+    assert "attention entropy of the query (nats)" in labels and "focus (detected)" in labels, labels
+    for figure in shown:
+        plt.close(figure)

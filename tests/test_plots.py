@@ -59,7 +59,9 @@ def test_the_overlay_draws_both_sides_of_every_series(tmp_path):
     solid, dashed = figure.axes[0].get_lines()
     np.testing.assert_array_equal(solid.get_ydata(), run["loss"][run.t > 0])
     np.testing.assert_array_equal(dashed.get_ydata(), ode["loss"][ode.t > 0])
-    assert [text.get_text() for text in figure.axes[2].get_legend().get_texts()] == ["a", "b"]
+    assert [text.get_text() for text in figure.axes[2].get_legend().get_texts()] == ["query 'a'", "query 'b'"]
+    assert [text.get_text() for text in figure.axes[1].get_legend().get_texts()] == ["σ0", "σ1"]  # each colour named
+    assert figure.axes[1].get_ylabel().endswith("run solid, ODE dashed")
     plt.close(figure)
     assert imread(plot_overlay([("run", run), ("ODE", ode)], tmp_path / "overlay.png")).shape[0] > 200
     with pytest.raises(ValueError, match="1 to 4 runs, got 5"):
