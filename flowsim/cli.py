@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import math
 import sys
 import warnings
@@ -294,6 +295,54 @@ def figures(
     typer.echo(f"written: {out}")
 
 
+DATA_DIR_HELP = ("Folder of the corpora (data.data_dir); default: the first of $FLOWSIM_DATA_DIR, the user data folder "
+                 "(flowsim data fetch) and shared/data beside the repository that holds them.")
+
+
+def _data_dir_override(data_dir: Optional[Path]) -> list[str]:
+    """--data-dir as the --set it stands for (a TOML string literal)."""
+    return [] if data_dir is None else [f"data.data_dir={json.dumps(str(data_dir))}"]
+
+
+data_app = typer.Typer(no_args_is_help=True, help="The text corpora: where flowsim finds them, and fetching them.")
+app.add_typer(data_app, name="data", short_help="Fetch the text corpora (WikiText-2, TinyStories).")
+
+
+@data_app.command("fetch", short_help="Download a corpus into the user data folder (needs the network).")
+def data_fetch(
+    corpus: str = typer.Argument(..., help="wikitext2 or tinystories."),
+    to: Optional[Path] = typer.Option(None, "--to", help="Folder to write into (default: the user data folder, searched by the bridge)."),
+    from_: Optional[str] = typer.Option(None, "--from", help="A mirror's base URL holding the same file names (https://, or file:// for a local copy)."),
+) -> None:
+    """Download a corpus and prepare it as the bridge reads it; files already there are kept."""
+    from flowsim.corpora import fetch
+
+    try:
+        folder = fetch(corpus, to, from_, say=lambda line: typer.echo(f"flowsim: {line}", err=True))
+    except ValueError as error:
+        _fail(str(error))
+    except (ConnectionError, OSError) as error:
+        _fail(str(error), code=1)
+    typer.echo(f"written: {folder}")
+
+
+@data_app.command("where", short_help="Where the bridge looks for a corpus, and where it finds it.")
+def data_where(corpus: str = typer.Argument(..., help="wikitext2 or tinystories.")) -> None:
+    """Print the search order, each folder with whether it holds the corpus, and the one the bridge would read."""
+    from flowsim.corpora import CORPUS_FILES, data_dir_candidates, holds
+
+    if corpus not in CORPUS_FILES:
+        _fail(f"no such corpus {corpus!r}; known: {sorted(CORPUS_FILES)}")
+    found = None
+    for origin, folder in data_dir_candidates():
+        here = holds(folder, corpus)
+        found = found or (folder if here else None)
+        typer.echo(f"{'holds it' if here else 'lacks it'}: {folder} ({origin})")
+    if found is None:
+        _fail(f"{corpus} is in none of these folders: `flowsim data fetch {corpus}` downloads it", code=1)
+    typer.echo(f"the bridge reads {corpus} from {found}")
+
+
 bridge_app = typer.Typer(no_args_is_help=True, help="PyTorch pretraining runs beside the ODE (needs the bridge extra: torch).")
 app.add_typer(bridge_app, name="bridge", short_help="PyTorch pretraining beside the ODE (the bridge extra).")
 
@@ -304,6 +353,7 @@ def bridge_train(
     set_: List[str] = typer.Option([], "--set", help="Override a key: section.key=TOML-literal (repeatable)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory; an existing one with the same config resumes."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
     check_flow_regime: bool = typer.Option(False, "--check-flow-regime",
                                            help="Also train at lr/2 for twice the steps and compare on the t = lr x steps clock "
                                                 "(OUT/lr, OUT/lr_half, OUT/regime.json); exit 1 outside the flow regime."),
@@ -320,7 +370,7 @@ def bridge_train(
         from flowsim.bridge.config import load_bridge_config
         from flowsim.bridge.train import train
 
-        resolved = load_bridge_config(config, set_)
+        resolved = load_bridge_config(config, [*set_, *_data_dir_override(data_dir)])
         if out is None:
             made = run_dir = new_run_dir(Path("runs"), f"bridge-{config.stem if config else 'markov'}")
         else:
@@ -384,6 +434,7 @@ def bridge_validate(
     no_theory: bool = typer.Option(False, "--no-theory", help="Only SGD and the ODE (the theory's rank-r flows are the slowest part)."),
     short: bool = typer.Option(False, "--short", help="The example's first stages only (CORPUS-onelayer-short.toml), not its whole cycle."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
 ) -> None:
     """Train SGD, integrate the surrogate's ODE and run the theory from the same start; write the table of events."""
     from flowsim.config import ConfigError
@@ -394,7 +445,7 @@ def bridge_validate(
         check_output_dir(out)
         from flowsim.bridge.validate import VALIDATE_JSON, VALIDATE_MD, validate
 
-        payload = validate(corpus, out, set_, theory=not no_theory, short=short,
+        payload = validate(corpus, out, [*set_, *_data_dir_override(data_dir)], theory=not no_theory, short=short,
                            progress=lambda message: typer.echo(f"flowsim: {message}", err=True), bars=not quiet)
     except (ConfigError, ImportError, FileNotFoundError, FloatingPointError, ValueError) as error:
         _fail(str(error))

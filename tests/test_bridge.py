@@ -829,3 +829,24 @@ def test_bridge_train_logged_to_a_file_writes_a_line_every_five_percent(tmp_path
     lines = [line for line in text.splitlines() if line.startswith("sgd on markov, lr = ")]
     assert "\r" not in text and len(lines) == 20, text
     assert lines[-1].startswith("sgd on markov, lr = 0.1: 100% (400/400 step, t = lr × step = 40, validation loss "), lines[-1]
+
+
+def test_a_corpus_of_your_own_trains_as_data_kind_text(tmp_path):
+    """data.kind = 'text': two UTF-8 files, tokenised as TinyStories (lower-cased words, punctuation marks), train a
+    one-layer run; the kind needs both files, and the files need the kind."""
+    story = "the cat sat on the mat. the dog saw the cat, and the cat ran. a bird sang to the dog.\n\n"
+    (tmp_path / "train.txt").write_text(story * 40)
+    (tmp_path / "valid.txt").write_text(story * 4)
+    settings = ["data.kind='text'", f"data.train_file='{tmp_path / 'train.txt'}'", f"data.valid_file='{tmp_path / 'valid.txt'}'",
+                "data.vocab_size=8", "data.s=8", "data.batch_size=16", "optim.steps=20", "log.n_checkpoints=5",
+                "log.probe_per_type=4", "log.fold_d=4"]
+    config = load_bridge_config(None, settings)
+    corpus = load_corpus("text", 8, files=(tmp_path / "train.txt", tmp_path / "valid.txt"))
+    assert corpus.vocabulary[:4] == ("<unk>", "the", "cat", ".") and len(corpus.train) == 40 * 25
+    assert train(config, tmp_path / "run", progress=False).finished
+    with pytest.raises(ValueError, match="data.kind = 'text' reads your own corpus: set data.train_file and data.valid_file"):
+        load_bridge_config(None, ["data.kind='text'"])
+    with pytest.raises(ValueError, match="read with data.kind = 'text' only, got data.kind = 'wikitext2'"):
+        load_bridge_config(None, ["data.kind='wikitext2'", "data.train_file='a.txt'", "data.valid_file='b.txt'"])
+    with pytest.raises(flowsim.config.ConfigError, match="text: .*nowhere.txt not found"):
+        train(load_bridge_config(None, [*settings[:1], "data.train_file='nowhere.txt'", *settings[2:]]), tmp_path / "x", progress=False)

@@ -1,7 +1,7 @@
 """Configuration of a bridge training run: TOML sections, validated like flowsim's.
 
     [chain]    the Markov chain when data.kind = "markov" (flowsim's [chain] keys)
-    [data]     kind (markov | wikitext2 | tinystories), data_dir, source, vocab_size, s, batch_size, seed,
+    [data]     kind (markov | wikitext2 | tinystories | text), data_dir, train_file, valid_file, source, vocab_size, s, batch_size, seed,
                train_on (text | surrogate)
     [model]    kind (one_layer | two_layer | gpt), the paper models' m, k, options and init_eps;
                the GPT family's n_layer, d_model, n_head, ffn, norm, bias, ffn_mult
@@ -35,7 +35,7 @@ from flowsim.config import (
 )
 from flowsim.methods import check_method
 
-DATA_KINDS = ("markov", "wikitext2", "tinystories")
+DATA_KINDS = ("markov", "wikitext2", "tinystories", "text")
 MODEL_KINDS = ("one_layer", "two_layer", "gpt")
 Fraction = Annotated[float, Field(ge=0, le=1)]
 
@@ -44,8 +44,12 @@ class DataConfig(Section):
     """Where the training sequences come from."""
 
     kind: Literal[DATA_KINDS] = key("markov", "markov: sequences of [chain]; wikitext2 or tinystories: a local "  # type: ignore[valid-type]
-                                              "corpus, word-level")
-    data_dir: str | None = key(None, "folder of the corpora; default: $FLOWSIM_DATA_DIR or shared/data beside the repository")
+                                              "corpus, word-level; text: your own corpus, data.train_file and "
+                                              "data.valid_file (UTF-8; lower-cased words and punctuation marks)")
+    train_file: str | None = key(None, "text: the training text file")
+    valid_file: str | None = key(None, "text: the validation text file")
+    data_dir: str | None = key(None, "folder of the corpora; default: the first of $FLOWSIM_DATA_DIR, the user data folder "
+                                      "(flowsim data fetch) and shared/data beside the repository that holds them")
     source: Literal["files", "datasets_disk"] = key("files", "files: the plain-text files; datasets_disk: a folder written "
                                                              "by datasets' save_to_disk")
     vocab_size: PositiveInt = key(2000, "text: the top-V words plus <unk> (the surrogate chain has d = V + 1)")
@@ -146,9 +150,19 @@ class BridgeConfig(Sections):
         return self
 
     @model_validator(mode="after")
+    def _text_files_with_kind_text(self) -> "BridgeConfig":
+        given = self.data.train_file is not None and self.data.valid_file is not None
+        if self.data.kind == "text" and not given:
+            raise ValueError("data.kind = 'text' reads your own corpus: set data.train_file and data.valid_file")
+        if self.data.kind != "text" and (self.data.train_file is not None or self.data.valid_file is not None):
+            raise ValueError(f"data.train_file and data.valid_file are read with data.kind = 'text' only, got data.kind = "
+                             f"{self.data.kind!r}")
+        return self
+
+    @model_validator(mode="after")
     def _surrogate_needs_text(self) -> "BridgeConfig":
         if self.data.train_on == "surrogate" and self.data.kind == "markov":
-            raise ValueError("data.train_on = 'surrogate' needs a text corpus (data.kind = 'wikitext2' or 'tinystories'); "
+            raise ValueError("data.train_on = 'surrogate' needs a text corpus (data.kind = 'wikitext2', 'tinystories' or 'text'); "
                              "Markov data is its own chain")
         return self
 

@@ -9,16 +9,17 @@ batches an uninterrupted one would. Text comes from local files only:
 * TinyStories (``tinystories``): plain text; tokens are lower-cased words and single
   punctuation marks; the first 90% of ``tinystories/valid-sample.txt``'s stories train,
   the rest validate.
+* A corpus of your own (``text``): ``data.train_file`` and ``data.valid_file``, tokenised as TinyStories.
 
 The vocabulary is ``<unk>`` plus the top-V other words of the training split (ties by
 first occurrence); other words map to ``<unk>``. A corpus directory saved with the
 ``datasets`` library (``save_to_disk``, one ``text`` column) can be read instead with
-``source = "datasets_disk"``; nothing is ever downloaded.
+``source = "datasets_disk"``. Where the files are looked for, and ``flowsim data fetch``, which downloads them
+(nothing else ever does): ``flowsim.corpora``.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -28,10 +29,10 @@ import numpy as np
 import torch
 
 from flowsim.chains import MarkovChain
+from flowsim.corpora import CORPUS_FILES, data_dir_candidates, find_data_dir, holds
 
 UNK = "<unk>"
 CORPORA = ("wikitext2", "tinystories")
-CORPUS_FILES = {"wikitext2": ("wikitext-2/valid.txt", "wikitext-2/test.txt"), "tinystories": ("tinystories/valid-sample.txt",)}
 TINYSTORIES_TRAIN_FRACTION = 0.9
 _WORD = re.compile(r"[a-z0-9']+|[^\sa-z0-9']")
 
@@ -47,11 +48,11 @@ def markov_batch(chain: MarkovChain, batch_size: int, length: int, seed: int, st
 
 
 def default_data_dir() -> Path | None:
-    """$FLOWSIM_DATA_DIR, else a ``shared/data`` folder beside the repository (None if neither exists)."""
-    if os.environ.get("FLOWSIM_DATA_DIR"):
-        return Path(os.environ["FLOWSIM_DATA_DIR"])
-    candidate = Path(__file__).resolve().parents[3] / "shared" / "data"
-    return candidate if candidate.is_dir() else None
+    """The first folder of the search order (``flowsim.corpora``) that holds every corpus, else None."""
+    for _, folder in data_dir_candidates():
+        if all(holds(folder, corpus) for corpus in CORPORA):
+            return folder
+    return None
 
 
 def tokenize(corpus: str, text: str) -> list[str]:
@@ -81,7 +82,7 @@ def _read_splits(corpus: str, data_dir: Path, source: str) -> tuple[str, str]:
     paths = [data_dir / name for name in CORPUS_FILES[corpus]]
     for path in paths:
         if not path.is_file():
-            raise FileNotFoundError(f"{corpus}: {path} not found; point data.data_dir at a folder holding {CORPUS_FILES[corpus]}")
+            raise FileNotFoundError(f"{corpus}: {path} not found; point data.data_dir at a folder holding {list(CORPUS_FILES[corpus])}")
     if corpus == "wikitext2":
         return _read_utf8(paths[0]), _read_utf8(paths[1])
     stories = [story for story in re.split(r"\n\s*\n", _read_utf8(paths[0])) if story.strip()]
@@ -126,18 +127,31 @@ class Corpus:
         return torch.as_tensor(ids[starts[:, None] + np.arange(length)], dtype=torch.long)
 
 
-def load_corpus(corpus: str, vocab_size: int, data_dir: Path | str | None = None, source: str = "files") -> Corpus:
-    """Read, tokenise and index a corpus with a top-``vocab_size`` vocabulary plus <unk>."""
-    if corpus not in CORPORA:
-        raise ValueError(f"data.kind must be one of {('markov', *CORPORA)}, got {corpus!r}")
+def load_corpus(corpus: str, vocab_size: int, data_dir: Path | str | None = None, source: str = "files",
+                files: tuple[str | Path, str | Path] | None = None) -> Corpus:
+    """Read, tokenise and index a corpus with a top-``vocab_size`` vocabulary plus <unk>; ``corpus = "text"`` reads
+    ``files`` (training, validation) and tokenises them as TinyStories."""
+    if corpus not in (*CORPORA, "text"):
+        raise ValueError(f"data.kind must be one of {('markov', *CORPORA, 'text')}, got {corpus!r}")
     if not isinstance(vocab_size, int) or vocab_size < 1:
         raise ValueError(f"data.vocab_size must be a positive integer, got {vocab_size!r}")
     if source not in ("files", "datasets_disk"):
         raise ValueError(f"data.source must be 'files' or 'datasets_disk', got {source!r}")
-    data_dir = default_data_dir() if data_dir is None else Path(data_dir)
-    if data_dir is None:
-        raise FileNotFoundError("no data directory: set data.data_dir (or $FLOWSIM_DATA_DIR) to the folder with the corpora")
-    train_text, valid_text = _read_splits(corpus, data_dir, source)
+    if corpus == "text":
+        if files is None or len(files) != 2:
+            raise ValueError("data.kind = 'text' needs its two files: data.train_file and data.valid_file")
+        for path in map(Path, files):
+            if not path.is_file():
+                raise FileNotFoundError(f"text: {path} not found (data.train_file / data.valid_file)")
+        data_dir = Path(files[0]).parent
+        train_text, valid_text = (_read_utf8(Path(path)) for path in files)
+    else:
+        if source == "files":
+            data_dir = find_data_dir(corpus, data_dir)  # the search order of flowsim.corpora; its error lists where it looked
+        elif data_dir is None:
+            raise FileNotFoundError("data.source = 'datasets_disk' reads the folder data.data_dir names: set it")
+        data_dir = Path(data_dir)
+        train_text, valid_text = _read_splits(corpus, data_dir, source)
     train_words, valid_words = tokenize(corpus, train_text), tokenize(corpus, valid_text)
     counts = Counter(train_words)
     ranked = sorted((word for word in counts if word != UNK), key=lambda w: -counts[w])  # stable: first occurrence

@@ -136,7 +136,8 @@ def build_data(config: BridgeConfig) -> DataSource:
         data = DataSource(config, MarkovChain.from_config(config.chain), None)
     else:
         try:
-            corpus = load_corpus(config.data.kind, config.data.vocab_size, config.data.data_dir, config.data.source)
+            files = (config.data.train_file, config.data.valid_file) if config.data.kind == "text" else None
+            corpus = load_corpus(config.data.kind, config.data.vocab_size, config.data.data_dir, config.data.source, files)
         except (ValueError, FileNotFoundError) as error:
             raise ConfigError(str(error)) from None
         surrogate = text_surrogate(corpus, config.compare)[0] if config.data.train_on == "surrogate" else None

@@ -112,7 +112,7 @@ def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool 
     out = Path(out)
     config = load_bridge_config(example_config(corpus, short), list(overrides))
     if config.data.kind == "markov" or config.model.kind != "one_layer":
-        raise ConfigError("bridge validate needs a text corpus (data.kind wikitext2 or tinystories) and the "
+        raise ConfigError("bridge validate needs a text corpus (data.kind wikitext2, tinystories or text) and the "
                           f"one-layer model, got data.kind = {config.data.kind!r}, model.kind = {config.model.kind!r}")
     seconds = {}
     started = time.perf_counter()
