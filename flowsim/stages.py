@@ -213,31 +213,47 @@ class StageReport:
 SMOOTHING_WINDOW_ENTRIES = 1 << 22  # numbers in one block of sorted windows (32 MB): the columns go in blocks
 
 
-def smooth_in_log_time(t: np.ndarray, values: np.ndarray, half_width_decades: float) -> np.ndarray:
-    """Running median over samples with |log10 t' - log10 t| <= half_width (t > 0 only).
+def log_cell_widths(t: np.ndarray) -> np.ndarray:
+    """Each sample's share of log10 t: half the distance to each neighbour (half-cells at the ends)."""
+    log_t = np.log10(t)
+    edges = np.concatenate([log_t[:1], 0.5 * (log_t[1:] + log_t[:-1]), log_t[-1:]])
+    return np.diff(edges)
 
-    All windows at once: each is padded to the widest with +inf, sorted, and its median
-    read at the middle of its own count (NaN where the window holds a NaN, as np.median).
-    Columns (the trailing axes) go in blocks of SMOOTHING_WINDOW_ENTRIES numbers: O(T w c) time for windows of
-    w samples and c columns, memory bounded whatever T and c are."""
+
+def smooth_in_log_time(t: np.ndarray, values: np.ndarray, half_width_decades: float) -> np.ndarray:
+    """Running median over samples with |log10 t' - log10 t| <= half_width (t > 0 only), each sample weighted by its
+    share of log t (``log_cell_widths``): the median of the series over the window's stretch of log time, whatever
+    the save grid. A plain median of samples would lean towards where the grid is densest (a flowsim run's linear
+    saves crowd the late end of every window), and moved stage times by 2% between two grids of one flow.
+
+    The weighted median is the value at which the sorted window's cumulative weight reaches half its total, the mean
+    of the two values beside it when it reaches exactly half (so equal weights give np.median); NaN where the window
+    holds a NaN. Columns (the trailing axes) go in blocks of SMOOTHING_WINDOW_ENTRIES numbers: O(T w log w c) time
+    for windows of w samples and c columns, memory bounded whatever T and c are."""
     values = np.asarray(values, dtype=float)
     log_t = np.log10(t)
     lower = np.searchsorted(log_t, log_t - half_width_decades, side="left")
     upper = np.searchsorted(log_t, log_t + half_width_decades, side="right")
-    count = upper - lower
-    index = lower[:, None] + np.arange(count.max())[None, :]  # (T, widest window)
-    inside = (index < upper[:, None])[:, :, None]
+    index = lower[:, None] + np.arange((upper - lower).max())[None, :]  # (T, widest window)
+    inside = index < upper[:, None]
     index = np.minimum(index, len(values) - 1)
-    middle = np.stack([(count - 1) // 2, count // 2])[:, :, None, None]  # equal for odd counts
+    weights = np.where(inside, log_cell_widths(t)[index], 0.0)[:, :, None]
+    half = 0.5 * weights.sum(axis=1, keepdims=True)
     columns = values.reshape(len(values), -1)
     block = max(1, SMOOTHING_WINDOW_ENTRIES // max(index.size, 1))
     smoothed = np.empty_like(columns)
     for first in range(0, columns.shape[1], block):
-        window = np.where(inside, columns[:, first:first + block][index], np.inf)  # (T, widest, block)
+        window = np.where(inside[:, :, None], columns[:, first:first + block][index], np.inf)  # (T, widest, block)
         has_nan = np.any(np.isnan(window), axis=1)
-        window = np.sort(window, axis=1)
-        halves = np.take_along_axis(window[None], np.broadcast_to(middle, (2, len(count), 1, window.shape[2])), axis=2)
-        smoothed[:, first:first + block] = np.where(has_nan, np.nan, 0.5 * (halves[0, :, 0] + halves[1, :, 0]))
+        order = np.argsort(window, axis=1, kind="stable")
+        ranked = np.take_along_axis(window, order, axis=1)
+        cumulative = np.cumsum(np.take_along_axis(np.broadcast_to(weights, window.shape), order, axis=1), axis=1)
+        at = np.argmax(cumulative >= half * (1 - 1e-9), axis=1)[:, None, :]  # the first sorted entry reaching half
+        value = np.take_along_axis(ranked, at, axis=1)[:, 0]
+        beside = np.take_along_axis(ranked, np.minimum(at + 1, ranked.shape[1] - 1), axis=1)[:, 0]
+        exactly_half = np.abs(np.take_along_axis(cumulative, at, axis=1)[:, 0] - half[:, 0]) <= 1e-9 * half[:, 0]
+        value = np.where(exactly_half & np.isfinite(beside), 0.5 * (value + beside), value)
+        smoothed[:, first:first + block] = np.where(has_nan, np.nan, value)
     return smoothed.reshape(values.shape)
 
 

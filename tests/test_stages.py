@@ -242,26 +242,37 @@ def test_stages_json_schema(tmp_path, default_report):
 
 
 @pytest.mark.parametrize("block_entries", [None, 50])
-def test_running_median_equals_the_median_of_each_window(monkeypatch, block_entries):
-    """The vectorised running median against np.median window by window, NaNs included; in one block of columns
-    and in blocks of one column at a time (a block smaller than one window)."""
+def test_running_median_minimises_the_weighted_absolute_deviation_of_each_window(monkeypatch, block_entries):
+    """The vectorised weighted running median against its definition, window by window on a mixed log + linear grid:
+    no value of the window has a smaller log-time-weighted absolute deviation Σ w |v - x| (the weighted median's
+    defining property); NaN where the window holds one. In one block of columns and in blocks of one column."""
     import flowsim.stages as stages
-    from flowsim.stages import smooth_in_log_time
+    from flowsim.stages import log_cell_widths, smooth_in_log_time
 
     if block_entries is not None:
         monkeypatch.setattr(stages, "SMOOTHING_WINDOW_ENTRIES", block_entries)
 
     rng = np.random.default_rng(0)
     t = np.unique(np.concatenate([np.logspace(-1, 3.7, 120), np.linspace(20.0, 6000.0, 150)]))
-    log_t = np.log10(t)
+    log_t, widths = np.log10(t), log_cell_widths(t)
     for shape in [(len(t),), (len(t), 4), (len(t), 3, 2)]:
         values = rng.standard_normal(shape)
         values.reshape(len(t), -1)[40, 0] = np.nan
         for half_width in (0.02, 0.1, 0.5):
+            smoothed = smooth_in_log_time(t, values, half_width).reshape(len(t), -1)
+            columns = values.reshape(len(t), -1)
             lower = np.searchsorted(log_t, log_t - half_width, side="left")
             upper = np.searchsorted(log_t, log_t + half_width, side="right")
-            expected = np.array([np.median(values[a:b], axis=0) for a, b in zip(lower, upper)])
-            np.testing.assert_array_equal(smooth_in_log_time(t, values, half_width), expected)
+            for n, (a, b) in enumerate(zip(lower, upper)):
+                for c in range(columns.shape[1]):
+                    window, w = columns[a:b, c], widths[a:b]
+                    if np.isnan(window).any():
+                        assert np.isnan(smoothed[n, c])
+                        continue
+                    deviation = lambda x: float(np.sum(w * np.abs(window - x)))  # noqa: E731
+                    best = min(deviation(x) for x in window)
+                    assert window.min() <= smoothed[n, c] <= window.max()
+                    assert deviation(smoothed[n, c]) <= best + 1e-12, (n, c, half_width)
 
 
 def test_every_consumer_dates_a_stage_by_the_stage_table():
@@ -349,3 +360,36 @@ def test_the_noise_of_a_log_is_read_where_it_is_noisy_and_a_flows_series_has_non
     noise = series_noise(t, logs, smooth_in_log_time(t, logs, 0.05), 0.25)
     assert noise[0] < 1e-3
     assert np.all((noise[1:] > 0.4 * SGD_LOG_NOISE) & (noise[1:] < 2 * SGD_LOG_NOISE)), noise
+
+
+def test_stage_times_do_not_move_with_the_save_grid(default_observables, default_report):
+    """One flow saved on two grids of one horizon (the default's 301 linear + 200 log saves, and 1001 linear + 60 log):
+    every event within 0.5% (a plain running median moved condensation's end and σ1's restart by 2%). On the shorter
+    horizon t_end = 1000 (a sweep's grid) condensation and the first focus, long over by then, within 0.5% too."""
+    other_grid = detect_stages(observe("time.n_linear=1001", "time.n_log=60")).events()
+    events = default_report.events()
+    assert set(other_grid) == set(events) and len(events) >= 6, (events, other_grid)
+    for key, t in events.items():
+        assert abs(other_grid[key] - t) < 0.005 * t, (key, t, other_grid[key])
+    shorter = detect_stages(observe("time.t_end=1000")).events()
+    for key in (("condensation", None, None, 1), ("focus", 0, None, 1)):
+        assert abs(shorter[key] - events[key]) < 0.005 * events[key], (key, events[key], shorter[key])
+
+
+def test_the_running_median_weighs_each_sample_by_its_share_of_log_time():
+    """On an evenly log-spaced grid it is np.median over each window (away from the ends); on a grid that crowds one
+    side of a window it is still the median over log time, where a plain median leans to the crowded side."""
+    from flowsim.stages import smooth_in_log_time
+
+    t = np.geomspace(0.1, 1000, 400)
+    values = np.random.default_rng(0).normal(size=(400, 3))
+    log_t = np.log10(t)
+    plain = np.array([[np.median(values[np.abs(log_t - x) <= 0.1 + 1e-12, c]) for c in range(3)] for x in log_t])
+    np.testing.assert_array_equal(smooth_in_log_time(t, values, 0.1)[40:-40], plain[40:-40])
+    sparse, dense = np.geomspace(1, 10, 11), np.linspace(10, 100, 901)[1:]  # 10 saves a decade, then 900
+    crowded = np.concatenate([sparse, dense])
+    line = np.log10(crowded)  # a straight line in log t: its median over a window is the value at the centre
+    centre = int(np.searchsorted(crowded, 10.0))
+    smoothed = smooth_in_log_time(crowded, line, 0.5)[centre]
+    assert abs(smoothed - 1.0) < 0.02, smoothed
+    assert np.median(line[np.abs(line - 1.0) <= 0.5]) > 1.3  # the plain median: pulled to the crowded side
