@@ -1,0 +1,48 @@
+"""What the README shows a user is what the commands print: its `flowsim config init` block and the first run's
+stage table (the numbers, not the times, which depend on the machine)."""
+
+import re
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from flowsim.cli import app
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def block_after(marker: str) -> list[str]:
+    """The indented block that follows the line ``marker`` in the README, without its 4-space indent."""
+    lines = README.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == marker) + 1
+    block = []
+    for line in lines[start:]:
+        if line and not line.startswith("    "):
+            break
+        block.append(line[4:])
+    return [line for line in block if line.strip()]
+
+
+def test_the_config_init_block_is_what_the_command_prints():
+    result = CliRunner().invoke(app, ["config", "init"])
+    assert result.exit_code == 0
+    assert block_after("$ flowsim config init") == result.output.strip().splitlines()
+
+
+def test_the_first_runs_stage_table_is_the_default_runs(tmp_path):
+    """The rows the README shows (up to its "..."), cut where the README cuts them, its cycle count and its solver
+    counts are the default run's (the seconds and the folder's name are the machine's and the day's)."""
+    import json
+
+    result = CliRunner().invoke(app, ["run", "--out", str(tmp_path / "run"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    printed = (tmp_path / "run" / "stages.txt").read_text().splitlines()
+    shown = block_after("directory under `runs/`:")
+    rows = shown[:shown.index("...")]
+    assert len(rows) >= 4
+    for readme_line, line in zip(rows, printed):
+        assert line.startswith(readme_line.removesuffix(" ...")), (readme_line, line)
+    assert next(line for line in shown if line.startswith("cycles")) == printed[-1]
+    stats = json.loads((tmp_path / "run" / "meta.json").read_text())
+    summary = next(line.strip() for line in shown if line.strip().startswith("method "))
+    assert f"method JaxBDF, {stats['n_steps']} steps, nfev {stats['nfev']}, njev {stats['njev']}," in summary, (summary, stats)
