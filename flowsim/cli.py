@@ -279,19 +279,27 @@ def figures(
 
     from flowsim.rundir import check_output_dir
 
+    built_now: list[str] = []  # the figures this command finished, for an interrupt's message
+
+    def report(line: str) -> None:
+        name, _, rest = line.partition(": ")
+        if not rest.startswith(("building", "not built")):  # "NAME: 1.2 s  caption": finished
+            built_now.append(name)
+        typer.echo(line)
+
     try:
         if list_:
             typer.echo("\n".join(figure_list(out)))
             return
         check_output_dir(out)
         check_output_dir(cache, "--cache")
-        build_figures(out, cache, only, tiny=tiny, report=typer.echo)
+        build_figures(out, cache, only, tiny=tiny, report=report)
     except (ValueError, FigureInputError) as error:
         _fail(str(error))
     except KeyboardInterrupt:
-        built = sorted(out.glob("*.png")) if out.is_dir() else []
-        _stop_interrupted(f"interrupted: {f'the {len(built)} figures built so far are in {out}' if built else 'no figure was written'}; "
-                          "the same command computes the rest")
+        built = [name for name in built_now if (out / f"{name}.png").is_file()]
+        done = f"{', '.join(built)} written in {out}" if built else "no figure was written"
+        _stop_interrupted(f"interrupted: {done}; the same command builds the figures again from the runs cached so far")
     typer.echo(f"written: {out}")
 
 
@@ -484,7 +492,8 @@ def sweep(
     except ClusterLost as error:
         _fail(f"{error} ({_rows_written(out)})", code=1)
     except OSError as error:
-        _fail_writing(error, f"{_rows_written(out)}, kept")
+        written = _rows_written(out)
+        _fail_writing(error, written if written == "no row was written" else f"{written}, kept")
     except KeyboardInterrupt:
         _stop_interrupted(f"interrupted: {_rows_written(out)}; the same command continues with the rest")
     failed = [row["name"] + (f" ({row['reason']})" if "reason" in row else "") for row in rows

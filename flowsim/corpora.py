@@ -30,7 +30,10 @@ from typing import Callable
 
 CORPUS_FILES = {"wikitext2": ("wikitext-2/valid.txt", "wikitext-2/test.txt"), "tinystories": ("tinystories/valid-sample.txt",)}
 FETCH_MANIFEST = "SOURCES.json"
-TINYSTORIES_SAMPLE_BYTES = 800_000  # whole stories up to this size: the sample the d = 1001 examples were measured on
+# whole stories up to this size, about the size of the sample the shipped examples were measured on (another copy of
+# the same validation split, so a fetched sample's stories, and the examples' numbers, can differ from it)
+TINYSTORIES_SAMPLE_BYTES = 800_000
+STORY_END = "<|endoftext|>"  # TinyStories' separator between stories (blank lines separate paragraphs)
 DOWNLOAD_TIMEOUT_S = 60.0
 
 
@@ -100,8 +103,11 @@ def find_data_dir(corpus: str, explicit: str | Path | None = None) -> Path:
 
 
 def _stories_sample(text: str, size: int) -> str:
-    """The first whole blank-line-separated stories of ``text`` within ``size`` bytes (at least one story)."""
-    stories, kept, used = [story.strip() for story in re.split(r"\n\s*\n", text) if story.strip()], [], 0
+    """The first whole stories of ``text`` within ``size`` bytes (at least one), blank-line separated as flowsim reads
+    them. Stories end at a ``<|endoftext|>`` line when the text has them (TinyStories' own files), else at blank
+    lines."""
+    pieces = text.split(STORY_END) if STORY_END in text else re.split(r"\n\s*\n", text)
+    stories, kept, used = [piece.strip("\n") for piece in pieces if piece.strip()], [], 0
     for story in stories:
         cost = len(story.encode("utf-8")) + 2
         if kept and used + cost > size:
@@ -109,6 +115,14 @@ def _stories_sample(text: str, size: int) -> str:
         kept.append(story)
         used += cost
     return "\n\n".join(kept) + "\n"
+
+
+def _publish(temporary: str, destination: Path) -> None:
+    """Move a finished temporary file into place, readable as a normal file is (mkstemp makes it owner-only)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(temporary, 0o666 & ~umask)
+    os.replace(temporary, destination)
 
 
 def _download(url: str, destination: Path, say: Callable[[str], None]) -> None:
@@ -120,10 +134,30 @@ def _download(url: str, destination: Path, say: Callable[[str], None]) -> None:
             total = int(response.headers.get("Content-Length") or 0)
             say(f"downloading {url}" + (f" ({total / 1e6:.1f} MB)" if total else ""))
             shutil.copyfileobj(response, out, length=1 << 20)
-        os.replace(temporary, destination)
+        _publish(temporary, destination)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _sample_stories(raw: Path, destination: Path, size: int, url: str) -> None:
+    """``raw``'s first whole stories up to ``size`` bytes into ``destination`` (atomically); ``raw`` is removed
+    whatever happens."""
+    try:
+        try:
+            text = raw.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{url} is not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start}): "
+                             "not the corpus expected") from None
+        handle, temporary = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.")
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                out.write(_stories_sample(text, size))
+            _publish(temporary, destination)
+        finally:
+            Path(temporary).unlink(missing_ok=True)
+    finally:
+        raw.unlink(missing_ok=True)
 
 
 def fetch(corpus: str, to: Path | None = None, base_url: str | None = None,
@@ -136,36 +170,35 @@ def fetch(corpus: str, to: Path | None = None, base_url: str | None = None,
     folder = Path(to).expanduser() if to is not None else user_data_dir()
     default_base, downloads = SOURCES[corpus]
     base = base_url if base_url is not None else default_base
+    if "://" not in base:
+        base = Path(base).expanduser().resolve().as_uri()  # a plain folder: its file:// URL
     base = base if base.endswith("/") else base + "/"
-    records = {}
+    from flowsim.io import read_json, write_atomic_json
+
+    manifest_path = folder / FETCH_MANIFEST
+    manifest = read_json(manifest_path) if manifest_path.is_file() else {}
+    records = dict(manifest.get(corpus, {}).get("files", {}))
     for download in downloads:
         destination = folder / download.path
         url = download.url if "://" in download.url else base + download.url
         if destination.is_file():
             say(f"{destination} is already there: kept")
+            if download.path in records:
+                continue
+            url = None  # not fetched here: its source is unknown
         else:
             raw = destination.with_name(destination.name + ".download") if download.sample_bytes else destination
             try:
                 _download(url, raw, say)
-            except (urllib.error.URLError, OSError, ValueError) as error:
+            except (urllib.error.URLError, ValueError) as error:  # the URL could not be read; local OSErrors go up as they are
                 reason = getattr(error, "reason", None) or error
                 raise ConnectionError(f"could not download {url} ({reason}): fetch needs the network (or --from a "
-                                      "local copy's folder, file:///...)") from None
+                                      "local copy's folder)") from None
             if download.sample_bytes:
-                text = raw.read_text(encoding="utf-8")
-                sample = _stories_sample(text, download.sample_bytes)
-                handle, temporary = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.")
-                with os.fdopen(handle, "w", encoding="utf-8") as out:
-                    out.write(sample)
-                os.replace(temporary, destination)
-                raw.unlink()
+                _sample_stories(raw, destination, download.sample_bytes, url)
         data = destination.read_bytes()
         records[download.path] = {"url": url, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
                                   **({"sample_bytes": download.sample_bytes} if download.sample_bytes else {})}
-    from flowsim.io import read_json, write_atomic_json
-
-    manifest_path = folder / FETCH_MANIFEST
-    manifest = read_json(manifest_path) if manifest_path.is_file() else {}
     manifest[corpus] = {"fetched": _dt.datetime.now().isoformat(timespec="seconds"), "files": records}
     write_atomic_json(manifest_path, manifest, indent=1)
     written = ", ".join(f"{path} ({record['bytes']} bytes)" for path, record in records.items())

@@ -36,7 +36,7 @@ def ticking(say: Callable[[float], None], every: float | None = None) -> Iterato
 
 def stderr_is_terminal() -> bool:
     """Whether progress goes to a terminal (a redrawn bar) or to a file or pipe (plain lines)."""
-    return sys.stderr.isatty()
+    return sys.stderr is not None and sys.stderr.isatty()
 
 
 class LineProgress:
@@ -70,7 +70,10 @@ class LineProgress:
             self._say()
 
     def set_description_str(self, desc: str, refresh: bool = True) -> None:
+        """A new description; one asked to show now (``refresh``: a heartbeat, as while JAX compiles) is a line."""
         self.desc = desc
+        if refresh and self.every <= 1:
+            print(desc, file=sys.stderr, flush=True)
 
     def set_postfix_str(self, postfix: str, refresh: bool = True) -> None:
         self.postfix = postfix

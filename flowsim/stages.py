@@ -237,7 +237,8 @@ def smooth_in_log_time(t: np.ndarray, values: np.ndarray, half_width_decades: fl
     index = lower[:, None] + np.arange((upper - lower).max())[None, :]  # (T, widest window)
     inside = index < upper[:, None]
     index = np.minimum(index, len(values) - 1)
-    weights = np.where(inside, log_cell_widths(t)[index], 0.0)[:, :, None]
+    weights = np.where(inside, log_cell_widths(t)[index], 0.0)
+    weights = np.where(weights.sum(axis=1, keepdims=True) > 0, weights, inside.astype(float))[:, :, None]  # repeated t
     half = 0.5 * weights.sum(axis=1, keepdims=True)
     columns = values.reshape(len(values), -1)
     block = max(1, SMOOTHING_WINDOW_ENTRIES // max(index.size, 1))
@@ -250,8 +251,10 @@ def smooth_in_log_time(t: np.ndarray, values: np.ndarray, half_width_decades: fl
         cumulative = np.cumsum(np.take_along_axis(np.broadcast_to(weights, window.shape), order, axis=1), axis=1)
         at = np.argmax(cumulative >= half * (1 - 1e-9), axis=1)[:, None, :]  # the first sorted entry reaching half
         value = np.take_along_axis(ranked, at, axis=1)[:, 0]
-        beside = np.take_along_axis(ranked, np.minimum(at + 1, ranked.shape[1] - 1), axis=1)[:, 0]
-        exactly_half = np.abs(np.take_along_axis(cumulative, at, axis=1)[:, 0] - half[:, 0]) <= 1e-9 * half[:, 0]
+        reached = np.take_along_axis(cumulative, at, axis=1)
+        past = cumulative > reached + 1e-9 * half  # the next entry that carries weight (not a zero-weight one)
+        beside = np.take_along_axis(ranked, np.where(past.any(axis=1), np.argmax(past, axis=1), at[:, 0])[:, None, :], axis=1)[:, 0]
+        exactly_half = np.abs(reached[:, 0] - half[:, 0]) <= 1e-9 * half[:, 0]
         value = np.where(exactly_half & np.isfinite(beside), 0.5 * (value + beside), value)
         smoothed[:, first:first + block] = np.where(has_nan, np.nan, value)
     return smoothed.reshape(values.shape)

@@ -535,7 +535,21 @@ def test_interrupt_and_failure_messages_name_only_what_exists(tmp_path, monkeypa
     monkeypatch.setattr(figures, "build_figures", interrupted)
     result = _invoke("figures", "--out", str(tmp_path / "figo"), "--cache", str(tmp_path / "cache"))
     assert result.exit_code == 130
-    assert result.output.strip() == "interrupted: no figure was written; the same command computes the rest", result.output
+    assert result.output.strip() == ("interrupted: no figure was written; the same command builds the figures again "
+                                     "from the runs cached so far"), result.output
+
+    def one_then_interrupted(out, cache, only, tiny, report):
+        report("fig01_loss_stages: building (the default flowsim run)")
+        report("fig01_loss_stages: 1.0 s  Loss of the default run")
+        (out / "fig01_loss_stages.png").write_bytes(b"png")
+        (out / "fig02_singular_values.png").write_bytes(b"an earlier build's")
+        report("fig02_singular_values: building (the default flowsim run)")
+        raise KeyboardInterrupt
+
+    (tmp_path / "figo").mkdir()
+    monkeypatch.setattr(figures, "build_figures", one_then_interrupted)
+    result = _invoke("figures", "--out", str(tmp_path / "figo"), "--cache", str(tmp_path / "cache"))
+    assert result.output.strip().splitlines()[-1].startswith(f"interrupted: fig01_loss_stages written in {tmp_path / 'figo'}; ")
     assert cli._rows_written(tmp_path / "st4") == "no row was written"
     (tmp_path / "st4" / "rows").mkdir(parents=True)
     (tmp_path / "st4" / "rows" / "a.json").write_text("{}")

@@ -89,3 +89,33 @@ def test_the_data_commands(mirror, isolated):
     assert missing.exit_code == 1 and "`flowsim data fetch wikitext2` downloads it" in missing.output
     offline = runner.invoke(app, ["data", "fetch", "wikitext2", "--from", "file:///no/such/mirror"])
     assert offline.exit_code == 1 and "could not download" in offline.output
+
+
+def test_tinystories_own_separators_cut_stories_not_paragraphs(isolated, tmp_path):
+    """TinyStories' files end each story with an <|endoftext|> line, and a story may hold blank lines (paragraphs):
+    the sample keeps whole stories without the markers. A plain folder as --from is read as its file:// URL, and the
+    files written are readable like any other (not owner-only)."""
+    import os
+    import stat
+
+    mirror = tmp_path / "plain"
+    mirror.mkdir()
+    (mirror / "TinyStories-valid.txt").write_text("Tom had a kite.\n\nIt flew high.\n<|endoftext|>\nSue ran.\n<|endoftext|>\n")
+    folder = corpora.fetch("tinystories", to=tmp_path / "out", base_url=str(mirror), say=lambda line: None)
+    sample = folder / "tinystories" / "valid-sample.txt"
+    assert sample.read_text() == "Tom had a kite.\n\nIt flew high.\n\nSue ran.\n"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(sample.stat().st_mode) == 0o666 & ~umask
+
+
+def test_a_local_failure_is_not_called_a_network_failure_and_a_bad_download_leaves_nothing(mirror, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(OSError) as error:
+        corpora.fetch("wikitext2", to=blocker, base_url=mirror.as_uri(), say=lambda line: None)
+    assert not isinstance(error.value, ConnectionError)
+    (mirror / "TinyStories-valid.txt").write_bytes(b"caf\xe9 au lait\n")
+    with pytest.raises(ValueError, match=r"TinyStories-valid.txt is not UTF-8 text \(byte 0xe9 at offset 3\)"):
+        corpora.fetch("tinystories", to=tmp_path / "out", base_url=mirror.as_uri(), say=lambda line: None)
+    assert not [path for path in (tmp_path / "out").rglob("*") if path.is_file()]

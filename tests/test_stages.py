@@ -393,3 +393,7 @@ def test_the_running_median_weighs_each_sample_by_its_share_of_log_time():
     smoothed = smooth_in_log_time(crowded, line, 0.5)[centre]
     assert abs(smoothed - 1.0) < 0.02, smoothed
     assert np.median(line[np.abs(line - 1.0) <= 0.5]) > 1.3  # the plain median: pulled to the crowded side
+    # repeated save times: a zero-weight entry is not averaged in, and a window of one repeated time is plain
+    np.testing.assert_array_equal(smooth_in_log_time(np.array([1, 10, 10, 10, 100.0]), np.array([0, 1, 2, 3, 0.0]), 0.1),
+                                  [0, 2, 2, 2, 0])
+    np.testing.assert_array_equal(smooth_in_log_time(np.ones(3), np.array([1, 2, 3.0]), 0.1), [2, 2, 2])

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
@@ -46,8 +47,8 @@ class DataConfig(Section):
     kind: Literal[DATA_KINDS] = key("markov", "markov: sequences of [chain]; wikitext2 or tinystories: a local "  # type: ignore[valid-type]
                                               "corpus, word-level; text: your own corpus, data.train_file and "
                                               "data.valid_file (UTF-8; lower-cased words and punctuation marks)")
-    train_file: str | None = key(None, "text: the training text file")
-    valid_file: str | None = key(None, "text: the validation text file")
+    train_file: str | None = key(None, "text: the training text file (relative to the working directory; saved absolute)")
+    valid_file: str | None = key(None, "text: the validation text file (relative to the working directory; saved absolute)")
     data_dir: str | None = key(None, "folder of the corpora; default: the first of $FLOWSIM_DATA_DIR, the user data folder "
                                       "(flowsim data fetch) and shared/data beside the repository that holds them")
     source: Literal["files", "datasets_disk"] = key("files", "files: the plain-text files; datasets_disk: a folder written "
@@ -60,6 +61,12 @@ class DataConfig(Section):
         "text", "text corpora: train on the text, or on sequences of its bigram surrogate chain ([compare]'s "
                 "estimator, the chain of the ODE beside the run); validation and probe windows stay the text's")
     device: Literal["auto", "cpu", "cuda"] = key("auto", "torch device; auto: cuda when available")
+
+    @field_validator("train_file", "valid_file")
+    @classmethod
+    def _absolute(cls, path: str | None) -> str | None:
+        """Saved absolute, so a run resumes and compares from any working directory."""
+        return None if path is None else str(Path(path).expanduser().absolute())
 
 
 class BridgeModelConfig(ModelConfig):

@@ -211,6 +211,13 @@ class TrainResult:
     interrupted: bool = False  # stopped by SIGINT / SIGTERM, everything saved: calling again resumes
 
 
+def _run_identity(config: BridgeConfig) -> dict:
+    """The settings that make a run what it is: all but data.data_dir (where its corpus happens to lie)."""
+    settings = config.to_dict()
+    settings.get("data", {}).pop("data_dir", None)
+    return settings
+
+
 def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at_step: int | None = None) -> TrainResult:
     """Train (or resume) the configured run in ``run_dir``; ``stop_at_step`` stops early
     with everything saved, as an interrupted run would be (resume by calling again)."""
@@ -221,10 +228,13 @@ def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at
     check_training_size(config, data.vocab_size)
     run_dir = Path(run_dir)
     toml_text = config.to_toml()
-    # compared as settings, not as text: a run saved before a key with a default existed still resumes
-    if (run_dir / CONFIG_FILE).is_file() and (saved := load_bridge_config(run_dir / CONFIG_FILE)) != config:
-        raise ConfigError(f"{run_dir} holds a run with a different configuration ({changed_keys(saved.to_dict(), config.to_dict())}); "
-                          "resume with the same config or choose a new folder")
+    # compared as settings, not as text: a run saved before a key with a default existed still resumes; where the
+    # corpus files lie (data.data_dir) is not what the run is, so moved corpora resume too
+    if (run_dir / CONFIG_FILE).is_file():
+        saved, wanted = (_run_identity(c) for c in (load_bridge_config(run_dir / CONFIG_FILE), config))
+        if saved != wanted:
+            raise ConfigError(f"{run_dir} holds a run with a different configuration ({changed_keys(saved, wanted)}); "
+                              "resume with the same config or choose a new folder")
     with folder_lock(run_dir), stop_requests() as stop:
         return _train_locked(config, run_dir, data, device, toml_text, progress, stop_at_step, stop)
 
