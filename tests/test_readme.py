@@ -1,7 +1,6 @@
 """What the README shows a user is what the commands print: its `flowsim config init` block and the first run's
 stage table (the numbers, not the times, which depend on the machine)."""
 
-import re
 from pathlib import Path
 
 from typer.testing import CliRunner
