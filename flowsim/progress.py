@@ -50,6 +50,8 @@ class LineProgress:
         self.postfix, self.started = "", time.perf_counter()
         self.count = count or (lambda n: f"{n:.0f}/{self.total:.0f}{' ' + unit if unit else ''}")
         self._said = self._passed()
+        if every <= 1:  # a first line: the log shows the work began (and where a resumed one starts)
+            self._say()
 
     def _share(self) -> float:
         return self.n / self.total if self.total > 0 else 1.0

@@ -123,6 +123,9 @@ def test_a_figure_without_its_inputs_is_named_and_the_others_are_still_built(bui
     """Without the corpora (and without torch) the text figure is named and the others built."""
     root, _ = built
     monkeypatch.setenv("FLOWSIM_DATA_DIR", str(tmp_path / "no-corpora-here"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "no-user-data"))  # nor in the rest of the search order
+    import flowsim.corpora
+    monkeypatch.setattr(flowsim.corpora, "repository_data_dir", lambda: tmp_path / "no-repository-data")
     run = default_run(root / "cache", tiny=True)
     shutil.copytree(run, tmp_path / "cache" / run.name)
     reason = "no-corpora-here" if default_data_dir is not None else "bridge extra"

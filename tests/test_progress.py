@@ -59,13 +59,14 @@ def test_progress_in_a_log_file_is_a_plain_line_every_five_percent(capsys):
             if step == 500:
                 bar.set_postfix_str("validation loss 3.1")
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 20 and "\r" not in "".join(lines), lines
-    assert lines[0].startswith("sgd on wikitext2:   5% (50/1000 step) ") and lines[-1].startswith("sgd on wikitext2: 100% (1000/1000 step, validation loss 3.1) ")
+    assert len(lines) == 21 and "\r" not in "".join(lines), lines
+    assert lines[0].startswith("sgd on wikitext2:   0% (0/1000 step) ") and lines[1].startswith("sgd on wikitext2:   5% (50/1000 step) ") and lines[-1].startswith("sgd on wikitext2: 100% (1000/1000 step, validation loss 3.1) ")
     with progress.progress_bar(total=10, desc="quiet", disable=True) as silent:
         silent.update(10)
         silent.set_description_str("still quiet", refresh=True)
     assert capsys.readouterr().err == ""
     heartbeat = progress.progress_bar(total=10, desc="flow")
+    capsys.readouterr()  # its first line
     heartbeat.set_description_str("flow compiling 5 s", refresh=True)  # the compile heartbeat: a line of its own
     heartbeat.set_description_str("flow t=3", refresh=False)  # a step's new label waits for the next 5%
     assert capsys.readouterr().err == "flow compiling 5 s\n"
