@@ -362,3 +362,28 @@ def test_an_onset_two_cuts_place_apart_is_unsettled():
     assert "1282.7" in moved[("dilution", 3)] and "1315.1" in moved[("dilution", 3)]
     assert moved[("dilution", 1)].startswith("1 onset(s) on the trajectory to t = 8743, 2 to t = 11007")
     assert differences(cut, cut, 1.0, 2.0) == {}
+
+
+def test_a_failed_later_rank_keeps_every_row_before_it(monkeypatch, default_prediction_to_500):
+    """The rank-two flow fails (as a rank-7 transverse equation overflowed on a d = 16 chain): condensation, the
+    first focus and σ1's restart are still predicted, equal to the whole prediction's, and σ2's row says where and
+    why it is missing instead of the prediction raising."""
+    import theory.cycles as cycles
+
+    real = cycles.propagate_rank
+
+    def failing_at_rank_two(chain, params, A, t_start, *arguments, **options):
+        if A.shape[1] == 2 and t_start > 0:  # the chain's rank-two stage, not the rank-two flow from θ(0)
+            raise RuntimeError("the transverse equation failed at t = 321 (|z| = inf)")
+        return real(chain, params, A, t_start, *arguments, **options)
+
+    monkeypatch.setattr(cycles, "propagate_rank", failing_at_rank_two)
+    failed = predict_run(load_config(None, ["time.t_end=500"]))
+    whole = {(row.stage, row.query, row.direction): row for row in default_prediction_to_500.rows}
+    kept = {(row.stage, row.query, row.direction): row for row in failed.rows}
+    for key in (("condensation", None, None), ("focus", 0, None), ("restart", None, 1)):
+        assert kept[key].predicted is not None and kept[key].predicted == pytest.approx(whole[key].predicted, rel=1e-9), key
+    sigma2 = kept[("restart", None, 2)]
+    assert sigma2.predicted is None and sigma2.note.startswith("not predicted: the rank-2 flow from t = ")
+    assert "(the transverse equation failed at t = 321 (|z| = inf)); the rows before it stand" in sigma2.note
+    assert failed.cycles.failure[0] == 2

@@ -53,6 +53,7 @@ class CyclePrediction:
     velocity: dict[str, np.ndarray]  # dθ/dt of the prediction on trajectory.t
     pi: np.ndarray
     confirmation: Confirmation  # the rows read focus and dilution onsets up to confirmation.through
+    failure: tuple[int, float, str] | None = None  # (rank, from t, why) when a rank's flow failed: the earlier ranks stand
 
     @property
     def confirmed_through(self) -> float:
@@ -232,7 +233,7 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
     floors = np.linalg.svd(np.asarray(params0["W0"]), compute_uv=False)
     A = np.asarray(alpha, dtype=float).reshape(-1, 1)
     initial = {name: np.asarray(value) for name, value in params0.items()}
-    params, t_start, stages, opened = initial, 0.0, [], None
+    params, t_start, stages, opened, failure = initial, 0.0, [], None, None
     reader = ConfirmationReader(chain, flow, grid, reach * horizon, th, progress)
 
     while True:
@@ -245,9 +246,16 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
         # a rank that starts past the horizon restarts past it: like the full-rank flow it only shows the detectors
         # the trajectory beyond the horizon, at that flow's tolerance, until they confirm the events before it
         shows_only = full or t_start > horizon
-        stage = propagate_rank(chain, params, A, t_start, look, threshold, grid,
-                               confirmed=(lambda t, thetas: reader.confirmed(earlier + [(t, thetas)])) if shows_only else None,
-                               confirm_from=reach * horizon, rtol=FULL_RANK_RTOL if shows_only else None)
+        try:
+            stage = propagate_rank(chain, params, A, t_start, look, threshold, grid,
+                                   confirmed=(lambda t, thetas: reader.confirmed(earlier + [(t, thetas)])) if shows_only else None,
+                                   confirm_from=reach * horizon, rtol=FULL_RANK_RTOL if shows_only else None)
+        except (RuntimeError, FloatingPointError, OverflowError, np.linalg.LinAlgError) as error:
+            if not stages:  # nothing to keep: the rank-one flow is the prediction's first stage
+                raise
+            failure = (rank, t_start, str(error))  # every earlier rank's rows stand; this rank's restart says why not
+            progress(f"rank-{rank} flow failed from t = {t_start:.5g}: {error}")
+            break
         stages.append(stage)
         crossed = stage.restart.t_integrated
         if not full:
@@ -269,7 +277,7 @@ def predict_cycles(chain: MeanFieldChain, flow: GradientFlow, model: OneLayerTra
     report = detect_stages(observables, th)
     # unchecked where a rank-r flow did not restart (saved to ``look``, holding its settled state)
     confirmation = reader.checked[-1] if reader.checked else Confirmation(float(t[-1]) / reach, {})
-    return CyclePrediction(stages, opened, report, observables, trajectory, velocity, chain.pi, confirmation)
+    return CyclePrediction(stages, opened, report, observables, trajectory, velocity, chain.pi, confirmation, failure)
 
 
 @dataclass(frozen=True)

@@ -167,6 +167,10 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     if cycles.opened is not None:  # direction 1 open from θ(0): its restart is read on that flow
         rows.append(opened_restart_row(read, restarts.pop(0), prepared.times, t_end))
     rows += [restart_row(restart, t_end) for restart in restarts]
+    if cycles.failure is not None:
+        rank, t_from, why = cycles.failure
+        rows.append(Row("restart", None, rank, None, note=f"not predicted: the rank-{rank} flow from t = {t_from:.4g} failed "
+                                                           f"({why}); the rows before it stand"))
     on_run = {query: events_on_save_times(cycles.observables, prepared.times, query) for query in focus.order}
     for stage in ("focus", "dilution"):
         for query in focus.order:
