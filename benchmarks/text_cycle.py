@@ -2,13 +2,14 @@
 the theory.
 
     python benchmarks/text_cycle.py --corpus tinystories [--folder runs/cycle-tinystories] [--no-theory]
-                                    [--seeds 1,2,3] [--out benchmarks/RESULTS.md]
+                                    [--quarter] [--seeds 1,2,3] [--out benchmarks/RESULTS.md]
     python benchmarks/text_cycle.py --corpus bridge/wikitext2-d64.toml     # a bridge config: the d = 64 examples
 
 Runs `flowsim bridge validate CORPUS` (the shipped example, to its whole cycle, or the config named) into FOLDER, and the same run at
 lr/2 for twice the steps (the same t) into FOLDER-half (SGD and the ODE only: the theory and the ODE do not depend
-on lr). Each part is cached, so a second call only rebuilds the table. An event is in the flow regime when halving
-lr moves it less than 5%; the ODE is compared with SGD at lr/2 where it is not (the nearer the flow). Columns: the
+on lr); with ``--quarter`` at lr/4 too (FOLDER-quarter). Each part is cached, so a second call only rebuilds the
+table. An event is in the flow regime when halving lr moves it less than 5%; the ODE is compared with SGD at the
+largest lr where it is, else at the smallest lr run (the nearer the flow; flagged * with ``--quarter``). Columns: the
 theory, the ODE read on the whole vocabulary and on the run's probe set, SGD at lr and lr/2, how far halving lr
 moved the event, and the ODE (probe set, as SGD is read) and the theory (against the ODE on the vocabulary, as it
 reads) with their relative errors. On this 2-core CPU TinyStories takes about 4 minutes at lr, 7 at lr/2, plus the
@@ -37,22 +38,30 @@ def relative(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else abs(a - b) / b
 
 
-def cycle_rows(full: dict, half: dict) -> list[dict]:
-    """One row per event of either run: the times, the lr/2 shift, the flow-regime SGD time and the errors."""
+def cycle_rows(full: dict, half: dict, quarter: dict | None = None) -> list[dict]:
+    """One row per event of any run: the times, the lr/2 shift (and lr/4's, from lr/2, with ``quarter``), the
+    flow-regime SGD time and the errors. The flow-regime time is the largest lr's whose halving moves the event
+    less than FLOW_REGIME; where none does, the smallest lr's, flagged ``regime_reached = False``."""
     halves = {key(row): row for row in half["rows"]}
+    quarters = {key(row): row for row in quarter["rows"]} if quarter is not None else {}
     rows = []
-    for row in full["rows"]:
-        other = halves.get(key(row), {})
-        sgd, sgd_half = row["sgd"], other.get("sgd")
-        shift = relative(sgd, sgd_half)
-        reference = sgd if shift is not None and shift < FLOW_REGIME else sgd_half
-        rows.append({**row, "sgd_half": sgd_half, "shift": shift, "flow_regime_sgd": reference,
-                     "ode_vs_flow_regime_sgd": relative(row["ode"], reference),
-                     "theory_vs_ode": relative(row["theory"], row["ode_full_vocabulary"])})
-    for extra in set(halves) - {key(row) for row in full["rows"]}:  # an event only the lr/2 run shows
-        row = halves[extra]
-        rows.append({**row, "sgd": None, "sgd_half": row["sgd"], "shift": None, "flow_regime_sgd": row["sgd"],
-                     "ode_vs_flow_regime_sgd": relative(row["ode"], row["sgd"]), "theory": None, "theory_vs_ode": None})
+    for event in list(dict.fromkeys([key(row) for row in full["rows"]] + list(halves) + list(quarters))):
+        base = next((table_rows[event] for table_rows in ({key(r): r for r in full["rows"]}, halves, quarters)
+                     if event in table_rows))
+        full_row = next((r for r in full["rows"] if key(r) == event), None)
+        sgd = full_row["sgd"] if full_row else None
+        sgd_half = halves.get(event, {}).get("sgd")
+        sgd_quarter = quarters.get(event, {}).get("sgd") if quarter is not None else None
+        shift, shift_half = relative(sgd, sgd_half), relative(sgd_half, sgd_quarter)
+        ladder = [(sgd, shift), (sgd_half, shift_half)] + ([(sgd_quarter, None)] if quarter is not None else [])
+        reached = [time for time, moved in ladder if time is not None and moved is not None and moved < FLOW_REGIME]
+        reference = reached[0] if reached else ladder[-1][0]  # else the smallest lr's (None where it lacks the event)
+        ode = base["ode"]
+        rows.append({**base, "sgd": sgd, "sgd_half": sgd_half, "sgd_quarter": sgd_quarter, "shift": shift,
+                     "shift_half": shift_half, "flow_regime_sgd": reference, "regime_reached": bool(reached),
+                     "ode_vs_flow_regime_sgd": relative(ode, reference),
+                     "theory": full_row["theory"] if full_row else None,
+                     "theory_vs_ode": relative(full_row["theory"], full_row["ode_full_vocabulary"]) if full_row else None})
     return rows
 
 
@@ -61,14 +70,19 @@ def table(rows: list[dict], full: dict) -> str:
 
     show = lambda value: "–" if value is None else f"{value:.4g}"  # noqa: E731
     percent = lambda value: "–" if value is None else f"{100 * value:.1f}%"  # noqa: E731
-    lines = [f"{full['corpus']}, d = {full['d']}, SGD lr = {full['lr']:g} and {full['lr'] / 2:g} to t = {full['t_end']:g}; "
-             f"surrogate: {full['surrogate']}", "",
-             "| event | token | theory | ODE (vocabulary) | ODE (probe set) | SGD lr | SGD lr/2 | lr/2 moved it "
-             "| ODE vs flow-regime SGD | theory vs ODE |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    quarter = any(row.get("sgd_quarter") is not None for row in rows)
+    rates = f"{full['lr']:g}, {full['lr'] / 2:g}" + (f" and {full['lr'] / 4:g}" if quarter else "")
+    extra_head, extra_rule = (" SGD lr/4 | lr/4 moved it (from lr/2) |", "---:|---:|") if quarter else ("", "")
+    lines = [f"{full['corpus']}, d = {full['d']}, SGD lr = {rates} to t = {full['t_end']:g}; "
+             f"surrogate: {full['surrogate']}" + ("; * : no two successive lr within 5%, the smallest lr's time" if quarter else ""), "",
+             f"| event | token | theory | ODE (vocabulary) | ODE (probe set) | SGD lr | SGD lr/2 | lr/2 moved it |{extra_head} "
+             "ODE vs flow-regime SGD | theory vs ODE |", f"|---|---|---:|---:|---:|---:|---:|---:|{extra_rule}---:|---:|"]
     for row in rows:
+        extra = f" {show(row['sgd_quarter'])} | {percent(row['shift_half'])} |" if quarter else ""
+        flag = "*" if quarter and not row["regime_reached"] and row["ode_vs_flow_regime_sgd"] is not None else ""
         lines.append(f"| {event_label(key(row))} | {row['token']} | {show(row['theory'])} "
                      f"| {show(row['ode_full_vocabulary'])} | {show(row['ode'])} | {show(row['sgd'])} "
-                     f"| {show(row['sgd_half'])} | {percent(row['shift'])} | {percent(row['ode_vs_flow_regime_sgd'])} "
+                     f"| {show(row['sgd_half'])} | {percent(row['shift'])} |{extra} {percent(row['ode_vs_flow_regime_sgd'])}{flag} "
                      f"| {percent(row['theory_vs_ode'])} |")
     return "\n".join(lines)
 
@@ -115,6 +129,8 @@ def main() -> None:
     parser.add_argument("--folder", type=Path, default=None, help="where the runs go (default runs/cycle-NAME)")
     parser.add_argument("--no-theory", action="store_true", help="SGD and the ODE only")
     parser.add_argument("--seeds", default="", help="comma-separated further seeds (data.seed), e.g. 1,2,3")
+    parser.add_argument("--quarter", action="store_true", help="also SGD at lr/4 (four times the steps, into FOLDER-quarter): "
+                                                                "the flow regime one halving further")
     parser.add_argument("--out", type=Path, default=None, help="a markdown file to write the table into (its section)")
     arguments = parser.parse_args()
     name = Path(arguments.corpus).stem if arguments.corpus.endswith(".toml") else arguments.corpus
@@ -124,7 +140,11 @@ def main() -> None:
     full = validate(arguments.corpus, folder, theory=not arguments.no_theory, progress=report)
     half = validate(arguments.corpus, Path(f"{folder}-half"), theory=False, progress=report,
                     overrides=[f"optim.lr={config.optim.lr / 2}", f"optim.steps={2 * config.optim.steps}"])
-    text = table(cycle_rows(full, half), full)
+    quarter = None
+    if arguments.quarter:
+        quarter = validate(arguments.corpus, Path(f"{folder}-quarter"), theory=False, progress=report,
+                           overrides=[f"optim.lr={config.optim.lr / 4}", f"optim.steps={4 * config.optim.steps}"])
+    text = table(cycle_rows(full, half, quarter), full)
     try:
         seeds = [int(seed) for seed in arguments.seeds.split(",") if seed.strip()]
     except ValueError:
@@ -134,10 +154,10 @@ def main() -> None:
                                                 theory=False, progress=report) for seed in seeds}}
         text += "\n\n" + seeds_table(payloads)
     print(text)
-    print("seconds:", {"lr": full["seconds"], "lr/2": half["seconds"]})
+    print("seconds:", {"lr": full["seconds"], "lr/2": half["seconds"], **({"lr/4": quarter["seconds"]} if quarter else {})})
     if arguments.out is not None:
         command = (f"python benchmarks/text_cycle.py --corpus {arguments.corpus}" + (" --no-theory" if arguments.no_theory else "")
-                   + (f" --seeds {arguments.seeds}" if seeds else ""))
+                   + (" --quarter" if arguments.quarter else "") + (f" --seeds {arguments.seeds}" if seeds else ""))
         write_section(arguments.out, f"cycle-{name}", f"`{command}`\n\n{text}")
 
 

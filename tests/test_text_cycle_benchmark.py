@@ -26,6 +26,23 @@ def test_an_event_halving_lr_moves_by_5_percent_or_more_is_compared_at_lr_half()
     assert "| dilution q1 #1 | - | – | – | 1500 | 1000 | 1200 | 16.7% | 25.0% | – |" in text
 
 
+def test_with_lr_quarter_the_flow_regime_is_the_first_halving_that_moves_an_event_less_than_5_percent():
+    full = {"rows": [row("restart", None, 1583.0, direction=1), row("focus", 4, 1619.0, ode=None),
+                     row("condensation", None, 45.7, ode=42.8)]}
+    half = {"rows": [row("restart", None, 1214.0, direction=1), row("focus", 4, 2230.0), row("condensation", None, 44.0)]}
+    quarter = {"rows": [row("restart", None, 1180.0, direction=1), row("condensation", None, 43.9)]}
+    rows = {(r["stage"], r["query"]): r for r in text_cycle.cycle_rows(full, half, quarter)}
+    restart, focus, condensation = rows[("restart", None)], rows[("focus", 4)], rows[("condensation", None)]
+    assert restart["flow_regime_sgd"] == 1214.0 and restart["regime_reached"]  # lr/2 -> lr/4 moved it 2.9%
+    assert restart["shift_half"] == pytest.approx(34 / 1180)
+    assert condensation["flow_regime_sgd"] == 45.7 and condensation["regime_reached"]  # lr -> lr/2 moved it 3.9%: lr's
+    assert condensation["ode_vs_flow_regime_sgd"] == pytest.approx(2.9 / 45.7)
+    assert focus["flow_regime_sgd"] is None and not focus["regime_reached"]  # lr/4 lacks it: no reference
+    text = text_cycle.table(list(rows.values()), {"corpus": "c", "d": 5, "lr": 0.125, "t_end": 3000, "surrogate": "s"})
+    assert "SGD lr = 0.125, 0.0625 and 0.03125 to t = 3000" in text
+    assert "| restart σ1 #1 | - | – | – | – | 1583 | 1214 | 30.4% | 1180 | 2.9% | – | – |" in text
+
+
 def test_the_seeds_table_gives_each_sides_mean_and_sd_and_their_distance_in_sgds_sds():
     payloads = {seed: {"rows": [row("restart", None, sgd, ode=ode, direction=1)]}
                 for seed, (sgd, ode) in enumerate([(1000.0, 1500.0), (1200.0, 1550.0), (1400.0, 1600.0)])}
