@@ -109,7 +109,8 @@ def seeds_table(payloads: dict[int, dict]) -> str:
     n = len(payloads)
     lines = [f"seeds {sorted(payloads)}", "", "| event | token | SGD mean ± SD (seeds) | ODE mean ± SD (seeds) "
              "| ODE vs SGD, in SGD's SDs |", "|---|---|---:|---:|---:|"]
-    for event, entry in sorted(events.items(), key=lambda item: min(item[1]["sgd"] + item[1]["ode"], default=0)):
+    seen = {event: entry for event, entry in events.items() if entry["sgd"] or entry["ode"]}  # not the theory's alone
+    for event, entry in sorted(seen.items(), key=lambda item: min(item[1]["sgd"] + item[1]["ode"])):
         shown = {}
         for side in ("sgd", "ode"):
             summary = spread(entry[side])
