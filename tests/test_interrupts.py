@@ -265,3 +265,16 @@ def test_signals_interrupt_raises_for_both_signals_and_leaves_nothing_for_a_late
     assert signal.getsignal(number) is before
     with stop_requests() as stop:
         assert not stop()
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_command_line_loads_is_one_line_and_exit_130(number):
+    """Ctrl-C or SIGTERM while `flowsim`'s modules load (the handler `main` installs first) says so in one line and
+    exits 130; SIGTERM is not a silent 143."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, time, flowsim.__main__ as entry; "
+            f"signal.signal({int(number)}, entry._interrupted_while_loading); os.kill(os.getpid(), {int(number)}); time.sleep(10)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130 and done.stderr == "flowsim: interrupted while the command was starting\n", done
