@@ -18,7 +18,7 @@ from figures.runs import FigureInputError, observables_and_stages, read_observab
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure
 
 NAME = "fig18_text_cycle"
-COST = "`flowsim bridge validate` of both corpora at d = 1001 (torch, the corpora): SGD, the ODE and the theory, about 8-13 minutes a corpus"  # on a 2-core CPU; cached after the first build
+COST = "`flowsim bridge validate` of both corpora at d = 1001 (torch, the corpora): SGD, the ODE and the theory: 7.6 minutes (TinyStories) and 14 (WikiText-2)"  # on a 2-core CPU; cached after the first build
 CORPORA = ("tinystories", "wikitext2")
 SIGMAS = 3  # W0's σ0, σ1, σ2: condensation and the first two restarts
 # A tiny vocabulary and horizon (tests): condensation and the first foci only.

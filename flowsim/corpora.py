@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from flowsim.io import NEW_FILE_MODE, read_json, write_atomic_json, write_atomic_text
+
 CORPUS_FILES = {"wikitext2": ("wikitext-2/valid.txt", "wikitext-2/test.txt"), "tinystories": ("tinystories/valid-sample.txt",)}
 FETCH_MANIFEST = "SOURCES.json"
 # whole stories up to this size, about the size of the sample the shipped examples were measured on (another copy of
@@ -117,24 +119,17 @@ def _stories_sample(text: str, size: int) -> str:
     return "\n\n".join(kept) + "\n"
 
 
-def _publish(temporary: str, destination: Path) -> None:
-    """Move a finished temporary file into place, readable as a normal file is (mkstemp makes it owner-only)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(temporary, 0o666 & ~umask)
-    os.replace(temporary, destination)
-
-
 def _download(url: str, destination: Path, say: Callable[[str], None]) -> None:
     """``url`` into ``destination`` through a temporary file beside it (a failed download leaves nothing)."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.", suffix=".part")
     try:
+        os.fchmod(handle, NEW_FILE_MODE)  # readable as a plain open() would make it (mkstemp's is owner-only)
         with os.fdopen(handle, "wb") as out, urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
             total = int(response.headers.get("Content-Length") or 0)
             say(f"downloading {url}" + (f" ({total / 1e6:.1f} MB)" if total else ""))
             shutil.copyfileobj(response, out, length=1 << 20)
-        _publish(temporary, destination)
+        os.replace(temporary, destination)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
@@ -149,13 +144,7 @@ def _sample_stories(raw: Path, destination: Path, size: int, url: str) -> None:
         except UnicodeDecodeError as error:
             raise ValueError(f"{url} is not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start}): "
                              "not the corpus expected") from None
-        handle, temporary = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.")
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
-                out.write(_stories_sample(text, size))
-            _publish(temporary, destination)
-        finally:
-            Path(temporary).unlink(missing_ok=True)
+        write_atomic_text(destination, _stories_sample(text, size))
     finally:
         raw.unlink(missing_ok=True)
 
@@ -173,8 +162,6 @@ def fetch(corpus: str, to: Path | None = None, base_url: str | None = None,
     if "://" not in base:
         base = Path(base).expanduser().resolve().as_uri()  # a plain folder: its file:// URL
     base = base if base.endswith("/") else base + "/"
-    from flowsim.io import read_json, write_atomic_json
-
     manifest_path = folder / FETCH_MANIFEST
     manifest = read_json(manifest_path) if manifest_path.is_file() else {}
     records = dict(manifest.get(corpus, {}).get("files", {}))
