@@ -61,6 +61,7 @@ def cycle_rows(full: dict, half: dict, quarter: dict | None = None) -> list[dict
                      "shift_half": shift_half, "flow_regime_sgd": reference, "regime_reached": bool(reached),
                      "ode_vs_flow_regime_sgd": relative(ode, reference),
                      "theory": full_row["theory"] if full_row else None,
+                     "formula": full_row.get("formula") if full_row else None,
                      "theory_vs_ode": relative(full_row["theory"], full_row["ode_full_vocabulary"]) if full_row else None})
     return rows
 
@@ -75,12 +76,12 @@ def table(rows: list[dict], full: dict) -> str:
     extra_head, extra_rule = (" SGD lr/4 | lr/4 moved it (from lr/2) |", "---:|---:|") if quarter else ("", "")
     lines = [f"{full['corpus']}, d = {full['d']}, SGD lr = {rates} to t = {full['t_end']:g}; "
              f"surrogate: {full['surrogate']}" + ("; * : no two successive lr within 5%, the smallest lr's time" if quarter else ""), "",
-             f"| event | token | theory | ODE (vocabulary) | ODE (probe set) | SGD lr | SGD lr/2 | lr/2 moved it |{extra_head} "
-             "ODE vs flow-regime SGD | theory vs ODE |", f"|---|---|---:|---:|---:|---:|---:|---:|{extra_rule}---:|---:|"]
+             f"| event | token | formula | theory | ODE (vocabulary) | ODE (probe set) | SGD lr | SGD lr/2 | lr/2 moved it |{extra_head} "
+             "ODE vs flow-regime SGD | theory vs ODE |", f"|---|---|---:|---:|---:|---:|---:|---:|---:|{extra_rule}---:|---:|"]
     for row in rows:
         extra = f" {show(row['sgd_quarter'])} | {percent(row['shift_half'])} |" if quarter else ""
         flag = "*" if quarter and not row["regime_reached"] and row["ode_vs_flow_regime_sgd"] is not None else ""
-        lines.append(f"| {event_label(key(row))} | {row['token']} | {show(row['theory'])} "
+        lines.append(f"| {event_label(key(row))} | {row['token']} | {show(row.get('formula'))} | {show(row['theory'])} "
                      f"| {show(row['ode_full_vocabulary'])} | {show(row['ode'])} | {show(row['sgd'])} "
                      f"| {show(row['sgd_half'])} | {percent(row['shift'])} |{extra} {percent(row['ode_vs_flow_regime_sgd'])}{flag} "
                      f"| {percent(row['theory_vs_ode'])} |")
@@ -121,21 +122,31 @@ def seeds_table(payloads: dict[int, dict]) -> str:
     return "\n".join(lines)
 
 
+def example_parser(description: str) -> argparse.ArgumentParser:
+    """--corpus, --folder and --out, shared with sgd_noise.py."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--corpus", required=True, help="tinystories, wikitext2 (the d = 1001 examples) or a bridge config")
+    parser.add_argument("--folder", type=Path, default=None, help="where the runs go (default runs/cycle-NAME)")
+    parser.add_argument("--out", type=Path, default=None, help="a markdown file to write the table into (its section)")
+    return parser
+
+
+def example_name_and_folder(arguments: argparse.Namespace) -> tuple[str, Path]:
+    name = Path(arguments.corpus).stem if arguments.corpus.endswith(".toml") else arguments.corpus
+    return name, arguments.folder or Path("runs") / f"cycle-{name}"
+
+
 def main() -> None:
     from flowsim.bridge.config import load_bridge_config
     from flowsim.bridge.validate import example_config, validate
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--corpus", required=True, help="tinystories, wikitext2 (the d = 1001 examples) or a bridge config")
-    parser.add_argument("--folder", type=Path, default=None, help="where the runs go (default runs/cycle-NAME)")
+    parser = example_parser(__doc__.split("\n")[0])
     parser.add_argument("--no-theory", action="store_true", help="SGD and the ODE only")
     parser.add_argument("--seeds", default="", help="comma-separated further seeds (data.seed), e.g. 1,2,3")
     parser.add_argument("--quarter", action="store_true", help="also SGD at lr/4 (four times the steps, into FOLDER-quarter): "
                                                                 "the flow regime one halving further")
-    parser.add_argument("--out", type=Path, default=None, help="a markdown file to write the table into (its section)")
     arguments = parser.parse_args()
-    name = Path(arguments.corpus).stem if arguments.corpus.endswith(".toml") else arguments.corpus
-    folder = arguments.folder or Path("runs") / f"cycle-{name}"
+    name, folder = example_name_and_folder(arguments)
     config = load_bridge_config(example_config(arguments.corpus))
     report = lambda message: print(f"{name}: {message}", flush=True)  # noqa: E731
     full = validate(arguments.corpus, folder, theory=not arguments.no_theory, progress=report)

@@ -168,13 +168,25 @@ def stages(run_dir: Path = typer.Argument(..., help="A run directory written by 
 def predict(
     config: Optional[Path] = typer.Argument(None, help="TOML config; the paper default when omitted."),
     set_: List[str] = typer.Option([], "--set", help="Override a key: section.key=TOML-literal (repeatable)."),
+    tier: str = typer.Option("both", "--tier", help="both: the formulas and the reduced flows (tens of seconds and "
+                             "more); formula: the closed forms alone, no flow integrated (seconds)."),
 ) -> None:
     """Print the theory's predicted stage onsets for a configuration (mean-field one-layer model)."""
     from flowsim.config import ConfigError, load_config
     from flowsim.predictions import cached_prediction
     from flowsim.progress import TICK_SECONDS, ticking
-    from theory.predict import table
+    from theory.predict import formula_line, predict_formulas_only, table
 
+    if tier not in ("both", "formula"):
+        _fail(f"--tier must be 'both' or 'formula', got {tier!r}")
+    if tier == "formula":
+        try:
+            rows, formulas = predict_formulas_only(load_config(config, set_))
+        except (ConfigError, ValueError) as error:
+            _fail(str(error))
+        typer.echo(table(rows, measured=False))
+        typer.echo(formula_line(formulas))
+        return
     try:
         with ticking(_working, every=2 * TICK_SECONDS):
             prediction = cached_prediction(load_config(config, set_), progress=_progress)

@@ -417,7 +417,13 @@ def test_bridge_validate_puts_theory_ode_and_sgd_side_by_side_and_reuses_every_p
     assert condensation["ode_full_vocabulary"] == pytest.approx(condensation["ode"], rel=1e-6), condensation
     assert condensation["theory_vs_ode"] < 0.10, condensation
     assert condensation["theory_vs_sgd"] == pytest.approx(abs(condensation["theory"] - condensation["sgd"]) / condensation["sgd"])
-    assert "| condensation - #1 |" in (out / "validate.md").read_text() and (out / "sgd" / "overlay.png").is_file()
+    # the formula tier's column: condensation by the closed form, its error against the ODE on the vocabulary
+    assert condensation["formula"] is not None and condensation["formula_vs_ode"] == pytest.approx(
+        abs(condensation["formula"] - condensation["ode_full_vocabulary"]) / condensation["ode_full_vocabulary"])
+    assert payload["seconds"]["formula"] < payload["seconds"]["theory"]
+    table = (out / "validate.md").read_text()
+    assert "| event | token | formula | theory |" in table and f"| condensation - #1 | - | {condensation['formula']:.4g} |" in table
+    assert (out / "sgd" / "overlay.png").is_file()
     with monkeypatch.context() as patched:  # the run, the ODE and the theory are all reused
         patched.setattr(flowsim.bridge.compare, "solve_flow", lambda *a, **k: pytest.fail("the ODE was integrated again"))
         patched.setattr(flowsim.predictions, "predict_run", lambda *a, **k: pytest.fail("the theory was run again"))

@@ -90,12 +90,13 @@ def assert_plotted_data_is_the_run_directorys(root, results):
 
 
 def check_stage_times(run_dir, column, value):
-    """Figure 9's (predicted, measured) against compare.json; figure 15's onsets against stages.json."""
+    """Figure 9's (formula, reduced, measured) against compare.json; figure 15's onsets against stages.json."""
     if column.startswith("compare."):
         rows = json.loads((run_dir / "compare.json").read_text())["rows"]
         stage = column.split(".", 1)[1]
         row = next(r for r in rows if r["stage"] == stage and r["query"] in (None, 0))
-        np.testing.assert_array_equal(value, [row["predicted"], np.nan if row["measured"] is None else row["measured"]])
+        number = lambda x: np.nan if x is None else x  # noqa: E731
+        np.testing.assert_array_equal(value, [number(row["formula"]), number(row["predicted"]), number(row["measured"])])
         return
     intervals = json.loads((run_dir / "stages.json").read_text())["intervals"]
     condensation = [i["t_end"] for i in intervals if i["stage"] == "condensation"]

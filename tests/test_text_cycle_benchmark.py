@@ -5,13 +5,13 @@ import pytest
 import text_cycle  # benchmarks/ is on the path (conftest)
 
 
-def row(stage, query, sgd, ode=None, theory=None, vocabulary=None, direction=None):
+def row(stage, query, sgd, ode=None, theory=None, vocabulary=None, direction=None, formula=None):
     return {"stage": stage, "query": query, "direction": direction, "occurrence": 1, "token": "-", "sgd": sgd,
-            "ode": ode, "theory": theory, "ode_full_vocabulary": vocabulary}
+            "ode": ode, "theory": theory, "ode_full_vocabulary": vocabulary, "formula": formula}
 
 
 def test_an_event_halving_lr_moves_by_5_percent_or_more_is_compared_at_lr_half():
-    full = {"rows": [row("focus", 1, 100.0, ode=103.0, theory=99.0, vocabulary=100.0),
+    full = {"rows": [row("focus", 1, 100.0, ode=103.0, theory=99.0, vocabulary=100.0, formula=98.0),
                      row("dilution", 1, 1000.0, ode=1500.0)]}
     half = {"rows": [row("focus", 1, 102.0), row("dilution", 1, 1200.0), row("restart", None, 2000.0, direction=2)]}
     rows = {(r["stage"], r["query"]): r for r in text_cycle.cycle_rows(full, half)}
@@ -22,8 +22,8 @@ def test_an_event_halving_lr_moves_by_5_percent_or_more_is_compared_at_lr_half()
     assert dilution["ode_vs_flow_regime_sgd"] == pytest.approx(0.25)
     assert restart["sgd"] is None and restart["sgd_half"] == 2000.0 and restart["shift"] is None  # lr/2 alone
     text = text_cycle.table(list(rows.values()), {"corpus": "c", "d": 5, "lr": 0.5, "t_end": 10, "surrogate": "s"})
-    assert "| focus q1 #1 | - | 99 | 100 | 103 | 100 | 102 | 2.0% | 3.0% | 1.0% |" in text
-    assert "| dilution q1 #1 | - | – | – | 1500 | 1000 | 1200 | 16.7% | 25.0% | – |" in text
+    assert "| focus q1 #1 | - | 98 | 99 | 100 | 103 | 100 | 102 | 2.0% | 3.0% | 1.0% |" in text
+    assert "| dilution q1 #1 | - | – | – | – | 1500 | 1000 | 1200 | 16.7% | 25.0% | – |" in text
 
 
 def test_with_lr_quarter_the_flow_regime_is_the_first_halving_that_moves_an_event_less_than_5_percent():
@@ -40,7 +40,7 @@ def test_with_lr_quarter_the_flow_regime_is_the_first_halving_that_moves_an_even
     assert focus["flow_regime_sgd"] is None and not focus["regime_reached"]  # lr/4 lacks it: no reference
     text = text_cycle.table(list(rows.values()), {"corpus": "c", "d": 5, "lr": 0.125, "t_end": 3000, "surrogate": "s"})
     assert "SGD lr = 0.125, 0.0625 and 0.03125 to t = 3000" in text
-    assert "| restart σ1 #1 | - | – | – | – | 1583 | 1214 | 30.4% | 1180 | 2.9% | – | – |" in text
+    assert "| restart σ1 #1 | - | – | – | – | – | 1583 | 1214 | 30.4% | 1180 | 2.9% | – | – |" in text
 
 
 def test_the_seeds_table_gives_each_sides_mean_and_sd_and_their_distance_in_sgds_sds():

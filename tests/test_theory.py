@@ -227,7 +227,12 @@ def test_predict_and_compare_commands(tmp_path):
     stages = json.loads((run_dir / "stages.json").read_text())["intervals"]
     assert {row["stage"] for row in rows} >= {"condensation", "focus"}
     for row in rows:
-        assert set(row) == {"stage", "query", "direction", "predicted", "measured", "rel_error", "note", "resolution"}
+        assert set(row) == {"stage", "query", "direction", "predicted", "measured", "rel_error", "note", "resolution",
+                            "formula", "formula_error"}
+        # the formula tier has condensation's end and q0's first focus, each with its error against the run
+        assert (row["formula"] is not None) == ((row["stage"], row["query"]) in {("condensation", None), ("focus", 0)}), row
+        if row["formula"] is not None and row["measured"] is not None:
+            assert row["formula_error"] == pytest.approx(abs(row["formula"] - row["measured"]) / row["measured"])
         assert (row["resolution"] is None) == (row["measured"] is None) or row["measured"] >= 1000, row
         if row["resolution"] is not None:  # the save grid's spacing at the measured time
             assert 0 < row["resolution"] < 0.2, row

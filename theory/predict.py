@@ -49,6 +49,7 @@ from flowsim.stages import (StageReport, StageThresholds, detect_condensation, d
                             smooth_in_log_time, subject_label)
 from theory.cycles import CyclePrediction, dilution_mechanisms, predict_cycles
 from theory.focus import FocusPrediction, predict_focus
+from theory.formulas import FormulaPrediction, predict_formulas
 from theory.origin import CondensationPrediction, predict_condensation
 from theory.restart import REACH_LIMIT, RestartPrediction, RuleName
 from theory.mean_field import MeanFieldChain, origin_rate
@@ -68,6 +69,8 @@ class Row:
     rel_error: float | None = None
     note: str = ""
     resolution: float | None = None  # the run's save-time spacing at the measured time, relative: the grid's own error
+    formula: float | None = None  # the formula tier's time (``theory.formulas``); None where it has no formula
+    formula_error: float | None = None  # |formula - measured| / measured
 
 
 @dataclass(frozen=True)
@@ -76,13 +79,15 @@ class Prediction:
     condensation: CondensationPrediction
     focus: FocusPrediction
     cycles: CyclePrediction
+    formulas: FormulaPrediction
     t_end: float  # the horizon the rows were cut at
 
     def constants(self) -> str:
         c, f, dilutions = self.condensation, self.focus, self.cycles.dilutions()
         first = f.order[0]
         orbit_focus = f"; the focus orbit puts q{first}'s onset at {f.t_onset[first]:.4g}" if first in f.t_onset else ""
-        return (f"μ1 = {c.mu1:.6g} (condensation on Stage I's orbit: log(1/ε)/μ1 = {c.leading_order:.4g}, O(1) correction "
+        return (formula_line(self.formulas) + "\n" +
+                f"μ1 = {c.mu1:.6g} (condensation on Stage I's orbit: log(1/ε)/μ1 = {c.leading_order:.4g}, O(1) correction "
                 f"{c.correction:+.4g}, end {c.t_end:.4g}; unstable amplitude a0 = {c.a0:.4g})\n"
                 f"μ2 = {f.mu2:.6g} at the condensed point (h = {f.h:+.4g}; attention amplitude {f.a_attn0:.4g}); "
                 f"queries focus in the order {f.order}, on token {first}{orbit_focus}\n"
@@ -92,6 +97,16 @@ class Prediction:
                 + "".join(f"\n{restart_line(restart)}" for restart in self.cycles.restarts())
                 + "".join(f"\npredicted {i.stage} of q{i.query}: {i.evidence}\n  {mechanism}"
                           for i, mechanism in zip(dilutions, dilution_mechanisms(self.cycles, dilutions))))
+
+
+def formula_line(f: FormulaPrediction) -> str:
+    """The formula tier's constants and terms (docs/theory.md, "The formula tier")."""
+    c = f.constants
+    focus = ("no focus by the formula" if f.focus is None else
+             f"q{c.query}'s first focus t_f = {f.focus:.4g} (leading (1/μ1 + 1/μ2) log(1/ε) = {f.leading_focus:.4g})")
+    return (f"formula: μ1 = ‖π‖‖π - u‖ = {c.mu1:.6g}, μ2 = |h*| = {c.mu2:.6g}, ‖ℓ‖ = {c.ell_norm:.4g}, g* = {c.g_star:.4g}, "
+            f"a0 = {f.a0:.4g}, a_A = {f.a_attention:.4g}: condensation t_c = {f.condensation:.4g} (leading log(1/ε)/μ1 = "
+            f"{f.leading_condensation:.4g}); {focus}")
 
 
 def restart_line(r: RestartPrediction) -> str:
@@ -157,6 +172,7 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     condensation = predict_condensation(chain.pi, chain.P, prepared.params0, eps)
     progress("Stage II: condensed point, attention block, focus onset")
     focus = predict_focus(chain, prepared.params0, condensation, prepared.model.k)
+    formulas = predict_formulas(chain.pi, chain.P, prepared.params0, eps)
     progress("Stages III-IV: the rank-r flows, their transverse equations and restarts, until every event before "
              f"t = {t_end:g} is confirmed")
     cycles = predict_cycles(chain, prepared.flow, prepared.model, prepared.params0, condensation.alpha, t_end, progress=progress)
@@ -184,7 +200,28 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
             row = timed_row(Row(stage, query, None, found[0].t_start), t_end) if found else Row(stage, query, None, None)
             if found or unsettled:
                 rows.append(noting_unsettled(row, unsettled))
-    return Prediction(rows, condensation, focus, cycles, t_end)
+    return Prediction(with_formulas(rows, formulas), condensation, focus, cycles, formulas, t_end)
+
+
+def predict_formulas_only(config: RunConfig) -> tuple[list[Row], FormulaPrediction]:
+    """The formula tier alone (``flowsim predict --tier formula``): condensation's end and the first focus in closed
+    form, no flow integrated; O(d² + d m) after the run's set-up."""
+    check_supported(config)
+    prepared = prepare(config)
+    eps = config.init.eps if config.init.file is None else float(np.sqrt(np.mean(np.asarray(prepared.params0["W0"]) ** 2)))
+    formulas = predict_formulas(prepared.chain.pi, prepared.chain.P, prepared.params0, eps)
+    rows = [Row("condensation", None, None, None, formula=formulas.condensation)]
+    if formulas.focus is not None:
+        rows.append(Row("focus", formulas.constants.query, None, None, formula=formulas.focus))
+    return rows, formulas
+
+
+def with_formulas(rows: list[Row], formulas: FormulaPrediction) -> list[Row]:
+    """The formula tier's times on the rows it has a formula for: condensation's end and the first focus."""
+    first_focus = next((row for row in rows if row.stage == "focus" and row.query == formulas.constants.query), None)
+    by_row = {id(row): value for row, value in ((first_focus, formulas.focus),) if row is not None}
+    return [replace(row, formula=formulas.condensation if row.stage == "condensation" else by_row.get(id(row)))
+            for row in rows]
 
 
 def confirmed_events(cycles: CyclePrediction, stage: str, query: int) -> list:
@@ -342,8 +379,10 @@ def compared_rows(predicted: list[Row], report: StageReport, times: np.ndarray |
     for row in predicted:
         measured = measured_time(report, row)
         error = None if measured is None or row.predicted is None else abs(row.predicted - measured) / measured
+        formula_error = None if measured is None or row.formula is None else abs(row.formula - measured) / measured
         note = row.note or (NOT_MEASURED if measured is None else "")
-        rows.append(Row(row.stage, row.query, row.direction, row.predicted, measured, error, note, resolution(measured)))
+        rows.append(Row(row.stage, row.query, row.direction, row.predicted, measured, error, note, resolution(measured),
+                        row.formula, formula_error))
     covered = {(row.stage, row.query, row.direction) for row in rows}
     for interval in report.intervals:
         key = (interval.stage, interval.query, interval.direction)
@@ -370,19 +409,23 @@ class PredictionSummary:
 
 
 def table(rows: list[Row], measured: bool = True) -> str:
-    """Predicted (and, when ``measured``, measured, relative error and the save grid's resolution there) per row."""
-    header = f"{'stage':13} {'q/dir':6} {'predicted':>10}" + (f" {'measured':>10} {'rel.err':>8} {'grid':>6}" if measured else "")
+    """Both tiers per row, the formula first (and, when ``measured``, the measured time, each tier's relative error
+    and the save grid's resolution there)."""
+    show = lambda value: "-" if value is None else f"{value:.4g}"  # noqa: E731
+    percent = lambda value: "-" if value is None else f"{100 * value:.1f}%"  # noqa: E731
+    header = f"{'stage':13} {'q/dir':6} {'formula':>9} {'reduced':>9}"
+    if measured:
+        header += f" {'measured':>9} {'err(F)':>7} {'err(R)':>7} {'grid':>6}"
     lines = [header]
     for row in rows:
-        predicted = "-" if row.predicted is None else f"{row.predicted:.4g}"
-        line = f"{row.stage:13} {subject_label(row.query, row.direction):6} {predicted:>10}"
+        line = f"{row.stage:13} {subject_label(row.query, row.direction):6} {show(row.formula):>9} {show(row.predicted):>9}"
         if measured:
-            value = "-" if row.measured is None else f"{row.measured:.4g}"
-            error = "-" if row.rel_error is None else f"{100 * row.rel_error:.1f}%"
-            grid = "-" if row.resolution is None else f"{100 * row.resolution:.1f}%"
-            line += f" {value:>10} {error:>8} {grid:>6}"
+            line += (f" {show(row.measured):>9} {percent(row.formula_error):>7} {percent(row.rel_error):>7}"
+                     f" {percent(row.resolution):>6}")
         note = row.note if measured or row.note not in (NOT_MEASURED, NOT_PREDICTED) else ""
         lines.append(line + (f"  {note}" if note else ""))
+    lines.append("formula: closed forms in the chain's constants, no flow integrated (theory.formulas; '-': no formula "
+                 "for that event yet); reduced: read on the rank-r flows from θ(0) (theory.cycles)")
     if measured:
         lines.append("grid: the run's save-time spacing at the measured time (relative): a detector's time moves by up to "
                      "about that much with the save grid; every row but σ2, σ3, ... is read on these save times, as the run is")

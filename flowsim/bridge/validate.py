@@ -97,6 +97,16 @@ def theory_events(config: BridgeConfig, data: DataSource, run_dir: Path, folder:
     return events, notes, summary.constants
 
 
+def formula_events(config: BridgeConfig, data: DataSource, run_dir: Path, folder: Path) -> dict[tuple, float]:
+    """The formula tier's events for a bridge run (``theory.formulas``: seconds at d = 1001, no flow integrated),
+    keyed as the bridge's."""
+    from theory.predict import predict_formulas_only
+
+    rows, _ = predict_formulas_only(theory_config(config, data, run_dir, folder))
+    return {key: float(row.formula) for row in rows
+            if row.formula is not None and (key := folded_key(data, row.stage, row.query, row.direction)) is not None}
+
+
 def folded_key(data: DataSource, stage: str, query: int | None, direction: int | None) -> tuple | None:
     """A first occurrence over the whole vocabulary keyed as the bridge's events (its query folded); None for a
     query folded into "other"."""
@@ -130,6 +140,9 @@ def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool 
     full_vocabulary = {key: event["t"] for event in description.get("full_vocabulary_events", [])
                        if (key := folded_key(data, event["stage"], event["query"], event["direction"])) is not None}
     names = [str(name) for name in Observables.load(out / "sgd").constants["type_names"]]
+    started = time.perf_counter()
+    by_formula = formula_events(config, data, out / "sgd", out / "theory")
+    seconds["formula"] = time.perf_counter() - started
     by_theory, notes, constants = {}, {}, ""
     if theory:
         started = time.perf_counter()
@@ -137,12 +150,14 @@ def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool 
         by_theory, notes, constants = theory_events(config, data, out / "sgd", out / "theory", progress)
         seconds["theory"] = time.perf_counter() - started
     rows = []
-    for key in set(keyed) | set(by_theory) | set(notes) | set(full_vocabulary):
+    for key in set(keyed) | set(by_theory) | set(notes) | set(full_vocabulary) | set(by_formula):
         stage, query, direction, occurrence = key
         ode, sgd = (keyed[key].predicted, keyed[key].measured) if key in keyed else (None, None)
-        times = {"theory": by_theory.get(key), "ode_full_vocabulary": full_vocabulary.get(key), "ode": ode, "sgd": sgd}
+        times = {"formula": by_formula.get(key), "theory": by_theory.get(key),
+                 "ode_full_vocabulary": full_vocabulary.get(key), "ode": ode, "sgd": sgd}
         rows.append({"stage": stage, "query": query, "direction": direction, "occurrence": occurrence,
                      "token": names[query] if query is not None else "-", **times,
+                     "formula_vs_ode": relative_error(times["formula"], times["ode_full_vocabulary"]),
                      "theory_vs_ode": relative_error(times["theory"], times["ode_full_vocabulary"]),
                      "theory_vs_sgd": relative_error(times["theory"], sgd), "ode_vs_sgd": relative_error(ode, sgd),
                      "note": notes.get(key, "")})
@@ -166,12 +181,15 @@ def validation_table(payload: dict) -> str:
              "The theory and the ODE's first column read the mean-field attention over the whole vocabulary; the ODE's "
              "second column and SGD read the run's probe set (its queries' windows, types folded), as `flowsim bridge "
              "compare` does.", "",
-             "| event | token | theory | ODE (vocabulary) | ODE (probe set) | SGD | theory vs ODE | theory vs SGD "
-             "| ODE vs SGD | note |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "The theory has two tiers: the formula (closed forms, no flow integrated; condensation and the first "
+             "focus) and the reduced flows (`theory`).", "",
+             "| event | token | formula | theory | ODE (vocabulary) | ODE (probe set) | SGD | formula vs ODE | theory vs ODE "
+             "| theory vs SGD | ODE vs SGD | note |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for row in payload["rows"]:
         event = event_label((row["stage"], row["query"], row["direction"], row["occurrence"]))
-        lines.append(f"| {event} | {row['token']} | {show(row['theory'])} | {show(row.get('ode_full_vocabulary'))} "
-                     f"| {show(row['ode'])} | {show(row['sgd'])} | {percent(row['theory_vs_ode'])} "
+        lines.append(f"| {event} | {row['token']} | {show(row.get('formula'))} | {show(row['theory'])} "
+                     f"| {show(row.get('ode_full_vocabulary'))} | {show(row['ode'])} | {show(row['sgd'])} "
+                     f"| {percent(row.get('formula_vs_ode'))} | {percent(row['theory_vs_ode'])} "
                      f"| {percent(row['theory_vs_sgd'])} | {percent(row['ode_vs_sgd'])} | {row['note']} |")
     return "\n".join(lines) + "\n"

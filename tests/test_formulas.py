@@ -1,0 +1,184 @@
+"""theory.formulas: the closed forms against sympy's derivation, the numeric coupling, Stage I's orbit as ε -> 0 and
+the exact flow on seeded chains drawn here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flowsim.config import transition_override
+from prediction_accuracy import flow_config, measured_stages  # benchmarks/ is on the path (conftest)
+from theory.focus import attention_coupling
+from theory.formulas import (chain_constants, condensation_end, first_focus, logistic_square_integral,
+                             predict_formulas)
+from theory.mean_field import MeanFieldChain, condensed_point
+from theory.origin import predict_condensation
+from theory.symbolic import MeanFieldTwin
+
+
+def general_chain(d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rows = np.random.default_rng(seed).dirichlet(np.ones(d), size=d)
+    P = np.maximum(rows, 0.1 / d)
+    P /= P.sum(axis=1, keepdims=True)
+    values, vectors = np.linalg.eig(P.T)
+    pi = np.real(vectors[:, np.argmin(np.abs(values - 1))])
+    return pi / pi.sum(), P
+
+
+def paper_chain(d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    pi = np.maximum(np.sort(rng.dirichlet(np.ones(d)))[::-1], 0.02)
+    pi /= pi.sum()
+    lam = rng.uniform(0.2, 0.8)
+    return pi, lam * np.eye(d) + (1 - lam) * np.outer(np.ones(d), pi)
+
+
+@pytest.mark.parametrize("d", [2, 3, 4])
+def test_mu2_formula_is_the_sympy_coupling_at_the_condensed_point(d):
+    """μ2 = ‖ℓ‖ |Σ π_i² (π·ℓ - (Pℓ)_i)| (Σπ³ - ‖π‖⁴)/‖π‖⁵ against h* = γ*^T G_Φ γ* with G_Φ from sympy's row loss."""
+    pi, P = general_chain(d, seed=10 + d)
+    gamma, beta = condensed_point(pi)
+    G_Phi, _ = MeanFieldTwin(pi, P).gradient_of_maps(np.zeros((d, d)), np.outer(gamma, beta))
+    h = float(gamma @ G_Phi @ gamma)
+    constants = chain_constants(pi, P)
+    assert constants.mu2 == pytest.approx(abs(h), rel=1e-10)
+    assert constants.h_sign == np.sign(h)
+
+
+def test_mu2_formula_is_the_numeric_coupling_on_a_seeded_family():
+    for seed, d in enumerate([5, 9, 17, 40]):
+        for pi, P in (general_chain(d, seed), paper_chain(d, seed)):
+            gamma, beta = condensed_point(pi)
+            h = attention_coupling(MeanFieldChain(pi, P), gamma, beta)
+            assert chain_constants(pi, P).mu2 == pytest.approx(abs(h), rel=1e-9), (d, seed)
+
+
+def test_logistic_square_integral_against_quadrature():
+    from scipy.integrate import quad
+
+    for u in (-8.0, -1.0, 0.0, 0.7, 5.0):
+        want, _ = quad(lambda v: 1.0 / (1.0 + np.exp(-v)) ** 2, -60.0, u)
+        assert logistic_square_integral(u) == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert logistic_square_integral(40.0) == pytest.approx(39.0, abs=1e-12)  # I(u) = u - 1 past the transition
+
+
+def test_condensation_formula_approaches_stage_one_orbit_as_eps_shrinks():
+    """Both are log(1/ε)/μ1 + O(1); their O(1) parts differ (the logistic against the orbit), so their relative gap
+    falls like 1/log(1/ε)."""
+    pi, P = paper_chain(6, seed=3)
+    constants = chain_constants(pi, P)
+    gaps = []
+    for eps in (1e-2, 1e-6, 1e-12):
+        params0 = {"W0": np.outer(pi, [eps, 0]), "W1": np.outer([eps, 0], pi - 1 / 6),
+                   "W_Q": np.zeros((2, 2)), "W_K": np.zeros((2, 2))}
+        orbit = predict_condensation(pi, P, params0, eps)
+        formula = condensation_end(constants, pi, orbit.a0, 1 / 3)
+        gaps.append((abs(formula - orbit.t_end), abs(formula - orbit.t_end) / orbit.t_end))
+    assert all(gap < 0.5 / constants.mu1 for gap, _ in gaps)  # an O(1) offset on the clock 1/μ1, whatever ε
+    relative = [share for _, share in gaps]
+    assert relative[0] > relative[1] > relative[2] and relative[2] < 0.005
+
+
+def test_formulas_against_the_exact_flow_on_a_seeded_family():
+    """Condensation within 6% and the first focus within 12% at ε = 1e-2, the bounds the formula tier states
+    (docs/theory.md; measured on a family of d = 4 to 64, RESULTS.md "The formula tier"), on chains drawn here."""
+    from flowsim.assemble import prepare
+    from flowsim.config import load_config
+
+    eps = 1e-2
+    chains = [paper_chain(5, seed) for seed in (201, 202)] + [general_chain(5, 203)]
+    for pi, P in chains:
+        overrides = [transition_override(P), f"init.eps={eps}", "init.seed=0"]
+        prepared = prepare(load_config(None, overrides))
+        formulas = predict_formulas(prepared.chain.pi, prepared.chain.P, prepared.params0, eps)
+        assert formulas.focus is not None
+        report = measured_stages(flow_config(overrides, eps, 2 * formulas.focus, 500))
+        condensed = [i.t_end for i in report.intervals if i.stage == "condensation"]
+        focused = [i.t_start for i in report.intervals if i.stage == "focus" and i.query == formulas.constants.query]
+        assert condensed and focused
+        assert formulas.condensation == pytest.approx(condensed[0], rel=0.06), (pi, condensed[0])
+        assert formulas.focus == pytest.approx(focused[0], rel=0.12), (pi, focused[0])
+
+
+def finite_difference_curvature(pi: np.ndarray, P: np.ndarray, mu2: float, step: float = 1e-4) -> float:
+    """κ = L_φφ - b^T (H + 2 μ2 I)^{-1} b by central differences of numpy's mean-field loss (no autodiff)."""
+    d = len(pi)
+    chain = MeanFieldChain(pi, P)
+    gamma, beta = condensed_point(pi)
+    x0 = np.concatenate([gamma, beta])
+
+    def loss(x, phi):
+        return chain.factored(x[:d, None], np.array([[phi]]), x[d:, None]).loss
+
+    def h(x):  # ∂L/∂φ at φ = 0
+        return (loss(x, step) - loss(x, -step)) / (2 * step)
+
+    def gradient(x):
+        return np.array([(loss(x + step * e, 0.0) - loss(x - step * e, 0.0)) / (2 * step) for e in np.eye(2 * d)])
+
+    H = np.column_stack([(gradient(x0 + step * e) - gradient(x0 - step * e)) / (2 * step) for e in np.eye(2 * d)])
+    b = np.array([(h(x0 + step * e) - h(x0 - step * e)) / (2 * step) for e in np.eye(2 * d)])
+    second = (loss(x0, step) - 2 * loss(x0, 0.0) + loss(x0, -step)) / step**2
+    return second - b @ np.linalg.solve(0.5 * (H + H.T) + 2 * mu2 * np.eye(2 * d), b)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_attention_curvature_against_finite_differences(seed):
+    pi, P = general_chain(4, seed=30 + seed) if seed else paper_chain(4, seed=30)
+    constants = chain_constants(pi, P)
+    assert constants.kappa == pytest.approx(finite_difference_curvature(pi, P, constants.mu2), rel=1e-4, abs=1e-7)
+
+
+def test_attention_curvature_by_conjugate_gradients_is_the_dense_solve(monkeypatch):
+    import theory.formulas as formulas
+
+    pi, P = general_chain(12, seed=4)
+    mu2 = chain_constants(pi, P).mu2
+    dense = formulas.attention_curvature(pi, P, mu2)
+    monkeypatch.setattr(formulas, "DENSE_UP_TO", 0)
+    assert formulas.attention_curvature(pi, P, mu2) == pytest.approx(dense, rel=1e-8)
+
+
+@pytest.mark.parametrize("phi0", [1e-9, 1e-2])
+def test_linear_equivalent_logit_is_the_time_of_the_quadratic_growth(phi0):
+    """dφ/dG = 2φ(1 - κφ/μ2) from φ0 reaches φ_½ at G = ½ log(φ_lin/φ0) (integrated by quad) for κ < 0, also where
+    φ0 is past μ2/|κ| and the growth is a blow-up from the start."""
+    from scipy.integrate import quad
+
+    from theory.formulas import linear_equivalent_logit
+
+    mu2, kappa, phi_half = 1e-3, -0.03, 2.0
+    growth, _ = quad(lambda phi: 1.0 / (2 * phi * (1 - kappa * phi / mu2)), phi0, phi_half, limit=200, epsrel=1e-12)
+    assert growth == pytest.approx(0.5 * np.log(linear_equivalent_logit(mu2, kappa, phi_half, phi0) / phi0), rel=1e-6)
+    assert linear_equivalent_logit(mu2, 0.02, phi_half, phi0) == phi_half  # κ > 0: the linear growth is kept
+
+
+def test_first_focus_past_condensation_is_the_matched_line():
+    """Where μ2 ≪ μ1 the focus comes long after condensation, and t_f = t_½ + 1/(2μ1) + log(2φ_½/a_A²)/(2μ2)."""
+    from theory.formulas import half_focus_logit, linear_equivalent_logit
+
+    pi, P = paper_chain(4, seed=7)
+    constants = chain_constants(pi, P)
+    a0, a_attention = 1e-3, 1e-30  # a tiny attention: the focus comes long after condensation
+    x0 = np.linalg.norm(pi) * a0**2 / 2
+    t_half = np.log(constants.ell_norm / x0 - 1) / (2 * constants.mu1)
+    phi_lin = linear_equivalent_logit(constants.mu2, constants.kappa, half_focus_logit(constants, pi), a_attention**2 / 2)
+    line = t_half + 1 / (2 * constants.mu1) + np.log(2 * phi_lin / a_attention**2) / (2 * constants.mu2)
+    assert first_focus(constants, pi, a0, a_attention) == pytest.approx(line, rel=1e-9)
+
+
+def test_predict_tier_formula_prints_the_closed_forms_alone():
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+
+    result = CliRunner().invoke(app, ["predict", "--tier", "formula"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split() == ["stage", "q/dir", "formula", "reduced"]
+    condensation = next(line for line in lines if line.startswith("condensation")).split()
+    focus = next(line for line in lines if line.startswith("focus")).split()
+    assert condensation[-1] == "-" and focus[:2] == ["focus", "q0"]  # no reduced flow was run
+    assert "μ2 = |h*| = 0.0797847" in result.output  # the default chain's coupling, as the reduced tier's μ2
+    bad = CliRunner().invoke(app, ["predict", "--tier", "fast"])
+    assert bad.exit_code == 2 and "--tier must be 'both' or 'formula', got 'fast'" in bad.output

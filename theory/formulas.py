@@ -1,0 +1,230 @@
+"""The formula tier: stage times in closed form, from the chain's constants and the initial point's amplitudes.
+
+Nothing here integrates a flow: each time is an explicit expression in π, P, ε (through the amplitudes a0 and
+a_A of θ(0) along the origin's and the condensed point's unstable directions, a0 ≈ ε √m and a_A ≈ ε √k for a
+Gaussian start), m and k, and two one-dimensional root finds. Cost O(d²) (one product P ℓ), O(d) besides.
+
+**Condensation.** At θ = 0 the logits z = π^T M of every query grow along π - u at rate 2 μ1, μ1 = ‖π‖ ‖π - u‖, from
+|z(0)| = x0 = ‖π‖ a0² / 2 (W0 = g π̂ α^T and W1 = α β^T with g = |β| = a0/√2), and settle at the condensed logits
+ℓ = log π - mean(log π) (softmax(ℓ) = π). Interpolating the two ends by the logistic equation
+d|z|/dt = 2 μ1 |z| (1 - |z|/‖ℓ‖), and σ0(W0) = g = (|z| / ‖π‖)^½, the detector's end of condensation (σ0 at the
+fraction q of its condensed value g* = (‖ℓ‖/‖π‖)^½, so |z| = q² ‖ℓ‖) is
+
+    t_c = [ log(‖ℓ‖/x0 - 1) + log(q² / (1 - q²)) ] / (2 μ1)
+        = log(1/ε)/μ1  +  [ log(√2 g* / κ) + ½ log(q²/(1 - q²)) ] / μ1  +  O(ε²),      a0 = κ ε.
+
+**First focus.** The attention amplitude a_A grows as a_A' = |h(t)| a_A, h = γ^T (∂L/∂Φ) γ the attention coupling
+(``theory.focus``), which rises from 0 to h* as the logits condense; h ∝ |z|² while z is small, so with
+y = |z|/‖ℓ‖ on the logistic, |h| ≈ μ2 y², whose integral is μ2 (t - t_½ - 1/(2 μ1)) once condensed
+(t_½ = log(‖ℓ‖/x0 - 1)/(2 μ1), the logistic's midpoint; ∫ (σ(u)² - [u > 0]) du = -1). At the condensed point
+
+    μ2 = |h*| = ‖ℓ‖ |Σ_i π_i² (π·ℓ - (P ℓ)_i)| (Σ_j π_j³ - ‖π‖⁴) / ‖π‖⁵
+
+(paper family: π·ℓ - (P ℓ)_i = λ (π·ℓ - ℓ_i)). The attention logits of the most frequent query q are then
+Φ[q, j] = φ c_j, c_j = g*² π_q π_j / ‖π‖², with φ = -sign(h*) a_A² / 2, growing as e^{2 μ2 t}. Its entropy
+H(φ) = entropy of softmax(φ c + log π) falls from H(π) towards 0 as the query focuses on the most frequent token;
+the detector times the focus halfway down, H(φ_½) = H(π)/2, so
+
+    t_f = t_½ + 1/(2 μ1) + log(2 |φ_½| / a_A²) / (2 μ2)
+        = (1/μ1 + 1/μ2) log(1/ε)  +  O(1)   (the O(1) part: the rest of the line, with a0 = κ ε, a_A = κ_A ε).
+
+Both interpolations are first order in the nonlinearity: the logistic for the orbit from 0 to ℓ (the logits also
+turn from π - u towards ℓ), and the frozen condensed map M* while the attention grows (the focus orbit's feedback
+on M is left out). They treat condensation and focus as successive, so they miss where attention grows during
+condensation (μ2 ≫ μ1); the reduced-flow tier keeps that interaction. Their accuracy against the exact flow is
+measured in RESULTS.md ("The formula tier").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy.optimize import brentq
+from scipy.sparse.linalg import LinearOperator, cg
+from scipy.special import softmax
+
+from flowsim.stages import StageThresholds
+from theory.mean_field import condensed_point
+from theory.origin import unstable_projection
+
+
+@dataclass(frozen=True)
+class ChainConstants:
+    """The closed-form constants of a chain: the rates at the two critical points and the condensed scale."""
+
+    mu1: float  # ‖π‖ ‖π - u‖: growth rate at the origin
+    mu2: float  # |h*|: the attention's growth rate at the condensed point
+    h_sign: float  # sign(h*): -1 (φ > 0) focuses the frequent query on the frequent token
+    ell_norm: float  # ‖ℓ‖, ℓ = log π - mean(log π): the condensed logits' norm
+    g_star: float  # (‖ℓ‖/‖π‖)^½: σ0(W0) at the condensed point
+    query: int  # the most frequent token, whose query focuses first
+    kappa: float  # dh/dφ along the attention's growth (``attention_curvature``): < 0 accelerates the focus
+
+
+def chain_constants(pi: np.ndarray, P: np.ndarray) -> ChainConstants:
+    """μ1, μ2, ‖ℓ‖, g* and κ by the formulas in the module docstring: O(d²) but for κ (``attention_curvature``)."""
+    pi, P = np.asarray(pi, dtype=float), np.asarray(P, dtype=float)
+    if np.any(pi <= 0):
+        raise ValueError(f"the formulas need π > 0 everywhere, got min π = {pi.min():g} (token {int(np.argmin(pi))})")
+    norm = float(np.linalg.norm(pi))
+    mu1 = norm * float(np.linalg.norm(pi - 1.0 / len(pi)))
+    ell = np.log(pi) - np.mean(np.log(pi))
+    ell_norm = float(np.linalg.norm(ell))
+    h = ell_norm * float(pi**2 @ (pi @ ell - P @ ell)) * (float(np.sum(pi**3)) - norm**4) / norm**5
+    kappa = attention_curvature(pi, P, abs(h)) if h != 0 else 0.0
+    return ChainConstants(mu1, abs(h), float(np.sign(h)), ell_norm, float(np.sqrt(ell_norm / norm)), int(np.argmax(pi)),
+                          kappa)
+
+
+def condensation_end(constants: ChainConstants, pi: np.ndarray, a0: float, level: float) -> float:
+    """t_c = [log(‖ℓ‖/x0 - 1) + log(q²/(1 - q²))] / (2 μ1), x0 = ‖π‖ a0²/2, q = ``level``."""
+    x0 = float(np.linalg.norm(pi)) * a0**2 / 2
+    if x0 >= constants.ell_norm:
+        raise ValueError(f"the initial amplitude a0 = {a0:g} is past the condensed scale (|z(0)| = {x0:g} >= ‖ℓ‖ = "
+                         f"{constants.ell_norm:g}): there is no condensation to time")
+    return (np.log(constants.ell_norm / x0 - 1.0) + np.log(level**2 / (1.0 - level**2))) / (2 * constants.mu1)
+
+
+def focus_entropy(constants: ChainConstants, pi: np.ndarray, phi: float) -> float:
+    """H of the frequent query's attention softmax(φ c + log π), c_j = g*² π_q π_j / ‖π‖²: O(d)."""
+    c = constants.g_star**2 * pi[constants.query] * pi / float(pi @ pi)
+    weights = softmax(phi * c + np.log(pi))
+    return float(-np.sum(weights * np.log(np.where(weights > 0, weights, 1.0))))
+
+
+def half_focus_logit(constants: ChainConstants, pi: np.ndarray) -> float | None:
+    """φ_½ > 0 (in the sign -sign(h*)) where the frequent query's entropy is half H(π); None where it never is."""
+    target = focus_entropy(constants, pi, 0.0) / 2
+    sign = -constants.h_sign or 1.0
+    far = 1.0
+    while focus_entropy(constants, pi, sign * far) > target:
+        far *= 2
+        if far > 1e12:
+            return None
+    return brentq(lambda phi: focus_entropy(constants, pi, sign * phi) - target, 0.0, far, xtol=1e-12, rtol=1e-12)
+
+
+def logistic_square_integral(u: float) -> float:
+    """I(u) = ∫_{-∞}^u σ(v)² dv = log(1 + e^u) - σ(u), σ the logistic function (σ² = σ - σ'); I(u) = u - 1 + o(1)."""
+    return float(np.logaddexp(0.0, u) - 1.0 / (1.0 + np.exp(-u)))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _rank_one_loss(d: int, x, phi, pi, log_pi, P):
+    """L at Φ = φ γ γ^T, M = γ β^T, x = (γ, β): the rank-one manifold's loss with one attention coordinate, O(d²)."""
+    gamma, beta = x[:d], x[d:]
+    attention = jax.nn.softmax(phi * jnp.outer(gamma, gamma) + log_pi[None, :], axis=1)
+    logits = (attention @ gamma)[:, None] * beta[None, :]
+    return pi @ (jax.nn.logsumexp(logits, axis=1) - jnp.sum(P * logits, axis=1))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _curvature_parts(d: int, x, pi, log_pi, P):
+    """(∂²L/∂φ², b = ∂(∂L/∂φ)/∂x) at φ = 0."""
+    dphi = jax.grad(_rank_one_loss, argnums=2)
+    return jax.grad(dphi, argnums=2)(d, x, 0.0, pi, log_pi, P), jax.grad(dphi, argnums=1)(d, x, 0.0, pi, log_pi, P)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _hessian_product(d: int, x, v, pi, log_pi, P):
+    """H v, H = ∂²L/∂x² at φ = 0: one forward-over-reverse pass, O(d²)."""
+    gradient = lambda y: jax.grad(_rank_one_loss, argnums=1)(d, y, 0.0, pi, log_pi, P)  # noqa: E731
+    return jax.jvp(gradient, (x,), (v,))[1]
+
+
+DENSE_UP_TO = 200  # the (2d x 2d) Hessian formed and solved up to this d; conjugate gradients on products beyond
+
+
+def attention_curvature(pi: np.ndarray, P: np.ndarray, mu2: float) -> float:
+    """κ = ∂²L/∂φ² - b^T (H + 2 μ2 I)^{-1} b at the condensed point: the slope of the attention coupling h(φ) once
+    the rank-one map (γ, β) follows the growing attention. Each mode of H (eigenvalue λ) driven by b φ with φ ∝ e^{2 μ2 t}
+    answers with -b φ / (λ + 2 μ2): the stiff modes adiabatically, the flat ones (λ = 0: γ ⊥ π does not move the
+    condensed logits) at the growth rate itself, which is why κ < 0, an accelerating focus, is common where μ2 is
+    small. The scaling mode (γ, -β) answers as the conservation law |γ|² - |β|² = q² + r² requires. O(d³) dense up to
+    d = DENSE_UP_TO, else O(d²) per conjugate-gradient step."""
+    pi, P = np.asarray(pi, dtype=float), np.asarray(P, dtype=float)
+    d = len(pi)
+    gamma, beta = condensed_point(pi)
+    args = (jnp.asarray(pi), jnp.log(jnp.asarray(pi)), jnp.asarray(P))
+    x = jnp.concatenate([jnp.asarray(gamma), jnp.asarray(beta)])
+    second, b = (np.asarray(part) for part in _curvature_parts(d, x, *args))
+    shift = 2 * mu2
+    if d <= DENSE_UP_TO:
+        H = np.column_stack([np.asarray(_hessian_product(d, x, jnp.asarray(e), *args)) for e in np.eye(2 * d)])
+        response = np.linalg.solve(0.5 * (H + H.T) + shift * np.eye(2 * d), b)
+    else:
+        operator = LinearOperator((2 * d, 2 * d), dtype=float,
+                                  matvec=lambda v: np.asarray(_hessian_product(d, x, jnp.asarray(v), *args)) + shift * v)
+        response, info = cg(operator, b, rtol=1e-10, maxiter=20 * d)
+        if info != 0:
+            raise RuntimeError(f"the attention curvature's linear solve did not converge (conjugate gradients: {info})")
+    return float(second - b @ response)
+
+
+def linear_equivalent_logit(mu2: float, kappa: float, phi_half: float, phi0: float) -> float:
+    """φ_lin = φ_½ (μ2 - κ φ0) / (μ2 - κ φ_½) for κ < 0, else φ_½: linear growth φ0 e^{2G} reaches φ_lin when the
+    growth dφ/dG = 2 φ (1 - κ φ/μ2) reaches φ_½ (G = ∫|h| dt, the coupling h = y² (-μ2 + κ φ) scaled as a whole by the
+    condensing map; 1/φ obeys a linear equation, so this is exact for that growth). With κ < 0 it runs away (a
+    blow-up at e^{2G} = 1 + μ2/(|κ| φ0), or t ≈ 1/(2 |κ| φ0) where μ2 → 0); with κ > 0 its quadratic truncation would
+    stop at μ2/κ, short of a focus the flow completes, so the linear growth is kept."""
+    return phi_half * (mu2 - kappa * phi0) / (mu2 - kappa * phi_half) if kappa < 0 else phi_half
+
+
+def first_focus(constants: ChainConstants, pi: np.ndarray, a0: float, a_attention: float) -> float | None:
+    """t_f = t_½ + U/(2 μ1), where (μ2/(2 μ1)) I(U) = log((2 φ_lin)^½ / a_A): the attention's growth G(t) = μ2 ∫ y² on the
+    logistic y = σ(2 μ1 (t - t_½)) reaches the half-focus logit from φ0 = a_A²/2, its nonlinear growth folded into φ_lin
+    (``linear_equivalent_logit``). Past condensation (U ≫ 1) this is t_½ + 1/(2 μ1) + log(2 φ_lin/a_A²)/(2 μ2).
+    None where the attention never halves the entropy or μ2 = 0."""
+    phi_half = half_focus_logit(constants, pi)
+    if phi_half is None or constants.mu2 <= 0:
+        return None
+    phi_lin = linear_equivalent_logit(constants.mu2, constants.kappa, phi_half, a_attention**2 / 2)
+    x0 = float(np.linalg.norm(pi)) * a0**2 / 2
+    t_half = np.log(constants.ell_norm / x0 - 1.0) / (2 * constants.mu1)
+    growth = 0.5 * np.log(2 * phi_lin / a_attention**2)  # G needed: a_A e^G = (2 φ_lin)^½
+    if growth <= 0:
+        return max(0.0, t_half)  # the start is already past half focus
+    ratio = constants.mu2 / (2 * constants.mu1)
+    upper = growth / ratio + 2.0
+    u = brentq(lambda v: ratio * logistic_square_integral(v) - growth, -50.0 - growth, upper, xtol=1e-12)
+    return t_half + u / (2 * constants.mu1)
+
+
+@dataclass(frozen=True)
+class FormulaPrediction:
+    """The formula tier's times for one initial point, with the constants they came from."""
+
+    constants: ChainConstants
+    a0: float  # θ(0)'s amplitude along the origin's unstable directions
+    a_attention: float  # (W_Q, W_K)'s along the condensed point's
+    condensation: float
+    focus: float | None  # the most frequent query's first focus; None: no focus by these formulas
+    leading_condensation: float  # log(1/ε)/μ1
+    leading_focus: float  # (1/μ1 + 1/μ2) log(1/ε)
+
+
+def attention_amplitude(params0, alpha: np.ndarray, h_sign: float) -> float:
+    """a_A = ‖(W_Q^T α - sign(h*) W_K^T α)/√2‖: θ(0)'s attention along the unstable vectors W_Q = α ξ^T,
+    W_K = -sign(h*) α ξ^T at the condensed point, α the direction W0 condenses along."""
+    xi = (np.asarray(params0["W_Q"]).T @ alpha - h_sign * np.asarray(params0["W_K"]).T @ alpha) / np.sqrt(2.0)
+    return float(np.linalg.norm(xi))
+
+
+def predict_formulas(pi: np.ndarray, P: np.ndarray, params0, eps: float,
+                     thresholds: StageThresholds | None = None) -> FormulaPrediction:
+    """Condensation's end and the first focus by the closed forms, for the initial point ``params0``: O(d² + d m)."""
+    th = StageThresholds() if thresholds is None else thresholds
+    pi = np.asarray(pi, dtype=float)
+    constants = chain_constants(pi, P)
+    a0, alpha = unstable_projection(params0, pi)
+    a_attention = attention_amplitude(params0, alpha, constants.h_sign)
+    leading = np.log(1.0 / eps)
+    return FormulaPrediction(
+        constants, a0, a_attention, condensation_end(constants, pi, a0, th.condensation_level),
+        first_focus(constants, pi, a0, a_attention) if a_attention > 0 else None,
+        leading / constants.mu1, leading * (1 / constants.mu1 + 1 / constants.mu2) if constants.mu2 > 0 else np.inf)
