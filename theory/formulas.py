@@ -2,7 +2,9 @@
 
 Nothing here integrates a flow: each time is an explicit expression in π, P, ε (through the amplitudes a0 and
 a_A of θ(0) along the origin's and the condensed point's unstable directions, a0 ≈ ε √m and a_A ≈ ε √k for a
-Gaussian start), m and k, and two one-dimensional root finds. Cost O(d²) (one product P ℓ), O(d) besides.
+Gaussian start), m and k, two one-dimensional root finds, and one linear solve for the attention's curvature κ.
+Cost O(d²) for μ1, μ2 and the times; κ O(d³) up to d = 64 (milliseconds), O(d²) per conjugate-gradient step beyond
+(2 s at d = 1001).
 
 **Condensation.** At θ = 0 the logits z = π^T M of every query grow along π - u at rate 2 μ1, μ1 = ‖π‖ ‖π - u‖, from
 |z(0)| = x0 = ‖π‖ a0² / 2 (W0 = g π̂ α^T and W1 = α β^T with g = |β| = a0/√2), and settle at the condensed logits
@@ -11,35 +13,38 @@ d|z|/dt = 2 μ1 |z| (1 - |z|/‖ℓ‖), and σ0(W0) = g = (|z| / ‖π‖)^½, 
 fraction q of its condensed value g* = (‖ℓ‖/‖π‖)^½, so |z| = q² ‖ℓ‖) is
 
     t_c = [ log(‖ℓ‖/x0 - 1) + log(q² / (1 - q²)) ] / (2 μ1)
-        = log(1/ε)/μ1  +  [ log(√2 g* / κ) + ½ log(q²/(1 - q²)) ] / μ1  +  O(ε²),      a0 = κ ε.
+        = log(1/ε)/μ1  +  [ log(√2 g* / κ0) + ½ log(q²/(1 - q²)) ] / μ1  +  O(ε²),      a0 = κ0 ε.
 
 **First focus.** The attention amplitude a_A grows as a_A' = |h(t)| a_A, h = γ^T (∂L/∂Φ) γ the attention coupling
 (``theory.focus``), which rises from 0 to h* as the logits condense; h ∝ |z|² while z is small, so with
-y = |z|/‖ℓ‖ on the logistic, |h| ≈ μ2 y², whose integral is μ2 (t - t_½ - 1/(2 μ1)) once condensed
-(t_½ = log(‖ℓ‖/x0 - 1)/(2 μ1), the logistic's midpoint; ∫ (σ(u)² - [u > 0]) du = -1). At the condensed point
+y = |z|/‖ℓ‖ on the logistic, |h| ≈ μ2 y², whose integral G is (μ2/(2 μ1)) I(U), U = 2 μ1 (t - t_½),
+I(U) = log(1 + e^U) - σ(U) (t_½ = log(‖ℓ‖/x0 - 1)/(2 μ1), the logistic's midpoint; I(U) = U - 1 once condensed).
+At the condensed point
 
     μ2 = |h*| = ‖ℓ‖ |Σ_i π_i² (π·ℓ - (P ℓ)_i)| (Σ_j π_j³ - ‖π‖⁴) / ‖π‖⁵
 
-(paper family: π·ℓ - (P ℓ)_i = λ (π·ℓ - ℓ_i)). The attention logits of the most frequent query q are then
-Φ[q, j] = φ c_j, c_j = g*² π_q π_j / ‖π‖², with φ = -sign(h*) a_A² / 2, growing as e^{2 μ2 t}. Its entropy
-H(φ) = entropy of softmax(φ c + log π) falls from H(π) towards 0 as the query focuses on the most frequent token;
-the detector times the focus halfway down, H(φ_½) = H(π)/2, so
+(paper family: π·ℓ - (P ℓ)_i = λ (π·ℓ - ℓ_i)). The attention logits of the most frequent query q are
+Φ[q, j] = φ c_j, c_j = g*² π_q π_j / ‖π‖², with φ = -sign(h*) a_A² / 2. Their entropy H(φ) of
+softmax(φ c + log π) falls from H(π) towards 0 as the query focuses on the most frequent token, and the detector
+times the focus halfway down, H(φ_½) = H(π)/2. As φ grows the rank-one map answers and the coupling moves,
+h = y² (-μ2 + κ φ) with κ = ∂²L/∂φ² - b^T (H + 2 μ2 I)^{-1} b (``attention_curvature``), so dφ/dG = 2 φ (1 - κ φ/μ2):
+1/φ obeys a linear equation, and φ reaches φ_½ when the linear growth φ0 e^{2G} reaches
+φ_lin = φ_½ (μ2 - κ φ0)/(μ2 - κ φ_½) (κ < 0; φ_lin = φ_½ for κ ≥ 0, ``linear_equivalent_logit``), φ0 = a_A²/2:
 
-    t_f = t_½ + 1/(2 μ1) + log(2 |φ_½| / a_A²) / (2 μ2)
-        = (1/μ1 + 1/μ2) log(1/ε)  +  O(1)   (the O(1) part: the rest of the line, with a0 = κ ε, a_A = κ_A ε).
+    t_f = t_½ + U/(2 μ1),   (μ2/(2 μ1)) I(U) = log((2 φ_lin)^½ / a_A)
+        = t_½ + 1/(2 μ1) + log(2 φ_lin / a_A²) / (2 μ2)   once condensed
+        = (1/μ1 + 1/μ2) log(1/ε)  +  O(1).
 
-Both interpolations are first order in the nonlinearity: the logistic for the orbit from 0 to ℓ (the logits also
-turn from π - u towards ℓ), and the frozen condensed map M* while the attention grows (the focus orbit's feedback
-on M is left out). They treat condensation and focus as successive, so they miss where attention grows during
-condensation (μ2 ≫ μ1); the reduced-flow tier keeps that interaction. Their accuracy against the exact flow is
-measured in RESULTS.md ("The formula tier").
+The logistic interpolates the orbit from 0 to ℓ (the logits also turn from π - u towards ℓ), and both times treat
+the attention as growing on top of a condensing map whose own course it does not change, so they miss where the
+attention grows during condensation (μ2 ≫ μ1) and moves σ0's condensed scale; the reduced-flow tier keeps that
+interaction. Their accuracy against the exact flow is measured in RESULTS.md ("The formula tier").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import functools
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +54,7 @@ from scipy.sparse.linalg import LinearOperator, cg
 from scipy.special import softmax
 
 from flowsim.stages import StageThresholds
-from theory.mean_field import condensed_point
+from theory.mean_field import MeanFieldChain, condensed_point
 from theory.origin import unstable_projection
 
 
@@ -137,7 +142,38 @@ def _hessian_product(d: int, x, v, pi, log_pi, P):
     return jax.jvp(gradient, (x,), (v,))[1]
 
 
-DENSE_UP_TO = 200  # the (2d x 2d) Hessian formed and solved up to this d; conjugate gradients on products beyond
+DENSE_UP_TO = 64  # up to this d the (2d x 2d) Hessian is formed from the closed-form gradient; beyond, conjugate
+# gradients on compiled Hessian-vector products (whose compilation, about 1 s, costs more than the whole dense route
+# at small d)
+STEP = 1e-5  # central differences of the closed-form gradient: truncation O(STEP²) ≈ 1e-10, rounding ≈ 1e-11
+
+
+def rank_one_gradient(chain: MeanFieldChain, x: np.ndarray, phi: float) -> tuple[np.ndarray, float]:
+    """(∂L/∂x, ∂L/∂φ) at Φ = φ γ γ^T, M = γ β^T, x = (γ, β), in closed form (``MeanFieldChain.factored``):
+    ∂L/∂γ = G_M β + φ (G_Φ + G_Φ^T) γ, ∂L/∂β = G_M^T γ, ∂L/∂φ = γ^T G_Φ γ. O(d²)."""
+    d = chain.d
+    gamma, beta = x[:d], x[d:]
+    parts = chain.factored(gamma[:, None], np.array([[phi]]), beta[:, None])
+    G_Phi_gamma = parts.G_Phi @ gamma
+    d_gamma = parts.G_M_times(beta[:, None])[:, 0] + phi * (G_Phi_gamma + parts.G_Phi.T @ gamma)
+    d_beta = parts.G_M_transpose_times(gamma[:, None])[:, 0]
+    return np.concatenate([d_gamma, d_beta]), float(gamma @ G_Phi_gamma)
+
+
+def dense_curvature_parts(pi: np.ndarray, P: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """(∂²L/∂φ², b, H) at the condensed point by central differences of ``rank_one_gradient``: 4d + 2 gradients,
+    O(d³)."""
+    chain = MeanFieldChain(pi, P)
+    gamma, beta = condensed_point(pi)
+    x = np.concatenate([gamma, beta])
+    columns, coupling = [], []
+    for e in np.eye(2 * len(pi)):
+        (up, h_up), (down, h_down) = rank_one_gradient(chain, x + STEP * e, 0.0), rank_one_gradient(chain, x - STEP * e, 0.0)
+        columns.append((up - down) / (2 * STEP))
+        coupling.append((h_up - h_down) / (2 * STEP))
+    second = (rank_one_gradient(chain, x, STEP)[1] - rank_one_gradient(chain, x, -STEP)[1]) / (2 * STEP)
+    H = np.column_stack(columns)
+    return second, np.array(coupling), 0.5 * (H + H.T)
 
 
 def attention_curvature(pi: np.ndarray, P: np.ndarray, mu2: float) -> float:
@@ -146,23 +182,22 @@ def attention_curvature(pi: np.ndarray, P: np.ndarray, mu2: float) -> float:
     answers with -b φ / (λ + 2 μ2): the stiff modes adiabatically, the flat ones (λ = 0: γ ⊥ π does not move the
     condensed logits) at the growth rate itself, which is why κ < 0, an accelerating focus, is common where μ2 is
     small. The scaling mode (γ, -β) answers as the conservation law |γ|² - |β|² = q² + r² requires. O(d³) dense up to
-    d = DENSE_UP_TO, else O(d²) per conjugate-gradient step."""
+    d = DENSE_UP_TO (``dense_curvature_parts``), else O(d²) per conjugate-gradient step on autodiff's products."""
     pi, P = np.asarray(pi, dtype=float), np.asarray(P, dtype=float)
     d = len(pi)
+    shift = 2 * mu2
+    if d <= DENSE_UP_TO:
+        second, b, H = dense_curvature_parts(pi, P)
+        return float(second - b @ np.linalg.solve(H + shift * np.eye(2 * d), b))
     gamma, beta = condensed_point(pi)
     args = (jnp.asarray(pi), jnp.log(jnp.asarray(pi)), jnp.asarray(P))
     x = jnp.concatenate([jnp.asarray(gamma), jnp.asarray(beta)])
     second, b = (np.asarray(part) for part in _curvature_parts(d, x, *args))
-    shift = 2 * mu2
-    if d <= DENSE_UP_TO:
-        H = np.column_stack([np.asarray(_hessian_product(d, x, jnp.asarray(e), *args)) for e in np.eye(2 * d)])
-        response = np.linalg.solve(0.5 * (H + H.T) + shift * np.eye(2 * d), b)
-    else:
-        operator = LinearOperator((2 * d, 2 * d), dtype=float,
-                                  matvec=lambda v: np.asarray(_hessian_product(d, x, jnp.asarray(v), *args)) + shift * v)
-        response, info = cg(operator, b, rtol=1e-10, maxiter=20 * d)
-        if info != 0:
-            raise RuntimeError(f"the attention curvature's linear solve did not converge (conjugate gradients: {info})")
+    operator = LinearOperator((2 * d, 2 * d), dtype=float,
+                              matvec=lambda v: np.asarray(_hessian_product(d, x, jnp.asarray(v), *args)) + shift * v)
+    response, info = cg(operator, b, rtol=1e-10, maxiter=20 * d)
+    if info != 0:
+        raise RuntimeError(f"the attention curvature's linear solve did not converge (conjugate gradients: {info})")
     return float(second - b @ response)
 
 
