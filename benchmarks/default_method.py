@@ -19,7 +19,7 @@ import numpy as np
 
 from flowsim.assemble import prepare
 from flowsim.config import RunConfig, load_config, transition_override
-from flowsim.solvers import solve_flow
+from flowsim.solve.solvers import solve_flow
 from prediction_accuracy import flow_config, random_family
 from theory_accuracy import random_transition_matrix
 

@@ -11,7 +11,7 @@ gpt-mlp seed by seed): the validation loss at the last step; how far the top lay
 it) matured, per doubling of time (it turns by less than 0.1 rad between every checkpoint t
 and 2t from then on) and, for comparison, relative to the end (its largest principal angle
 to its final span stays below 0.1 rad); and the premature-specialisation index under each
-(the entropy fall by then over the largest fall, flowsim.specialisation). The mean curves of the top layer's entropy and of that basis angle
+(the entropy fall by then over the largest fall, flowsim.observe.specialisation). The mean curves of the top layer's entropy and of that basis angle
 over the checkpoints go to OUT/study.json (figure 16 draws them; corpora run earlier into the same
 OUT are kept); the tables to benchmarks/RESULTS.md (section gpt-study, then one section per
 corpus, so a corpus can be rerun alone). Each run is a resumable bridge run directory.
@@ -27,9 +27,9 @@ from pathlib import Path
 from flowsim.bridge.config import load_bridge_config
 from flowsim.bridge.train import train
 from flowsim.config import shipped_config
-from flowsim.io import write_atomic_json
-from flowsim.observables import Observables, doubling_angles
-from flowsim.specialisation import summarise
+from flowsim.common.io import write_atomic_json
+from flowsim.observe.observables import Observables, doubling_angles
+from flowsim.observe.specialisation import summarise
 
 from report import spread, write_section
 
@@ -40,7 +40,7 @@ RESULTS = Path(__file__).with_name("RESULTS.md")
 
 def upper_layer_view(observables: Observables) -> Observables:
     """The top layer's attention and the residual basis it reads, under the names
-    flowsim.specialisation expects (attention_entropy_2, basis_angle, basis_doubling_angle)."""
+    flowsim.observe.specialisation expects (attention_entropy_2, basis_angle, basis_doubling_angle)."""
     layers = sorted(int(name.rsplit("_", 1)[1]) for name in observables.columns if name.startswith("attention_entropy_"))
     top = layers[-1]
     streams = observables[f"stream_{top - 1}"]  # (T, types, width): the basis is the span of the rows
@@ -118,7 +118,7 @@ def main() -> None:
         f"{config.optim.steps} steps, vocabulary {config.data.vocab_size} + <unk>; seeds {args.seeds} (mean ± standard "
         "deviation; the paired difference seed by seed). The top layer's entropy is π-weighted over the probe types; "
         "'basis mature per doubling' is the first checkpoint t from which the stream below the top layer turns by less "
-        "than 0.1 rad between every checkpoint t' >= t and the first checkpoint at 2t' (flowsim.specialisation; at most "
+        "than 0.1 rad between every checkpoint t' >= t and the first checkpoint at 2t' (flowsim.observe.specialisation; at most "
         "half the horizon); 'vs end' is the first checkpoint after which it stays within 0.1 rad of its final span; "
         "'top layer specialised' is when its entropy had done 90% of its largest fall, and the basis turn is the "
         "stream's angle between that checkpoint and the first at twice its time. "

@@ -19,7 +19,7 @@ Seed n starts every variant from the same initial parameters, so each variant is
 compared with the baseline seed by seed (paired differences, mean ± standard deviation).
 Per variant: the outcome (final loss, its gap to the Bayes loss, the time to reach the Bayes
 loss + 0.05, the seeds left more than 0.05 above it, the final previous-token and induction
-masses) and the specialisation probes of flowsim.specialisation (when the upper entropy had
+masses) and the specialisation probes of flowsim.observe.specialisation (when the upper entropy had
 done 90% of its fall, how far the residual basis turned over the next doubling of time, the
 basis maturity per doubling and against the end, and the premature index under each).
 Tables to benchmarks/RESULTS.md (section induction-study) and OUT/study.json.
@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from flowsim.config import load_config, shipped_config
-from flowsim.io import write_atomic_json
-from flowsim.specialisation import first_time_below
-from flowsim.sweep import run_sweep
+from flowsim.common.io import write_atomic_json
+from flowsim.observe.specialisation import first_time_below
+from flowsim.runs.sweep import run_sweep
 
 from report import spread, write_section
 
@@ -138,7 +138,7 @@ def main() -> None:
         f"log 3 = {np.log(3):.5f}. Mean ± standard deviation over seeds ('(k/n)': defined for k of n seeds); the paired "
         "difference is taken seed by seed (seed n starts every variant from the same parameters).", "",
         "Outcome:", "", *outcome_table(variants, "baseline"), "",
-        "Specialisation probes (flowsim.specialisation):", "", *specialisation_table(variants), "",
+        "Specialisation probes (flowsim.observe.specialisation):", "", *specialisation_table(variants), "",
         f"Scale and horizon (MLP; {args.regime_seeds} seeds at ε = {', '.join(f'{e:g}' for e in args.eps)}, "
         f"{args.horizon_seeds} at t = {args.long_horizon:g} with the slow window stretched with it):", "",
         *regime_lines, "", *regime_specialisation,

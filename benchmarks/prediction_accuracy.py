@@ -17,9 +17,9 @@ import numpy as np
 
 from flowsim.config import RunConfig, load_config, transition_override
 from flowsim.assemble import prepare
-from flowsim.families import compute_observables
-from flowsim.solvers import solve_flow
-from flowsim.stages import StageReport, StageThresholds, detect_stages
+from flowsim.observe.families import compute_observables
+from flowsim.solve.solvers import solve_flow
+from flowsim.observe.stages import StageReport, StageThresholds, detect_stages
 from theory.focus import predict_focus
 from theory.origin import predict_condensation
 from theory.predict import AFTER_HORIZON, Row, compared_rows, predict_run

@@ -20,7 +20,7 @@ os.environ.setdefault("FLOWSIM_COMPILATION_CACHE", "off")
 
 from flowsim.config import load_config  # noqa: E402
 from flowsim.assemble import prepare  # noqa: E402
-from flowsim.solvers import solve_flow  # noqa: E402
+from flowsim.solve.solvers import solve_flow  # noqa: E402
 
 CASES = {
     "one_layer_default": (None, []),

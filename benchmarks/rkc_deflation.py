@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-import flowsim.rkc
+import flowsim.solve.rkc
 import theory.manifold
 import theory.restart
 from flowsim.config import load_config
@@ -32,17 +32,17 @@ from theory.predict import predict_run
 from report import write_section
 
 
-class PlainRKC(flowsim.rkc.RKC):
+class PlainRKC(flowsim.solve.rkc.RKC):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **{**kwargs, "deflate": False})
 
 
 def run(solver: type, tight: bool, settings: dict) -> dict:
-    """One prediction with ``solver`` for the rank-r flows (``settings``: flowsim.rkc's constants changed); RKC's
+    """One prediction with ``solver`` for the rank-r flows (``settings``: flowsim.solve.rkc's constants changed); RKC's
     evaluations and steps counted."""
     counts = {"nfev": 0, "steps": 0}
     for name, value in settings.items():
-        setattr(flowsim.rkc, name, value)
+        setattr(flowsim.solve.rkc, name, value)
 
     class Counted(solver):
         def _step_impl(self):
@@ -68,8 +68,8 @@ def run(solver: type, tight: bool, settings: dict) -> dict:
     return {"seconds": seconds, **counts, "restarts": restarts}
 
 
-RUNS = {"deflated": (flowsim.rkc.RKC, False, {}),
-        "one direction at most, gap 10 (the last stop's)": (flowsim.rkc.RKC, False, {"MAX_DIRECTIONS": 1, "DEFLATION_GAP": 10.0}),
+RUNS = {"deflated": (flowsim.solve.rkc.RKC, False, {}),
+        "one direction at most, gap 10 (the last stop's)": (flowsim.solve.rkc.RKC, False, {"MAX_DIRECTIONS": 1, "DEFLATION_GAP": 10.0}),
         "plain": (PlainRKC, False, {}), "plain, rtol / 10 (reference)": (PlainRKC, True, {})}
 
 

@@ -122,7 +122,7 @@ def solve_kvaerno_krylov(flow, theta0: np.ndarray, times: np.ndarray, rtol: floa
     import lineax
     import optimistix
 
-    from flowsim.flow import vector_field
+    from flowsim.model.flow import vector_field
 
     linear = lineax.GMRES(rtol=1e-3 * rtol, atol=1e-3 * atol, restart=20, stagnation_iters=40)
     # Newton, not diffrax's default VeryChord: VeryChord keeps a factorised Jacobian between steps, which a Krylov solver has not
@@ -172,7 +172,7 @@ def field_seconds(flow, theta0: np.ndarray, repeats: int = 50) -> float:
 def run_one(label: str, method: str, rtol: float | None, atol: float | None, max_steps: int, loss_out: Path | None) -> dict:
     """One solve in this process; its loss trajectory to ``loss_out``."""
     from flowsim.assemble import prepare
-    from flowsim.solvers import solve_flow
+    from flowsim.solve.solvers import solve_flow
 
     config = case_config(label)
     prepared = prepare(config)
@@ -187,7 +187,7 @@ def run_one(label: str, method: str, rtol: float | None, atol: float | None, max
     else:
         method_object = method
         if method in VARIANTS:
-            from flowsim.solvers import method_named
+            from flowsim.solve.solvers import method_named
 
             name, options = VARIANTS[method]
             method_object = dataclasses.replace(method_named(name), **options)

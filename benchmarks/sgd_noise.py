@@ -57,7 +57,7 @@ def noise_rows(runs: dict[tuple[int, int], dict]) -> list[dict]:
 
 
 def noise_table(rows: list[dict], runs: dict[tuple[int, int], dict]) -> str:
-    from flowsim.stages import event_label
+    from flowsim.observe.stages import event_label
 
     show = lambda value: "–" if value is None else f"{value:.4g}"  # noqa: E731
     percent = lambda value: "–" if value is None else f"{100 * value:.1f}%"  # noqa: E731

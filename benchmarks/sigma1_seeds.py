@@ -37,8 +37,8 @@ def run_events(corpus: str, seed: int, route: str, t_end: float, checkpoints: in
     """Train (or reuse) one seed of one route and read its events: {event name: time or None}."""
     from flowsim.bridge.config import load_bridge_config
     from flowsim.bridge.train import train
-    from flowsim.observables import Observables
-    from flowsim.stages import detect_stages
+    from flowsim.observe.observables import Observables
+    from flowsim.observe.stages import detect_stages
 
     config_path = f"configs/bridge/{corpus}-onelayer.toml"
     lr = load_bridge_config(config_path, list(overrides)).optim.lr

@@ -34,7 +34,7 @@ os.environ.setdefault("FLOWSIM_COMPILATION_CACHE", "off")
 from flowsim.config import load_config  # noqa: E402
 from flowsim.assemble import prepare  # noqa: E402
 from flowsim.methods import default_rtol  # noqa: E402
-from flowsim.solvers import solve_flow  # noqa: E402
+from flowsim.solve.solvers import solve_flow  # noqa: E402
 from report import write_section  # noqa: E402
 
 MODELS = {

@@ -68,7 +68,7 @@ def pair_sampler(chain):
 
 def descend(model, chain, params, lr: float, batch: int, t_end: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """GD (batch 0) or SGD on the surrogate from ``params``: the times and W0's singular values every READ_EVERY."""
-    from flowsim.losses import population_loss_mean_field
+    from flowsim.model.losses import population_loss_mean_field
 
     log_pi = jnp.log(jnp.asarray(chain.pi))
     draw = pair_sampler(chain)
@@ -116,7 +116,7 @@ def main() -> None:
     from flowsim.bridge.config import load_bridge_config
     from flowsim.bridge.data import load_corpus
     from flowsim.bridge.surrogate import text_surrogate
-    from flowsim.models import model_from_config
+    from flowsim.model.models import model_from_config
 
     config = load_bridge_config(f"configs/bridge/{args.corpus}-onelayer.toml")
     chain, _ = text_surrogate(load_corpus(config.data.kind, config.data.vocab_size), config.compare)

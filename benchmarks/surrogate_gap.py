@@ -8,7 +8,7 @@ run's probe set and labelled by the same detectors:
 
 1. the surrogate: the mean-field flow of the training split's bigram chain (`flowsim bridge compare`'s ODE);
 2. the text: the exact full-batch gradient flow of the training loss on N fixed windows of the training
-   split (``flowsim.losses.make_window_loss``, integrated by ``compare.method``, auto by default: JaxBDF at
+   split (``flowsim.model.losses.make_window_loss``, integrated by ``compare.method``, auto by default: JaxBDF at
    d = 1001), the flow SGD follows as lr -> 0 on that sample;
 3. SGD on the text: the run of ``configs/bridge/CORPUS-d64.toml`` (its steps set by ``--set optim.steps=...``),
    or with ``--size onelayer`` of the d = 1001 example ``CORPUS-onelayer.toml``;
@@ -41,14 +41,14 @@ def four_routes(corpus: str, overrides: list[str], n_windows: int, work: Path, s
     from flowsim.bridge.compare import compare_bridge_run, measured_like_the_run, ode_beside
     from flowsim.bridge.config import load_bridge_config
     from flowsim.bridge.train import build_data, train, type_names
-    from flowsim.flow import GradientFlow
-    from flowsim.losses import make_window_loss
-    from flowsim.models import model_from_config
-    from flowsim.observables import Observables
-    from flowsim.rundir import TRAJECTORY_FILE
-    from flowsim.solvers import solve_flow
-    from flowsim.stages import StageThresholds, detect_stages
-    from flowsim.trajectory import Trajectory
+    from flowsim.model.flow import GradientFlow
+    from flowsim.model.losses import make_window_loss
+    from flowsim.model.models import model_from_config
+    from flowsim.observe.observables import Observables
+    from flowsim.runs.rundir import TRAJECTORY_FILE
+    from flowsim.solve.solvers import solve_flow
+    from flowsim.observe.stages import StageThresholds, detect_stages
+    from flowsim.solve.trajectory import Trajectory
 
     config_path = f"configs/bridge/{corpus}-{size}.toml"
     config = load_bridge_config(config_path, overrides)

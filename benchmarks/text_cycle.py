@@ -67,7 +67,7 @@ def cycle_rows(full: dict, half: dict, quarter: dict | None = None) -> list[dict
 
 
 def table(rows: list[dict], full: dict) -> str:
-    from flowsim.stages import event_label
+    from flowsim.observe.stages import event_label
 
     show = lambda value: "–" if value is None else f"{value:.4g}"  # noqa: E731
     percent = lambda value: "–" if value is None else f"{100 * value:.1f}%"  # noqa: E731
@@ -98,7 +98,7 @@ def spread(values: list[float]) -> tuple[float, float] | None:
 def seeds_table(payloads: dict[int, dict]) -> str:
     """Per event seen at every seed: SGD's and the ODE's mean ± SD over the seeds, and |ODE mean - SGD mean| in SGD's
     SDs; events some seeds lack say how many have them."""
-    from flowsim.stages import event_label
+    from flowsim.observe.stages import event_label
 
     events: dict[tuple, dict[str, list[float]]] = {}
     for payload in payloads.values():

@@ -36,8 +36,8 @@ from flowsim.bridge.regime import check_flow_regime, scaled_learning_rate
 from flowsim.bridge.train import build_data, train
 from flowsim.bridge.validate import theory_events
 from flowsim.config import shipped_config
-from flowsim.observables import Observables
-from flowsim.stages import detect_stages, event_label
+from flowsim.observe.observables import Observables
+from flowsim.observe.stages import detect_stages, event_label
 
 from report import write_section
 

@@ -23,9 +23,9 @@ import jax.numpy as jnp
 from flowsim.bridge.config import load_bridge_config
 from flowsim.bridge.train import build_data
 from flowsim.bridge.validate import example_config
-from flowsim.flow import GradientFlow
-from flowsim.losses import make_window_loss
-from flowsim.models import OneLayerTransformer
+from flowsim.model.flow import GradientFlow
+from flowsim.model.losses import make_window_loss
+from flowsim.model.models import OneLayerTransformer
 
 
 class TypesRoute(OneLayerTransformer):

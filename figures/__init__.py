@@ -19,8 +19,8 @@ from pathlib import Path
 
 from figures.runs import FigureInputError
 from figures.style import FigureResult
-from flowsim.rundir import library_versions
-from flowsim.io import read_json, write_atomic_json
+from flowsim.runs.rundir import library_versions
+from flowsim.common.io import read_json, write_atomic_json
 
 MANIFEST = "manifest.json"
 

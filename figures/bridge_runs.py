@@ -8,7 +8,7 @@ from typing import Sequence
 
 from figures.runs import FigureInputError, read_observables, run_name
 from flowsim.config import shipped_config
-from flowsim.rundir import META_FILE
+from flowsim.runs.rundir import META_FILE
 
 CONFIGS = shipped_config("bridge")
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from figures.runs import default_run, observables_and_stages
 from figures.style import FigureResult, figure_style, save_figure
-from flowsim.stages import EVENT_STAGES, STAGE
+from flowsim.observe.stages import EVENT_STAGES, STAGE
 
 NAME = "fig03_attention_snapshots"
 COST = "the default flowsim run (d = 6): seconds, shared by figures 1-6"  # on a 2-core CPU; cached after the first build

@@ -10,7 +10,7 @@ import numpy as np
 
 from figures.runs import onset_run
 from figures.style import FigureResult, figure_style, save_figure
-from flowsim.predictions import COMPARE_JSON, compare_run
+from flowsim.runs.predictions import COMPARE_JSON, compare_run
 
 NAME = "fig09_predicted_vs_measured"
 COST = "5 flowsim runs at d = 6 (one per ε) and the theory's prediction of each: under a minute each"  # on a 2-core CPU; cached after the first build

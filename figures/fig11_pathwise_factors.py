@@ -9,7 +9,7 @@ import numpy as np
 
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure
 from figures.two_layer import two_layer_run
-from flowsim.predictions import pathwise_of_run
+from flowsim.runs.predictions import pathwise_of_run
 
 NAME = "fig11_pathwise_factors"
 COST = "the 4 two-layer flows of figure 10 and their pathwise factors: minutes"  # on a 2-core CPU; cached after the first build

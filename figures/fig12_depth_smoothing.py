@@ -10,9 +10,9 @@ import numpy as np
 from figures.runs import read_observables
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure
 from figures.two_layer import two_layer_run
-from flowsim.chains import MarkovChain
+from flowsim.model.chains import MarkovChain
 from flowsim.config import load_config
-from flowsim.rundir import CONFIG_FILE
+from flowsim.runs.rundir import CONFIG_FILE
 
 NAME = "fig12_depth_smoothing"
 COST = "3 two-layer flows (a = 0, 0.1, 0.2): about a minute each"  # on a 2-core CPU; cached after the first build

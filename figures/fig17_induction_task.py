@@ -10,8 +10,8 @@ import matplotlib.pyplot as plt
 from figures.runs import flowsim_run, read_observables
 from figures.style import T_LABEL, FigureResult, figure_style, plot_specialisation, save_figure
 from flowsim.config import load_config, shipped_config
-from flowsim.specialisation import MATURE_ANGLE
-from flowsim.tasks import InductionTask
+from flowsim.observe.specialisation import MATURE_ANGLE
+from flowsim.model.tasks import InductionTask
 
 NAME = "fig17_induction_task"
 COST = "5 induction flows (d = 3, s = 5, exact loss): about a minute each"  # on a 2-core CPU; cached after the first build

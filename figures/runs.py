@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Sequence
 
 from flowsim.config import Sections, load_config
-from flowsim.experiment import execute_run, pinned_config
-from flowsim.labelling import observables_of_run
-from flowsim.observables import Observables
-from flowsim.rundir import CONFIG_FILE, META_FILE, load_run
-from flowsim.stages import StageReport, detect_stages
-from flowsim.status import Status
+from flowsim.runs.experiment import execute_run, pinned_config
+from flowsim.runs.labelling import observables_of_run
+from flowsim.observe.observables import Observables
+from flowsim.runs.rundir import CONFIG_FILE, META_FILE, load_run
+from flowsim.observe.stages import StageReport, detect_stages
+from flowsim.solve.status import Status
 
 TINY = ("time.t_end=150.0", "time.n_linear=16", "time.n_log=30")  # condensation and the first focus
 ONSET_TIMES = ("time.t_end=400.0", "time.n_linear=41", "time.n_log=200")  # past the first focus for ε >= 1e-6

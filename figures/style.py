@@ -15,8 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from cycler import cycler  # noqa: E402
 
-from flowsim.io import write_atomic_bytes  # noqa: E402
-from flowsim.stages import STAGE  # noqa: E402
+from flowsim.common.io import write_atomic_bytes  # noqa: E402
+from flowsim.observe.stages import STAGE  # noqa: E402
 
 # Okabe-Ito colours, each with its own dash pattern so lines stay distinct in greyscale
 COLOURS = ("#000000", "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#999999")

@@ -3,14 +3,17 @@
 Importing the package does not import JAX (the ``flowsim`` command can then say one line when
 Ctrl-C comes during its start-up): it sets JAX's options, float64 and the compilation cache, for
 when JAX is imported, or on JAX directly where it already is. The public names below are loaded on
-first use.
+first use, and the modules that moved into the layer subpackages still import by their old names
+(``flowsim.solvers`` is ``flowsim.solve.solvers``).
 """
 
 import importlib
+import importlib.abc
+import importlib.util
 import os
 import sys
 
-from flowsim import caches
+from flowsim.common import caches
 
 
 def _jax_options() -> dict[str, object]:
@@ -40,9 +43,9 @@ def _configure_jax() -> None:
 _configure_jax()
 
 _PUBLIC = {
-    "MarkovChain": "flowsim.chains",
-    "OneLayerTransformer": "flowsim.models",
-    **{name: "flowsim.losses" for name in ("context_count_law", "loss_monte_carlo", "make_loss_function",
+    "MarkovChain": "flowsim.model.chains",
+    "OneLayerTransformer": "flowsim.model.models",
+    **{name: "flowsim.model.losses" for name in ("context_count_law", "loss_monte_carlo", "make_loss_function",
                                            "population_loss", "population_loss_enumerated", "population_loss_finite",
                                            "population_loss_mean_field")},
 }
@@ -50,6 +53,37 @@ _PUBLIC = {
 __version__ = "0.1.0"
 
 __all__ = sorted(_PUBLIC)
+
+
+# modules that moved into the layer subpackages, by their old names (docs/model.md, "The packages")
+MOVED = {f"flowsim.{name}": f"flowsim.{package}.{name}" for package, names in {
+    "common": ("io", "caches", "interrupts", "progress", "budget"),
+    "model": ("chains", "tasks", "models", "losses", "flow"),
+    "solve": ("status", "integration", "bdf", "stiff", "rkc", "compiled_methods", "reference_methods", "solvers",
+              "trajectory"),
+    "observe": ("observables", "stages", "specialisation", "families"),
+    "runs": ("experiment", "labelling", "rundir", "predictions", "runs_compared", "plots", "sweep", "sweep_backends"),
+}.items() for name in names}
+
+
+class _MovedModuleLoader(importlib.abc.Loader):
+    """Imports a module by its old name: the new module itself is put in its place (one object, two names)."""
+
+    def __init__(self, target: str):
+        self.target = target
+
+    def exec_module(self, module) -> None:
+        sys.modules[module.__name__] = importlib.import_module(self.target)
+
+
+class _MovedModuleFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, _MovedModuleLoader(MOVED[fullname]))
+
+
+sys.meta_path.insert(0, _MovedModuleFinder())  # before any finder that could still see an old file
 
 
 def __getattr__(name: str):

@@ -5,7 +5,7 @@ import os
 import signal
 import sys
 
-from flowsim.interrupts import INTERRUPTED_STARTING, cancel_redelivery, interrupt_when_safe, redeliver_dropped_interrupts
+from flowsim.common.interrupts import INTERRUPTED_STARTING, cancel_redelivery, interrupt_when_safe, redeliver_dropped_interrupts
 
 
 def _interrupted_while_loading(signum: int, frame) -> None:

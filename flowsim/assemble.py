@@ -10,16 +10,16 @@ from pathlib import Path
 
 import numpy as np
 
-from flowsim.budget import check_memory
-from flowsim.chains import MarkovChain
+from flowsim.common.budget import check_memory
+from flowsim.model.chains import MarkovChain
 from flowsim.config import ConfigError, RunConfig
-from flowsim.flow import DepthSmoothing, GradientFlow, RateSchedule
-from flowsim.io import DamagedFileError, read_npz
-from flowsim.losses import make_loss_function, make_task_loss
+from flowsim.model.flow import DepthSmoothing, GradientFlow, RateSchedule
+from flowsim.common.io import DamagedFileError, read_npz
+from flowsim.model.losses import make_loss_function, make_task_loss
 from flowsim.methods import METHOD, method_for
-from flowsim.models import Model, Params, PositionalTwoLayerTransformer, model_from_config
-from flowsim.observables import FOLDED_ATTENTION_TYPES, kept_attention_types, observables_memory_bytes
-from flowsim.tasks import InductionTask, SequenceLaw
+from flowsim.model.models import Model, Params, PositionalTwoLayerTransformer, model_from_config
+from flowsim.observe.observables import FOLDED_ATTENTION_TYPES, kept_attention_types, observables_memory_bytes
+from flowsim.model.tasks import InductionTask, SequenceLaw
 
 
 def initial_params(config: RunConfig, model: Model) -> Params:

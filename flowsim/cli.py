@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from flowsim.interrupts import INTERRUPTED_STARTING
+from flowsim.common.interrupts import INTERRUPTED_STARTING
 
 # rich_markup_mode=None: help texts show [v1, v2, ...] and the like as written.
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True, rich_markup_mode=None,
@@ -51,7 +51,7 @@ def _progress(message: str) -> None:
 
 
 def _working(seconds: float) -> None:
-    """The heartbeat of a long step (``flowsim.progress.ticking``)."""
+    """The heartbeat of a long step (``flowsim.common.progress.ticking``)."""
     typer.echo(f"flowsim: {seconds:.0f} s", err=True)
 
 
@@ -69,9 +69,9 @@ def run(
     so far; `flowsim run --resume DIR` continues it."""
     from flowsim.config import ConfigError, load_config
     from flowsim.assemble import prepare
-    from flowsim.experiment import OutputsInterrupted, OutputWriteError, execute_run, resume_run
-    from flowsim.io import DamagedFileError
-    from flowsim.rundir import check_output_dir, new_run_dir
+    from flowsim.runs.experiment import OutputsInterrupted, OutputWriteError, execute_run, resume_run
+    from flowsim.common.io import DamagedFileError
+    from flowsim.runs.rundir import check_output_dir, new_run_dir
 
     if resume is not None:
         if config is not None or set_ or out is not None:
@@ -124,7 +124,7 @@ def run(
 
 def _report_run(result, run_dir: Path) -> None:
     """The stage table, the status line and the run directory; the exit status says how it ended."""
-    from flowsim.status import Status
+    from flowsim.solve.status import Status
 
     if result.status == Status.INTERRUPTED:
         _stop_interrupted(f"interrupted at t = {result.t_reached:.6g} ({len(result.trajectory)} points saved in {run_dir}); "
@@ -146,8 +146,8 @@ def _report_run(result, run_dir: Path) -> None:
 def stages(run_dir: Path = typer.Argument(..., help="A run directory written by `flowsim run`.")) -> None:
     """Label the stages of a run (condensation, focus, dilution, restart, plateau) and print them."""
     from flowsim.config import ConfigError
-    from flowsim.labelling import label_run, partial_note
-    from flowsim.rundir import check_not_in_use
+    from flowsim.runs.labelling import label_run, partial_note
+    from flowsim.runs.rundir import check_not_in_use
 
     try:
         check_not_in_use(run_dir)  # its stages.json would go stale as the run goes on
@@ -173,8 +173,8 @@ def predict(
 ) -> None:
     """Print the theory's predicted stage onsets for a configuration (mean-field one-layer model)."""
     from flowsim.config import ConfigError, load_config
-    from flowsim.predictions import cached_prediction
-    from flowsim.progress import TICK_SECONDS, ticking
+    from flowsim.runs.predictions import cached_prediction
+    from flowsim.common.progress import TICK_SECONDS, ticking
     from theory.predict import formula_line, predict_formulas_only, table
 
     if tier not in ("both", "formula"):
@@ -204,10 +204,10 @@ def predict(
 def compare(run_dir: Path = typer.Argument(..., help="A run directory written by `flowsim run`.")) -> None:
     """Put predicted stage onsets beside the detected ones; writes compare.json in the run directory."""
     from flowsim.config import ConfigError
-    from flowsim.labelling import check_labelable, partial_note
-    from flowsim.rundir import check_not_in_use, load_run
-    from flowsim.predictions import COMPARE_JSON, compare_run
-    from flowsim.progress import TICK_SECONDS, ticking
+    from flowsim.runs.labelling import check_labelable, partial_note
+    from flowsim.runs.rundir import check_not_in_use, load_run
+    from flowsim.runs.predictions import COMPARE_JSON, compare_run
+    from flowsim.common.progress import TICK_SECONDS, ticking
     from theory.predict import table
 
     try:
@@ -242,7 +242,7 @@ def compare_runs(
     Two-layer runs: the premature-specialisation probes and the pathwise growth factors (cached in each
     run's pathwise.npz)."""
     from flowsim.config import ConfigError, load_config
-    from flowsim.rundir import CONFIG_FILE
+    from flowsim.runs.rundir import CONFIG_FILE
 
     if loss_target is not None and not math.isfinite(loss_target):
         _fail(f"--loss-target {loss_target} is not a finite number; expected a loss value such as 0.5")
@@ -253,7 +253,7 @@ def compare_runs(
     one_layer = [run_dir for run_dir in run_dirs if kinds[run_dir] == "one_layer"]
     two_layer = [run_dir for run_dir in run_dirs if kinds[run_dir] != "one_layer"]
     if one_layer:
-        from flowsim.runs_compared import compare_one_layer_runs
+        from flowsim.runs.runs_compared import compare_one_layer_runs
 
         if figure.is_dir() or not figure.parent.is_dir():  # the figure is drawn for one-layer runs only
             _fail(f"--figure {figure} is not a file in an existing folder; expected a path such as compare-runs.png")
@@ -269,7 +269,7 @@ def compare_runs(
     if two_layer:
         if one_layer:
             typer.echo("")
-        from flowsim.runs_compared import compare_two_layer_runs
+        from flowsim.runs.runs_compared import compare_two_layer_runs
 
         try:
             typer.echo(compare_two_layer_runs(two_layer, loss_target))
@@ -289,7 +289,7 @@ def figures(
     from figures import build_figures, figure_list
     from figures.runs import FigureInputError
 
-    from flowsim.rundir import check_output_dir
+    from flowsim.runs.rundir import check_output_dir
 
     built_now: list[str] = []  # the figures this command finished, for an interrupt's message
 
@@ -380,7 +380,7 @@ def bridge_train(
 ) -> None:
     """Train a torch model (seeded, resumable) and write a run directory flowsim can label."""
     from flowsim.config import ConfigError
-    from flowsim.rundir import check_output_dir, new_run_dir
+    from flowsim.runs.rundir import check_output_dir, new_run_dir
 
     made: Path | None = None  # a folder this command made, removed again if the run fails before writing to it
     run_dir = out
@@ -458,7 +458,7 @@ def bridge_validate(
 ) -> None:
     """Train SGD, integrate the surrogate's ODE and run the theory from the same start; write the table of events."""
     from flowsim.config import ConfigError
-    from flowsim.rundir import check_output_dir
+    from flowsim.runs.rundir import check_output_dir
 
     out = out if out is not None else Path("runs") / f"validate-{Path(corpus).stem}{'-short' if short else ''}"
     try:
@@ -491,9 +491,9 @@ def sweep(
 ) -> None:
     """Run a grid of configurations x seeds, label every run's stages, and write a table and a phase diagram."""
     from flowsim.config import ConfigError
-    from flowsim.status import Status
-    from flowsim.sweep import parse_grid, run_sweep, summary_table
-    from flowsim.sweep_backends import ClusterLost
+    from flowsim.solve.status import Status
+    from flowsim.runs.sweep import parse_grid, run_sweep, summary_table
+    from flowsim.runs.sweep_backends import ClusterLost
 
     try:
         rows = run_sweep(config, parse_grid(grid), seeds, out, base_overrides=set_, backend=backend, workers=workers,
@@ -547,7 +547,7 @@ def config_keys(
 @app.command()
 def version() -> None:
     """Print the versions of flowsim and its numerical libraries."""
-    from flowsim.rundir import library_versions
+    from flowsim.runs.rundir import library_versions
 
     for name, value in library_versions().items():
         typer.echo(f"{name} {value}")
@@ -565,7 +565,7 @@ def main() -> None:
             raise
         shown = str(error.filename)
         shown = shown if len(shown) <= 80 else f"{shown[:40]}...{shown[-20:]} ({len(shown.encode())} bytes)"
-        from flowsim.rundir import NAME_MAX, PATH_MAX
+        from flowsim.runs.rundir import NAME_MAX, PATH_MAX
 
         why = (f"a file or folder name holds at most {NAME_MAX} bytes and a path {PATH_MAX - 1}"
                if error.errno == errno.ENAMETOOLONG else "it runs through a loop of symbolic links")

@@ -77,7 +77,7 @@ class ChainConfig(Section):
 
 
 class TaskConfig(Section):
-    """The data: a Markov chain ([chain], the default) or a sequence task (flowsim.tasks).
+    """The data: a Markov chain ([chain], the default) or a sequence task (flowsim.model.tasks).
     A Markov run's config.toml keeps this section with its defaults; only kind is read there."""
 
     kind: Literal["markov", "induction"] = key("markov", "markov: the chain of [chain]; induction: the induction-head task "
@@ -187,7 +187,7 @@ class TimeConfig(Section):
 
 
 class ObservablesConfig(Section):
-    """What a run keeps of its observables (flowsim.observables); the stage detectors read every query either way."""
+    """What a run keeps of its observables (flowsim.observe.observables); the stage detectors read every query either way."""
 
     fold_d: int | None = key(None, "the attention over token types is kept for the fold_d most frequent types, the "
                                    "rest folded into 'other' (display only); default: whole up to d = 16, else 16",

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from flowsim.io import NEW_FILE_MODE, read_json, write_atomic_json, write_atomic_text
+from flowsim.common.io import NEW_FILE_MODE, read_json, write_atomic_json, write_atomic_text
 
 CORPUS_FILES = {"wikitext2": ("wikitext-2/valid.txt", "wikitext-2/test.txt"), "tinystories": ("tinystories/valid-sample.txt",)}
 FETCH_MANIFEST = "SOURCES.json"

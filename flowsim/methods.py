@@ -1,7 +1,7 @@
 """The integration methods as data: each one's name, default tolerance and what it can do (no solver imported).
 
-Configuration validates against ``METHODS``; the memory budget, the sweep, the resume and ``flowsim.solvers`` read
-a method's properties here instead of testing its name. ``flowsim.solvers`` implements each ``family``.
+Configuration validates against ``METHODS``; the memory budget, the sweep, the resume and ``flowsim.solve.solvers`` read
+a method's properties here instead of testing its name. ``flowsim.solve.solvers`` implements each ``family``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ class Method:
     """An integration method as configuration and the run layer see it."""
 
     name: str
-    family: str  # the implementation in ``flowsim.solvers`` ("scipy", "diffrax", "radau", "bdf", "descent", or registered)
+    family: str  # the implementation in ``flowsim.solve.solvers`` ("scipy", "diffrax", "radau", "bdf", "descent", or registered)
     # the loosest rtol that keeps the relative loss error below 1e-6 over the default runs of both models
     # (benchmarks/RESULTS.md); JaxRadau's order-5 error estimate is conservative here, the others' are not
     default_rtol: float = FALLBACK_RTOL
@@ -48,7 +48,7 @@ def method_for(name: str) -> str:
 
 
 def register(method: Method) -> None:
-    """Make ``method`` known to configurations and the run layer (``flowsim.solvers.register_method`` also gives
+    """Make ``method`` known to configurations and the run layer (``flowsim.solve.solvers.register_method`` also gives
     its implementation). A shipped method cannot be replaced."""
     if method.name in METHODS or method.name == AUTO:
         raise ValueError(f"method {method.name!r} is one of flowsim's own and cannot be registered again")

@@ -24,7 +24,7 @@ atexit.register(shutil.rmtree, os.environ["FLOWSIM_PREDICTION_CACHE"], ignore_er
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import flowsim
-from flowsim.flow import GradientFlow
+from flowsim.model.flow import GradientFlow
 
 PAPER_PI = [0.75, 0.19, 0.05, 0.01]
 

@@ -9,7 +9,7 @@ import pytest
 from scipy.integrate import solve_ivp
 from scipy.linalg import expm
 
-from flowsim import bdf
+from flowsim.solve import bdf
 
 
 def backward_differences(polynomial, t: float, h: float, rows: int = bdf.ROWS) -> np.ndarray:
@@ -240,7 +240,7 @@ def test_steps_end_on_the_kinks_and_a_chunked_run_takes_the_same_steps(small_pro
 def test_the_compiled_loop_keeps_library_calls_only_above_the_size_threshold():
     """``build_bdf`` passes the flow's size to ``stiff.compile_loop``: a field of dense products compiles to YNNPACK
     calls above ``LIBRARY_CALLS_ABOVE_SIZE`` parameters and to XLA's own loops at it."""
-    from flowsim import stiff
+    from flowsim.solve import stiff
 
     def linear_field(t, y, matrix):
         return -(matrix @ y.reshape(-1, 32)).reshape(-1) * 1e-3

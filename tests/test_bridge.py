@@ -19,12 +19,12 @@ from conftest import random_params  # noqa: E402
 import flowsim  # noqa: E402
 from flowsim.bridge.config import load_bridge_config  # noqa: E402
 from flowsim.bridge.data import default_data_dir, load_corpus  # noqa: E402
-from flowsim.observables import folded_types  # noqa: E402
+from flowsim.observe.observables import folded_types  # noqa: E402
 from flowsim.bridge.models import GPT, GPTConfig, torch_model_for  # noqa: E402
 from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer  # noqa: E402
 from flowsim.bridge.train import CHECKPOINT_FILE, train  # noqa: E402
-from flowsim.losses import population_loss_finite  # noqa: E402
-from flowsim.models import OneLayerTransformer, TwoLayerTransformer  # noqa: E402
+from flowsim.model.losses import population_loss_finite  # noqa: E402
+from flowsim.model.models import OneLayerTransformer, TwoLayerTransformer  # noqa: E402
 
 DATA_DIR = default_data_dir()
 needs_data = pytest.mark.skipif(DATA_DIR is None, reason="the shared WikiText-2 / TinyStories files are not beside the repository")
@@ -157,7 +157,7 @@ def test_a_stopped_run_resumes_to_the_same_parameters(tmp_path, kind):
     saved = tmp_path / "resumed" / "config.toml"  # as an older version wrote it, before data.train_on existed
     saved.write_text("".join(line for line in saved.read_text().splitlines(keepends=True) if not line.startswith("train_on")))
     assert train(config, tmp_path / "resumed", progress=False).finished
-    observables = flowsim.observables.Observables.load(tmp_path / "whole")
+    observables = flowsim.observe.observables.Observables.load(tmp_path / "whole")
     layers = {"markov_one_layer": [""], "markov_two_layer": ["_1", "_2"], "markov_gpt": ["_1", "_2"]}[kind]
     for suffix in layers:  # per-layer attention over the 4 token types, rows summing to 1
         np.testing.assert_allclose(observables[f"attention{suffix}"].sum(axis=2), 1.0, atol=1e-6)
@@ -196,7 +196,7 @@ def test_a_large_chains_run_folds_its_states_as_a_text_run_folds_its_tokens(tmp_
     assert np.all(fold[likeliest[8:]] == 8)
     assert type_names(build_data(config)) == [str(i) for i in likeliest[:8]] + ["other"]
     train(config, tmp_path / "run", progress=False)
-    attention = flowsim.observables.Observables.load(tmp_path / "run")["attention"]
+    attention = flowsim.observe.observables.Observables.load(tmp_path / "run")["attention"]
     assert attention.shape[1:] == (9, 9)
     np.testing.assert_allclose(attention.sum(axis=2), 1.0, atol=1e-6)
 
@@ -245,7 +245,7 @@ def test_the_default_text_surrogate_at_d1001_keeps_the_corpus_frequencies_and_be
 
     from flowsim.bridge.surrogate import text_surrogate
     from flowsim.bridge.train import build_data
-    from flowsim.chains import cross_entropy_rate
+    from flowsim.model.chains import cross_entropy_rate
 
     config = load_bridge_config(None, [f"data.kind='{corpus}'", "data.vocab_size=1000", f"data.data_dir='{DATA_DIR}'"])
     assert config.compare.surrogate == "interpolated"  # the default of [compare]
@@ -253,7 +253,7 @@ def test_the_default_text_surrogate_at_d1001_keeps_the_corpus_frequencies_and_be
     chain, description = text_surrogate(data.corpus, config.compare)
     frequencies = np.bincount(data.corpus.train, minlength=1001) / len(data.corpus.train)
     assert chain.d == 1001 and 0.5 * np.abs(chain.pi - frequencies).sum() < 0.01
-    ids = data.corpus.train  # additive smoothing's counts, independently of flowsim.chains.bigram_counts
+    ids = data.corpus.train  # additive smoothing's counts, independently of flowsim.model.chains.bigram_counts
     counts = np.zeros((1001, 1001))
     np.add.at(counts, (ids[:-1], ids[1:]), 1.0)
 
@@ -343,14 +343,14 @@ def test_sgd_on_sampled_sequences_reproduces_the_finite_s_flow(tmp_path):
 def test_short_text_run_trains_is_labelled_and_meets_its_surrogate(tmp_path, corpus, monkeypatch):
     import flowsim.bridge.compare
     from flowsim.bridge.compare import compare_bridge_run
-    from flowsim.labelling import label_run
+    from flowsim.runs.labelling import label_run
 
     overrides = [f"data.kind='{corpus}'", "data.vocab_size=100", "data.s=16", "data.batch_size=64", "model.m=8", "model.k=8",
                  "model.init_eps=1e-3", "optim.lr=1.0", "optim.steps=200", "log.n_checkpoints=20", "log.fold_d=4",
                  "log.probe_per_type=16", "log.val_batches=2"]
     result = train(load_bridge_config(None, overrides), tmp_path / corpus, progress=False)
     assert result.log[-1]["val_loss"] < result.log[0]["val_loss"] - 0.5  # it learns
-    observables = flowsim.observables.Observables.load(tmp_path / corpus)
+    observables = flowsim.observe.observables.Observables.load(tmp_path / corpus)
     assert observables["attention"].shape[1:] == (5, 5)  # 4 tracked tokens and "other"
     np.testing.assert_allclose(observables["attention"].sum(axis=2), 1.0, atol=1e-12)
     assert str(observables.constants["model_kind"]) == "one_layer"  # the kind is recorded, as flowsim's runs record it
@@ -395,7 +395,7 @@ def test_bridge_validate_puts_theory_ode_and_sgd_side_by_side_and_reuses_every_p
     from typer.testing import CliRunner
 
     import flowsim.bridge.compare
-    import flowsim.predictions
+    import flowsim.runs.predictions
     from flowsim.cli import app
 
     out = tmp_path / "validate"
@@ -426,7 +426,7 @@ def test_bridge_validate_puts_theory_ode_and_sgd_side_by_side_and_reuses_every_p
     assert (out / "sgd" / "overlay.png").is_file()
     with monkeypatch.context() as patched:  # the run, the ODE and the theory are all reused
         patched.setattr(flowsim.bridge.compare, "solve_flow", lambda *a, **k: pytest.fail("the ODE was integrated again"))
-        patched.setattr(flowsim.predictions, "predict_run", lambda *a, **k: pytest.fail("the theory was run again"))
+        patched.setattr(flowsim.runs.predictions, "predict_run", lambda *a, **k: pytest.fail("the theory was run again"))
         again = CliRunner().invoke(app, arguments)
     assert again.exit_code == 0, again.output
     assert json.loads((out / "validate.json").read_text())["rows"] == payload["rows"]
@@ -490,7 +490,7 @@ def test_a_diverging_run_stops_with_a_clear_error_and_keeps_its_last_good_state(
 
 def test_an_oversized_training_step_is_refused_before_any_data_or_folder(tmp_path, monkeypatch):
     import flowsim.bridge.train as bridge_train
-    from flowsim.budget import BudgetError
+    from flowsim.common.budget import BudgetError
 
     monkeypatch.setattr(bridge_train, "build_data", lambda config: pytest.fail("the data were built"))
     with pytest.raises(BudgetError, match=r"data.s = 100000.* over the memory budget.*lower data.s"):
@@ -607,9 +607,9 @@ def test_the_sampled_surrogate_ode_follows_the_chains_loss_at_the_runs_context_l
     from flowsim.bridge.compare import ode_beside
     from flowsim.bridge.surrogate import text_surrogate
     from flowsim.bridge.train import batch_loss, build_data
-    from flowsim.losses import population_loss_mean_field
-    from flowsim.rundir import TRAJECTORY_FILE
-    from flowsim.trajectory import Trajectory
+    from flowsim.model.losses import population_loss_mean_field
+    from flowsim.runs.rundir import TRAJECTORY_FILE
+    from flowsim.solve.trajectory import Trajectory
 
     settings = ["data.kind='wikitext2'", "data.vocab_size=7", f"data.data_dir='{DATA_DIR}'", "data.s=6", "data.batch_size=32",
                 "log.fold_d=4", "log.n_checkpoints=4", "log.probe_per_type=4", "log.val_batches=1", "optim.steps=20",
@@ -641,7 +641,7 @@ def test_the_window_loss_is_the_torch_batch_loss_over_all_windows():
     """flowsim's full-batch window loss against the torch twin's training loss on the same windows, and its
     gradient against the twin's autograd gradient."""
     from flowsim.bridge.train import batch_loss
-    from flowsim.losses import make_window_loss
+    from flowsim.model.losses import make_window_loss
 
     model = OneLayerTransformer(d=5, m=4, k=3)
     params = random_params(model, 0.5, 1)
@@ -740,7 +740,7 @@ def test_a_bridge_run_whose_summary_could_not_be_written_is_not_called_finished(
 
     from typer.testing import CliRunner
 
-    import flowsim.plots as plots
+    import flowsim.runs.plots as plots
     from flowsim.cli import app
 
     def full(observables, path, **kwargs):
@@ -802,7 +802,7 @@ def test_a_stop_request_during_the_odes_solve_stops_bridge_compare_with_nothing_
 
     import flowsim.bridge.compare as bridge_compare
     from flowsim.cli import app
-    from flowsim.interrupts import StopRequest
+    from flowsim.common.interrupts import StopRequest
 
     config = load_bridge_config(None, ["optim.steps=40", "data.batch_size=16", "data.s=8", "log.n_checkpoints=4",
                                        "log.probe_per_type=4", "compare.method='Tsit5'"])

@@ -1,8 +1,8 @@
-"""flowsim.budget: sizes are estimated and refused before anything is allocated."""
+"""flowsim.common.budget: sizes are estimated and refused before anything is allocated."""
 
 import pytest
 
-from flowsim import budget
+from flowsim.common import budget
 
 
 def test_the_budget_comes_from_the_environment_or_the_machine(monkeypatch):
@@ -47,7 +47,7 @@ def test_runs_too_large_for_memory_are_refused_before_anything_is_built(override
 
 
 def test_a_huge_induction_task_is_refused_by_its_size_without_computing_it():
-    from flowsim.tasks import InductionTask
+    from flowsim.model.tasks import InductionTask
 
     with pytest.raises(ValueError, match=r"enumerates d!·d\^\(s\+1\) = 10\^\d+\.\d .* lower task.s or task.d"):
         InductionTask(d=100_000_000, s=6)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from flowsim import MarkovChain
-from flowsim.chains import bigram_counts, cross_entropy_rate, fit_unigram_weight, inverse_cdf_rows, stationary_distribution
+from flowsim.model.chains import bigram_counts, cross_entropy_rate, fit_unigram_weight, inverse_cdf_rows, stationary_distribution
 
 
 def test_paper_family_matrix_and_stationarity():

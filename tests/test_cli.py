@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from flowsim.config import load_config
-from flowsim.experiment import execute_run
-from flowsim.models import OneLayerTransformer
+from flowsim.runs.experiment import execute_run
+from flowsim.model.models import OneLayerTransformer
 
 SMALL = ["time.t_end=30.0", "time.n_linear=31", "time.n_log=10", "model.m=4", "model.k=4"]
 
@@ -168,7 +168,7 @@ def test_sigint_stops_a_run_which_resume_continues_to_the_uninterrupted_state(tm
     import numpy as np
 
     from flowsim.assemble import prepare
-    from flowsim.solvers import solve_flow
+    from flowsim.solve.solvers import solve_flow
 
     sets = ["loss.kind=finite", "loss.s=20", "time.t_end=3000"]  # a solve of a few seconds: time to interrupt it
     arguments = [item for s in sets for item in ("--set", s)]
@@ -217,7 +217,7 @@ def test_an_init_file_with_nan_entries_is_refused_before_a_folder_is_made(tmp_pa
 def _as_interrupted(run_dir) -> None:
     """Make a finished run one whose process stopped halfway (what --resume continues): its first half of the
     trajectory, and meta.json saying "interrupted"."""
-    from flowsim.trajectory import Trajectory
+    from flowsim.solve.trajectory import Trajectory
 
     whole = Trajectory.load(run_dir / "trajectory.npz")
     half = len(whole) // 2
@@ -254,7 +254,7 @@ def test_a_failed_resume_leaves_the_folder_as_it_was(tmp_path):
 def test_a_run_the_old_default_began_with_jaxradau_resumes_with_jaxbdf_from_its_last_point(tmp_path):
     """'auto' stood for JaxRadau at small sizes before it was JaxBDF: such a run's loop state is JaxRadau's, which
     JaxBDF cannot continue, so the resume starts afresh from the last saved point and ends as a whole run does."""
-    from flowsim.trajectory import Trajectory
+    from flowsim.solve.trajectory import Trajectory
 
     execute_run(load_config(None, SMALL), tmp_path / "run", progress=False)
     whole = Trajectory.load(tmp_path / "run" / "trajectory.npz")
@@ -270,7 +270,7 @@ def test_a_run_the_old_default_began_with_jaxradau_resumes_with_jaxbdf_from_its_
 
 
 def test_a_second_writer_of_a_run_or_a_sweep_folder_is_refused(tmp_path):
-    from flowsim.rundir import folder_lock
+    from flowsim.runs.rundir import folder_lock
 
     execute_run(load_config(None, SMALL), tmp_path / "run", progress=False)
     _as_interrupted(tmp_path / "run")
@@ -289,8 +289,8 @@ def test_a_second_writer_of_a_run_or_a_sweep_folder_is_refused(tmp_path):
 def test_a_failed_write_keeps_the_trajectory_and_says_what_was_lost(tmp_path, monkeypatch, code, reason):
     import os
 
-    from flowsim import experiment
-    from flowsim.trajectory import Trajectory
+    from flowsim.runs import experiment
+    from flowsim.solve.trajectory import Trajectory
 
     def cannot_write(observables, run_dir):
         raise OSError(code, os.strerror(code), str(run_dir / "observables.npz"))
@@ -332,8 +332,8 @@ def test_files_where_folders_go_and_a_nan_target_are_refused_in_one_line(tmp_pat
 
 def test_stages_of_a_running_run_say_how_far_its_table_goes(tmp_path):
     """A running solver is ahead of its last checkpoint: the note gives the saved reach, which the table covers."""
-    from flowsim.rundir import this_process
-    from flowsim.trajectory import Trajectory
+    from flowsim.runs.rundir import this_process
+    from flowsim.solve.trajectory import Trajectory
 
     run_dir = tmp_path / "run"
     execute_run(load_config(None, SMALL), run_dir, progress=False)
@@ -422,7 +422,7 @@ def test_a_meta_json_of_the_wrong_shape_is_one_line_in_every_command(tmp_path, d
 def test_a_prediction_cache_entry_that_is_a_folder_is_passed_over(tmp_path, monkeypatch):
     """The cache entry's name taken by a folder: predict computes, prints its table, and says it did not cache."""
     from flowsim.config import load_config
-    from flowsim.predictions import prediction_key
+    from flowsim.runs.predictions import prediction_key
 
     monkeypatch.setenv("FLOWSIM_PREDICTION_CACHE", str(tmp_path))
     (tmp_path / f"{prediction_key(load_config(None, ['time.t_end=30']))}.json").mkdir()
@@ -449,7 +449,7 @@ def test_paths_the_file_system_cannot_hold_and_dangling_links_are_one_line(tmp_p
 def test_a_folder_another_process_writes_is_named_with_its_holder_and_left_untouched(tmp_path):
     """While a run directory's lock is held (by a writer that may not have written its trajectory yet), resume,
     stages and compare each name the holder (pid, host, since) in one line and write nothing."""
-    from flowsim.rundir import folder_lock
+    from flowsim.runs.rundir import folder_lock
 
     finished = tmp_path / "finished"
     assert _invoke("run", "--out", str(finished), "--quiet", *[x for s in SMALL for x in ("--set", s)]).exit_code == 0
@@ -470,7 +470,7 @@ def test_a_solver_state_whose_time_was_altered_is_refused_and_the_folder_kept(tm
     """A loop state saved by an interrupted run, its t altered (past the horizon, before the start, NaN): the resume
     is one line naming the state, and meta.json, config.toml and trajectory.npz are as they were. Unaltered, the
     resumed run reaches what an uninterrupted one does, bit for bit (JaxRadau's and JaxBDF's)."""
-    from flowsim.interrupts import StopRequest
+    from flowsim.common.interrupts import StopRequest
 
     run_dir, config = tmp_path / "run", load_config(None, [*SMALL, f"solver.method='{method}'"])
     with monkeypatch.context() as patched:
@@ -497,7 +497,7 @@ def test_a_full_disk_in_a_sweep_is_one_line_that_keeps_the_rows_written(tmp_path
     exit 1; the first row is intact, and the same command afterwards finishes the sweep."""
     import errno
 
-    from flowsim import sweep
+    from flowsim.runs import sweep
 
     real, calls = sweep.write_atomic_json, []
 
@@ -527,7 +527,7 @@ def test_interrupt_and_failure_messages_name_only_what_exists(tmp_path, monkeypa
     import figures
 
     from flowsim import cli
-    from flowsim.experiment import _record_lost_outputs
+    from flowsim.runs.experiment import _record_lost_outputs
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -566,7 +566,7 @@ def test_a_run_whose_last_meta_write_failed_is_finished_by_its_resume(tmp_path, 
     complete trajectory without solving again; no temporary file is left."""
     import errno
 
-    import flowsim.experiment as experiment
+    import flowsim.runs.experiment as experiment
 
     run_dir = tmp_path / "run"
     real = experiment.write_meta
@@ -602,7 +602,7 @@ def test_a_signal_during_the_last_chunk_still_stops_the_run_and_its_resume_write
     import os
     import signal
 
-    import flowsim.experiment as experiment
+    import flowsim.runs.experiment as experiment
 
     run_dir = tmp_path / "run"
     real = experiment.solve_flow
@@ -641,14 +641,14 @@ def test_a_theory_integration_that_fails_is_one_line_and_exit_1(monkeypatch):
     line, exit 1, no traceback."""
     from typer.testing import CliRunner
 
-    import flowsim.predictions
+    import flowsim.runs.predictions
     from flowsim.cli import app
 
     def failing(config, progress):
         raise RuntimeError("the rank-3 reduced flow failed at t ≈ 2645.96, where its coordinates have norm 6481: the "
                            "step size fell below the spacing of floating-point numbers")
 
-    monkeypatch.setattr(flowsim.predictions, "cached_prediction", failing)
+    monkeypatch.setattr(flowsim.runs.predictions, "cached_prediction", failing)
     result = CliRunner().invoke(app, ["predict"])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "flowsim: error: the prediction failed: the rank-3 reduced flow failed at t ≈ 2645.96" in result.output
@@ -665,7 +665,7 @@ def test_a_signal_in_each_output_phase_exits_130_and_the_phase_is_finished_witho
     import os
     import signal
 
-    import flowsim.experiment as experiment
+    import flowsim.runs.experiment as experiment
 
     run_dir = tmp_path / "run"
     real = getattr(experiment, patched)
@@ -705,7 +705,7 @@ def test_sigterm_while_the_observables_are_computed_is_exit_130_from_the_command
     """The real command, its SIGTERM handler and all: the signal comes as the observables start (the function is
     wrapped to send it), and the process leaves with 130 and one line, not killed by the signal (-15)."""
     run_dir = tmp_path / "run"
-    script = ("import os, signal, sys, runpy; import flowsim.experiment as e; real = e.compute_observables\n"
+    script = ("import os, signal, sys, runpy; import flowsim.runs.experiment as e; real = e.compute_observables\n"
               "def signalled(*a, **k):\n    os.kill(os.getpid(), signal.SIGTERM)\n    return real(*a, **k)\n"
               "e.compute_observables = signalled\n"
               f"sys.argv = {['flowsim', 'run', *[x for s in SMALL for x in ('--set', s)], '--out', str(run_dir), '--quiet']!r}\n"
@@ -755,8 +755,8 @@ def test_files_with_lost_status_or_non_finite_numbers_are_named_as_damaged(tmp_p
             arrays["loss"][10:] = np.nan
             expected = ("trajectory.npz is damaged", "loss is not finite from saved point 10")
         np.savez(run_dir / "trajectory.npz", **arrays)
-        from flowsim.labelling import save_observables
-        from flowsim.observables import Observables
+        from flowsim.runs.labelling import save_observables
+        from flowsim.observe.observables import Observables
 
         save_observables(Observables.load(run_dir), run_dir)  # a cache stamped with the damaged file's digest
     for command in (["stages", str(run_dir)], ["compare-runs", str(run_dir), "--figure", str(tmp_path / "x.png")]):

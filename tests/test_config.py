@@ -8,7 +8,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from flowsim.chains import MarkovChain
+from flowsim.model.chains import MarkovChain
 from flowsim.config import (
     ConfigError,
     ModelConfig,

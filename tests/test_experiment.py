@@ -1,13 +1,13 @@
-"""flowsim.experiment: one run end to end, into a run directory that reads back exactly."""
+"""flowsim.runs.experiment: one run end to end, into a run directory that reads back exactly."""
 
 import numpy as np
 
 from flowsim.config import load_config
-from flowsim.experiment import execute_run, pinned_config
-from flowsim.models import model_from_config
-from flowsim.observables import Observables
-from flowsim.rundir import load_run
-from flowsim.status import Status
+from flowsim.runs.experiment import execute_run, pinned_config
+from flowsim.model.models import model_from_config
+from flowsim.observe.observables import Observables
+from flowsim.runs.rundir import load_run
+from flowsim.solve.status import Status
 
 SMALL = ["time.t_end=30.0", "time.n_linear=31", "time.n_log=10", "model.m=4", "model.k=4"]
 

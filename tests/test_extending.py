@@ -6,12 +6,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from flowsim import methods, solvers, stages
+from flowsim import methods
+
+from flowsim.solve import solvers
+
+from flowsim.observe import stages
 from flowsim.config import load_config
-from flowsim.observables import stage_observables
-from flowsim.solvers import FlowResult, Integration, Problem, register_method, solve_flow
-from flowsim.stages import Interval, Stage, detect_stages, register_stage
-from flowsim.status import Status
+from flowsim.observe.observables import stage_observables
+from flowsim.solve.solvers import FlowResult, Integration, Problem, register_method, solve_flow
+from flowsim.observe.stages import Interval, Stage, detect_stages, register_stage
+from flowsim.solve.status import Status
 
 
 @pytest.fixture
@@ -35,7 +39,7 @@ def loss_halved(detection: stages.Detection) -> list[Interval]:
 
 
 def test_a_registered_stage_is_detected_reported_and_tabled(default_flow, paper_chain, registries):
-    from flowsim.families import FAMILIES
+    from flowsim.observe.families import FAMILIES
 
     flow, params0 = default_flow
     times = np.concatenate([[0.0], np.geomspace(0.1, 300.0, 120)])
@@ -125,9 +129,9 @@ def test_a_registered_solver_runs_by_name_from_a_configuration(default_flow, reg
 def test_observables_carry_their_model_family(default_flow, paper_chain, paper_model, tmp_path):
     """Every run's observables name their model's family; observables saved before that are classified by their
     columns; an object of no family, or a family registered twice, is refused."""
-    from flowsim.families import FAMILIES, KIND_CONSTANT, ModelFamily, family_of, family_of_observables, register_family
-    from flowsim.families import compute_observables
-    from flowsim.observables import Observables
+    from flowsim.observe.families import FAMILIES, KIND_CONSTANT, ModelFamily, family_of, family_of_observables, register_family
+    from flowsim.observe.families import compute_observables
+    from flowsim.observe.observables import Observables
 
     flow, params0 = default_flow
     trajectory = solve_flow(flow, params0, np.linspace(0.0, 2.0, 5)).trajectory

@@ -10,7 +10,7 @@ import pytest
 
 from figures import build_figures, figure_names
 from figures.runs import FigureInputError, default_run
-from flowsim.observables import Observables
+from flowsim.observe.observables import Observables
 
 try:
     from flowsim.bridge.data import default_data_dir
@@ -139,8 +139,8 @@ def test_a_figure_without_its_inputs_is_named_and_the_others_are_still_built(bui
 def test_an_interrupted_run_draws_no_figure_and_the_next_build_completes_it(built, tmp_path, monkeypatch):
     """A stop request during a figure's run (SIGINT) ends the build with KeyboardInterrupt before anything is drawn
     from the cut-short run; the same build afterwards runs it to its end and draws the figure from that."""
-    from flowsim.interrupts import StopRequest
-    from flowsim.rundir import read_meta
+    from flowsim.common.interrupts import StopRequest
+    from flowsim.runs.rundir import read_meta
 
     root, _ = built
     cache = tmp_path / "cache"

@@ -4,9 +4,9 @@ from conftest import PAPER_PI
 
 import flowsim
 from flowsim import MarkovChain, OneLayerTransformer
-from flowsim import flow as flow_module
-from flowsim.flow import GradientFlow, RateSchedule, SlowWindow
-from flowsim.solvers import solve_flow
+from flowsim.model import flow as flow_module
+from flowsim.model.flow import GradientFlow, RateSchedule, SlowWindow
+from flowsim.solve.solvers import solve_flow
 
 
 @pytest.fixture(scope="module")

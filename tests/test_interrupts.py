@@ -1,11 +1,11 @@
-"""flowsim.interrupts: SIGINT and SIGTERM become a stop request; a second one interrupts at once."""
+"""flowsim.common.interrupts: SIGINT and SIGTERM become a stop request; a second one interrupts at once."""
 
 import os
 import signal
 
 import pytest
 
-from flowsim.interrupts import run_in_chunks, stop_requests
+from flowsim.common.interrupts import run_in_chunks, stop_requests
 
 
 @pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
@@ -84,7 +84,7 @@ def test_the_sigint_handler_defers_an_interrupt_that_lands_in_a_gc_callback_an_i
     import sys
     import threading
 
-    from flowsim import interrupts
+    from flowsim.common import interrupts
 
     sent = []
     monkeypatch.setattr(interrupts, "deliver_later", sent.append)
@@ -138,7 +138,7 @@ def test_a_deferred_interrupt_comes_back_from_its_timer_to_the_handler_then_in_p
     interrupt_when_safe raises in a sleep; inside a stop_requests block the request is set and nothing is raised."""
     import time
 
-    from flowsim import interrupts
+    from flowsim.common import interrupts
 
     monkeypatch.setattr(interrupts, "raised_interrupt", None)
     before = {number: signal.getsignal(number) for number in (signal.SIGALRM, signal.SIGINT)}
@@ -167,7 +167,7 @@ def test_an_interrupt_python_drops_is_sent_again_and_other_errors_are_reported(m
     (here a __del__) is sent again, not printed, and clears the remembered one; any other error goes to Python's hook."""
     import sys
 
-    from flowsim import interrupts
+    from flowsim.common import interrupts
 
     sent, reported = [], []
     monkeypatch.setattr(interrupts, "deliver_later", sent.append)
@@ -193,7 +193,7 @@ def test_an_interrupt_a_library_swallowed_still_stops_the_next_block_of_work(mon
     stop_requests block starts with its request set, once; the one after starts clear."""
     import sys
 
-    from flowsim import interrupts
+    from flowsim.common import interrupts
 
     monkeypatch.setattr(interrupts, "raised_interrupt", None)
     with stop_requests() as stop:
@@ -235,7 +235,7 @@ def test_a_command_leaves_with_its_own_status_and_no_redelivery_pending():
     import sys
 
     script = ("import signal, sys\n"
-              "import flowsim.cli, flowsim.interrupts as interrupts\n"
+              "import flowsim.cli, flowsim.common.interrupts as interrupts\n"
               "def command():\n"
               "    interrupts.deliver_later(signal.SIGINT)\n"
               "    sys.exit(2)\n"
@@ -253,7 +253,7 @@ def test_a_command_leaves_with_its_own_status_and_no_redelivery_pending():
 def test_signals_interrupt_raises_for_both_signals_and_leaves_nothing_for_a_later_stop_request(number):
     """Inside signals_interrupt both signals raise KeyboardInterrupt; once its caller has it, the next stop_requests
     block starts unstopped (a remembered interrupt would stop the next run of the same process at once)."""
-    from flowsim.interrupts import interrupt_when_safe, signals_interrupt
+    from flowsim.common.interrupts import interrupt_when_safe, signals_interrupt
 
     before = signal.getsignal(number)
     with pytest.raises(KeyboardInterrupt):

@@ -1,4 +1,4 @@
-"""flowsim.io: a write either completes or leaves the previous file untouched."""
+"""flowsim.common.io: a write either completes or leaves the previous file untouched."""
 
 import json
 import os
@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from flowsim import io as atomic
+from flowsim.common import io as atomic
 
 
 def test_writes_replace_the_file_whole(tmp_path):
@@ -88,8 +88,8 @@ def test_a_written_file_gets_the_mode_open_would_give_it(tmp_path):
 
 def test_every_cache_follows_one_rule(monkeypatch, tmp_path):
     """FLOWSIM_<NAME>_CACHE: a folder, or off; unset: under XDG_CACHE_HOME (the predictions' cache reads the same)."""
-    from flowsim.caches import cache_dir
-    from flowsim.predictions import prediction_cache_dir
+    from flowsim.common.caches import cache_dir
+    from flowsim.runs.predictions import prediction_cache_dir
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("FLOWSIM_PREDICTION_CACHE", raising=False)

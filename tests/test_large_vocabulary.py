@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flowsim.cli import app
-from flowsim.observables import FOLDED_ATTENTION_TYPES, Observables
+from flowsim.observe.observables import FOLDED_ATTENTION_TYPES, Observables
 
 D = 256
 ZIPF = [1.0 / (i + 1) for i in range(D)]
@@ -61,8 +61,8 @@ def test_stages_and_compare_runs_read_the_large_run(large_run, tmp_path):
 
 
 def test_the_summary_draws_the_most_frequent_queries_and_names_them(large_run):
-    from flowsim.plots import MAX_DRAWN_QUERIES, summary_figure
-    from flowsim.stages import detect_stages
+    from flowsim.runs.plots import MAX_DRAWN_QUERIES, summary_figure
+    from flowsim.observe.stages import detect_stages
 
     observables = Observables.load(large_run)
     figure = summary_figure(observables, stages=detect_stages(observables))
@@ -103,7 +103,7 @@ def test_compare_and_a_sweep_read_the_large_run(large_run, tmp_path):
 
 def test_the_fold_keys_help_states_the_defaults_the_code_uses():
     from flowsim.config import ObservablesConfig
-    from flowsim.observables import FULL_ATTENTION_MAX_D
+    from flowsim.observe.observables import FULL_ATTENTION_MAX_D
 
     meaning = ObservablesConfig.model_fields["fold_d"].description
     assert f"whole up to d = {FULL_ATTENTION_MAX_D}, else {FOLDED_ATTENTION_TYPES}" in meaning

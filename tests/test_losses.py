@@ -8,13 +8,13 @@ from conftest import random_params
 
 import flowsim
 from flowsim import MarkovChain, OneLayerTransformer
-from flowsim.losses import (
+from flowsim.model.losses import (
     context_count_law,
     loss_monte_carlo,
     population_loss_enumerated,
     population_loss_finite,
 )
-from flowsim.models import TwoLayerTransformer
+from flowsim.model.models import TwoLayerTransformer
 
 NON_PAPER_P = [[0.2, 0.5, 0.3], [0.6, 0.1, 0.3], [0.3, 0.3, 0.4]]
 
@@ -45,7 +45,7 @@ def test_the_written_out_mean_field_gradient_is_autodiffs(options):
     """The one-layer mean-field loss differentiates by its written-out gradient; autodiff of the loss's value
     is the independent route: the gradient, the Hessian (forward mode over the gradient) and the derivatives
     in π and P (a token of frequency 0 included) all agree."""
-    from flowsim.losses import _mean_field_core, _mean_field_value, one_layer_mean_field_gradient
+    from flowsim.model.losses import _mean_field_core, _mean_field_value, one_layer_mean_field_gradient
 
     rng = np.random.default_rng(7)
     d = 6
@@ -211,8 +211,8 @@ def test_fused_products_give_the_same_loss_and_gradient(paper_chain, model, kind
     loss and gradient equal the matrix-product form to rounding, and the form is really used."""
     from jax.flatten_util import ravel_pytree
 
-    from flowsim.losses import make_loss_function, with_fused_products
-    from flowsim.models import SMALL_MATMUL_TERMS, small_matmul
+    from flowsim.model.losses import make_loss_function, with_fused_products
+    from flowsim.model.models import SMALL_MATMUL_TERMS, small_matmul
 
     params = random_params(model, scale=0.7, seed=3)
     loss = make_loss_function(model, paper_chain, kind=kind, s=6)
@@ -239,7 +239,7 @@ def test_mean_field_loss_never_forms_M_and_equals_the_M_route(options):
     """The O(d² m) mean-field loss (attention W0, then W1) against Z = A M with M = W0 [W_V] W1 formed."""
     from jax.flatten_util import ravel_pytree
 
-    from flowsim.losses import expected_cross_entropy, mean_field_attention
+    from flowsim.model.losses import expected_cross_entropy, mean_field_attention
 
     d = 60
     rng = np.random.default_rng(11)
@@ -283,7 +283,7 @@ def _largest_product_flops(jaxpr) -> int:
 def test_the_finite_loss_size_bounds_the_dynamic_programme_s_support(paper_chain):
     from math import comb
 
-    from flowsim.losses import context_count_law, finite_loss_states
+    from flowsim.model.losses import context_count_law, finite_loss_states
 
     for s in (1, 3, 6):
         law = context_count_law(paper_chain, s)  # dense chain: every state with c[x_s] >= 1 occurs
@@ -291,8 +291,8 @@ def test_the_finite_loss_size_bounds_the_dynamic_programme_s_support(paper_chain
 
 
 def test_an_oversized_finite_loss_is_refused_before_any_allocation(paper_chain, paper_model, monkeypatch):
-    import flowsim.losses as losses
-    from flowsim.budget import BudgetError
+    import flowsim.model.losses as losses
+    from flowsim.common.budget import BudgetError
 
     def never(*args, **kwargs):
         raise AssertionError("the count law was computed")
@@ -306,8 +306,8 @@ def test_an_oversized_finite_loss_is_refused_before_any_allocation(paper_chain, 
 
 
 def test_a_model_and_a_chain_of_different_d_are_one_clear_error():
-    from flowsim.losses import population_loss
-    from flowsim.models import OneLayerTransformer
+    from flowsim.model.losses import population_loss
+    from flowsim.model.models import OneLayerTransformer
 
     model = OneLayerTransformer(d=4, m=3, k=3)
     params = model.init(0.1, 0)

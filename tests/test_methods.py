@@ -1,17 +1,17 @@
 """flowsim.methods: the registry the configuration validates against names exactly the
-methods flowsim.solvers implements, and each runs at its default tolerance."""
+methods flowsim.solve.solvers implements, and each runs at its default tolerance."""
 
 import jax.numpy as jnp
 import numpy as np
 
-from flowsim.flow import GradientFlow
+from flowsim.model.flow import GradientFlow
 from flowsim.methods import METHODS, default_rtol
-from flowsim.solvers import DIFFRAX_METHODS, SCIPY_METHODS, solve_flow
-from flowsim.status import Status
+from flowsim.solve.solvers import DIFFRAX_METHODS, SCIPY_METHODS, solve_flow
+from flowsim.solve.status import Status
 
 
 def test_every_registered_method_is_implemented():
-    """flowsim.methods (what configs accept) and flowsim.solvers (what runs) name the same methods."""
+    """flowsim.methods (what configs accept) and flowsim.solve.solvers (what runs) name the same methods."""
     assert set(METHODS) == set(SCIPY_METHODS) | set(DIFFRAX_METHODS) | {"JaxRadau", "JaxBDF", "gradient_descent"}
     params0 = {"theta": np.array([1.0, -2.0])}
     flow = GradientFlow(lambda params: 0.5 * jnp.sum(params["theta"] ** 2), params0)  # θ(t) = θ0 e^-t
@@ -25,14 +25,14 @@ def test_every_registered_method_is_implemented():
 
 def test_the_run_layer_reads_a_methods_properties_from_its_table():
     """What a method can do is stated once (flowsim.methods.METHOD): the resume's exactness, the memory budget's
-    dense Jacobian and the sweep's batching follow the table, and every family is built by flowsim.solvers."""
+    dense Jacobian and the sweep's batching follow the table, and every family is built by flowsim.solve.solvers."""
     import pytest
 
-    from flowsim.budget import BudgetError
+    from flowsim.common.budget import BudgetError
     from flowsim.config import load_config
     from flowsim.assemble import prepare
     from flowsim.methods import METHOD
-    from flowsim.solvers import ResumePoint, method_named
+    from flowsim.solve.solvers import ResumePoint, method_named
 
     point = ResumePoint(np.array([0.0]), np.zeros((1, 2)))
     for name, method in METHOD.items():

@@ -1,4 +1,4 @@
-"""flowsim.models: the type-weight route equals the positional forward pass, models are built
+"""flowsim.model.models: the type-weight route equals the positional forward pass, models are built
 from their [model] section, small products fuse without changing the function."""
 
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import pytest
 from conftest import random_params
 
 from flowsim.config import ConfigError, load_config
-from flowsim.models import OneLayerTransformer, TwoLayerTransformer, model_from_config
+from flowsim.model.models import OneLayerTransformer, TwoLayerTransformer, model_from_config
 
 
 @pytest.mark.parametrize("model", [OneLayerTransformer(d=4, m=3, k=2), OneLayerTransformer(d=4, m=3, k=2, residual=True,

@@ -5,9 +5,9 @@ import pytest
 from conftest import random_params
 
 from flowsim import MarkovChain, OneLayerTransformer, make_loss_function
-from flowsim.flow import GradientFlow
-from flowsim.families import compute_observables
-from flowsim.observables import (
+from flowsim.model.flow import GradientFlow
+from flowsim.observe.families import compute_observables
+from flowsim.observe.observables import (
     FOLDED_ATTENTION_TYPES,
     FULL_ATTENTION_MAX_D,
     OBSERVABLES_CSV,
@@ -17,7 +17,7 @@ from flowsim.observables import (
     principal_directions,
     stable_rank,
 )
-from flowsim.trajectory import Trajectory
+from flowsim.solve.trajectory import Trajectory
 
 
 def trajectory_of(models_params, loss=None):
@@ -172,7 +172,7 @@ def test_save_by_save_observables_equal_the_whole_arrays_and_full_svds(folded_ca
 
 
 def test_gradient_norms_in_chunks_equal_one_batch(folded_case, monkeypatch):
-    import flowsim.observables as module
+    import flowsim.observe.observables as module
 
     chain, model, trajectory, flow = folded_case
     whole = module.gradient_norms(trajectory, flow)

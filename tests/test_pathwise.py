@@ -11,7 +11,7 @@ import sympy as sp
 
 from flowsim.config import load_config, shipped_config
 from flowsim.assemble import sequence_law, prepare
-from flowsim.solvers import solve_flow
+from flowsim.solve.solvers import solve_flow
 from theory.pathwise import ffn_write_expansion, logit_paths, pathwise_along, positional_pathwise_along
 
 SHIPPED = shipped_config("two_layer")

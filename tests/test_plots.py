@@ -1,12 +1,12 @@
-"""flowsim.plots: the run summary figure, with and without stage labels."""
+"""flowsim.runs.plots: the run summary figure, with and without stage labels."""
 
 import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from flowsim.observables import Observables
-from flowsim.plots import plot_run_summary
-from flowsim.stages import detect_stages
+from flowsim.observe.observables import Observables
+from flowsim.runs.plots import plot_run_summary
+from flowsim.observe.stages import detect_stages
 
 
 def _observables():
@@ -34,7 +34,7 @@ def test_summary_axes_say_what_they_show():
     """An ODE run's time is t and its loss the population loss; a torch run says validation loss and lr × steps."""
     import matplotlib.pyplot as plt
 
-    from flowsim.plots import summary_figure
+    from flowsim.runs.plots import summary_figure
 
     flow = summary_figure(_observables())
     assert flow.axes[0].get_ylabel() == "population loss" and flow.axes[2].get_xlabel() == "t"
@@ -48,7 +48,7 @@ def test_the_overlay_draws_both_sides_of_every_series(tmp_path):
     """Loss, σ(W0) and each query's entropy, the run solid and the ODE dashed, each the data it was given."""
     import matplotlib.pyplot as plt
 
-    from flowsim.plots import overlay_figure, plot_overlay
+    from flowsim.runs.plots import overlay_figure, plot_overlay
 
     run, ode = _observables(), _observables()
     ode.columns["loss"] = ode.columns["loss"] - 0.05
@@ -73,7 +73,7 @@ def test_the_summary_draws_the_bayes_loss_as_a_line_and_the_title_names_the_mode
 
     from flowsim.config import load_config
     from flowsim.assemble import bayes_loss, model_description, prepare
-    from flowsim.plots import summary_figure
+    from flowsim.runs.plots import summary_figure
 
     figure = summary_figure(_observables(), bayes_loss=0.25)
     line = [line for line in figure.axes[0].get_lines() if line.get_linestyle() == ":"]

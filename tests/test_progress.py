@@ -2,7 +2,9 @@
 
 import time
 
-from flowsim import progress, sweep
+from flowsim.common import progress
+
+from flowsim.runs import sweep
 
 
 def test_ticking_says_the_seconds_so_far_until_the_block_ends():
@@ -28,10 +30,10 @@ def test_a_sweep_says_it_is_alive_while_its_first_batch_compiles(tmp_path, monke
 def test_a_solve_without_progress_makes_no_progress_bar_and_one_with_it_makes_one(monkeypatch):
     """The flow's progress bar exists only when shown: even a disabled tqdm makes tqdm's multiprocessing lock, a named
     semaphore that a sweep worker stopped by SIGTERM left behind for Python's resource tracker to warn of."""
-    from flowsim import integration
+    from flowsim.solve import integration
     from flowsim.assemble import prepare
     from flowsim.config import resolve_config
-    from flowsim.solvers import solve_flow
+    from flowsim.solve.solvers import solve_flow
 
     made = []
     real = integration.progress_bar

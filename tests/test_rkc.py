@@ -1,4 +1,4 @@
-"""flowsim.rkc: the Runge-Kutta-Chebyshev method against closed forms and another solver."""
+"""flowsim.solve.rkc: the Runge-Kutta-Chebyshev method against closed forms and another solver."""
 
 import jax
 import jax.numpy as jnp
@@ -7,8 +7,8 @@ import pytest
 from scipy.integrate import solve_ivp
 from scipy.linalg import expm
 
-import flowsim.rkc
-from flowsim.rkc import RKC
+import flowsim.solve.rkc
+from flowsim.solve.rkc import RKC
 
 
 def linear_field(y, A):
@@ -152,7 +152,7 @@ def test_deflation_takes_two_stiff_directions_out(monkeypatch):
         assert spectrum[-1] > 2.5 * spectrum[-2] and spectrum[-2] > 10 * spectrum[-3], spectrum[-3:]
     evaluations = {}
     for taken, deflate in ((2, True), (1, True), (2, False)):
-        monkeypatch.setattr(flowsim.rkc, "MAX_DIRECTIONS", taken)
+        monkeypatch.setattr(flowsim.solve.rkc, "MAX_DIRECTIONS", taken)
         evaluations[taken, deflate] = rkc_evaluations_matching(reference, flow_with_two_stiff_directions, args, y0, times,
                                                                deflate)
     assert evaluations[2, True] < 0.8 * evaluations[1, True] and evaluations[2, True] < 0.4 * evaluations[2, False], evaluations
@@ -180,13 +180,13 @@ def test_power_iteration_ends_with_its_own_product_and_stops_once_its_estimate_s
     rng = np.random.default_rng(7)
     V = np.linalg.qr(rng.standard_normal((20, 20)))[0]
     A = (V * np.append(np.linspace(0.5, 10.0, 18), [40.0, 100.0])) @ V.T
-    power, y, start = flowsim.rkc.power_iteration(linear_field), np.zeros(20), rng.standard_normal(20)
+    power, y, start = flowsim.solve.rkc.power_iteration(linear_field), np.zeros(20), rng.standard_normal(20)
     f0 = np.asarray(linear_field(y, jnp.asarray(A)))
     u, Ju, count = (np.asarray(x) for x in power(y, f0, start, (jnp.asarray(A),), tolerance=1e-3))
     np.testing.assert_allclose(Ju, A @ u, atol=1e-12)
-    assert abs(np.linalg.norm(Ju) - 100.0) < 0.5 and int(count) < flowsim.rkc.POWER_ITERATIONS, (np.linalg.norm(Ju), count)
-    assert int(power(y, f0, start, (jnp.asarray(A),))[2]) == flowsim.rkc.POWER_ITERATIONS  # no tolerance: every product
-    away = np.zeros((20, flowsim.rkc.MAX_DIRECTIONS))
+    assert abs(np.linalg.norm(Ju) - 100.0) < 0.5 and int(count) < flowsim.solve.rkc.POWER_ITERATIONS, (np.linalg.norm(Ju), count)
+    assert int(power(y, f0, start, (jnp.asarray(A),))[2]) == flowsim.solve.rkc.POWER_ITERATIONS  # no tolerance: every product
+    away = np.zeros((20, flowsim.solve.rkc.MAX_DIRECTIONS))
     away[:, 0] = V[:, -1]
     u, Ju, _ = (np.asarray(x) for x in power(y, f0, start, (jnp.asarray(A),), away=away, tolerance=1e-3))
     off = np.eye(20) - np.outer(V[:, -1], V[:, -1])
@@ -204,7 +204,7 @@ def test_power_iterations_products_are_the_jacobians_to_a_forward_differences_er
         return -A @ jnp.tanh(y) - y**3
 
     y, start = rng.standard_normal(30) * 3.0, rng.standard_normal(30)
-    u, Ju, count = (np.asarray(x) for x in flowsim.rkc.power_iteration(field)(y, np.asarray(field(y, A)), start, (A,),
+    u, Ju, count = (np.asarray(x) for x in flowsim.solve.rkc.power_iteration(field)(y, np.asarray(field(y, A)), start, (A,),
                                                                              iterations=1))
     exact = np.asarray(jax.jvp(lambda x: field(x, A), (jnp.asarray(y),), (jnp.asarray(u),))[1])
     assert int(count) == 1
@@ -223,9 +223,9 @@ def test_a_direction_is_taken_out_only_where_its_stages_saved_outweigh_its_refre
         t = solver.t
         solver.step()
         taken.append(solver.taken)
-        stages.append(flowsim.rkc.stage_count(solver.t - t, solver.radius))
-    later = slice(flowsim.rkc.RADIUS_AGE, None)
-    assert len(taken) > 2 * flowsim.rkc.RADIUS_AGE
+        stages.append(flowsim.solve.rkc.stage_count(solver.t - t, solver.radius))
+    later = slice(flowsim.solve.rkc.RADIUS_AGE, None)
+    assert len(taken) > 2 * flowsim.solve.rkc.RADIUS_AGE
     assert (max(taken[later]) > 0) == pays and (max(stages[later]) > 3) == pays, (taken, stages)
 
 

@@ -1,11 +1,11 @@
-"""flowsim.rundir: fresh run folders, metadata with versions, incomplete folders named."""
+"""flowsim.runs.rundir: fresh run folders, metadata with versions, incomplete folders named."""
 
 import json
 
 import numpy as np
 import pytest
 
-from flowsim.rundir import (
+from flowsim.runs.rundir import (
     CONFIG_FILE,
     META_FILE,
     TRAJECTORY_FILE,
@@ -15,7 +15,7 @@ from flowsim.rundir import (
     write_config,
     write_meta,
 )
-from flowsim.trajectory import Trajectory
+from flowsim.solve.trajectory import Trajectory
 
 
 def test_new_run_dirs_never_collide(tmp_path):
@@ -46,7 +46,7 @@ def test_a_running_status_whose_process_is_gone_reads_as_interrupted():
     import subprocess
     import sys
 
-    from flowsim.rundir import status_of, this_process
+    from flowsim.runs.rundir import status_of, this_process
 
     alive = {"status_name": "running", **this_process()}
     assert status_of(alive) == "running"
@@ -60,7 +60,7 @@ def test_a_running_status_whose_process_is_gone_reads_as_interrupted():
 def test_an_output_folder_must_not_be_a_file(tmp_path):
     import pytest
 
-    from flowsim.rundir import check_output_dir
+    from flowsim.runs.rundir import check_output_dir
 
     (tmp_path / "file").write_text("x")
     check_output_dir(tmp_path / "new" / "folder")
@@ -73,7 +73,7 @@ def test_an_output_folder_must_not_be_a_file(tmp_path):
 def test_a_recorded_pid_reused_by_another_process_reads_as_interrupted():
     import os
 
-    from flowsim.rundir import process_start, status_of, this_process
+    from flowsim.runs.rundir import process_start, status_of, this_process
 
     me = {"status_name": "running", **this_process()}
     assert me["process_start"] == process_start(os.getpid()) is not None
@@ -86,9 +86,9 @@ def test_a_folder_lock_refuses_a_second_writer_and_goes_with_its_holder(tmp_path
     import subprocess
     import sys
 
-    from flowsim.rundir import FolderInUseError, folder_lock
+    from flowsim.runs.rundir import FolderInUseError, folder_lock
 
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from flowsim.rundir import folder_lock\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from flowsim.runs.rundir import folder_lock\n"
                                f"with folder_lock({str(tmp_path)!r}):\n    print('held', flush=True); time.sleep(600)"],
                               stdout=subprocess.PIPE, text=True)
     try:

@@ -6,9 +6,9 @@ import pytest
 from conftest import random_params
 
 import flowsim
-from flowsim.flow import DepthSmoothing, GradientFlow, path_smoothing_operator
-from flowsim.models import TwoLayerTransformer
-from flowsim.solvers import solve_flow
+from flowsim.model.flow import DepthSmoothing, GradientFlow, path_smoothing_operator
+from flowsim.model.models import TwoLayerTransformer
+from flowsim.solve.solvers import solve_flow
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 7])

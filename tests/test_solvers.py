@@ -1,4 +1,4 @@
-"""flowsim.solvers: every method through one entry point, agreeing with each other; step
+"""flowsim.solve.solvers: every method through one entry point, agreeing with each other; step
 limits, blow-ups and failures kept and reported; bad arguments refused."""
 
 import dataclasses
@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flowsim.flow import GradientFlow
-from flowsim.solvers import solve_flow
-from flowsim.status import Status
+from flowsim.model.flow import GradientFlow
+from flowsim.solve.solvers import solve_flow
+from flowsim.solve.status import Status
 
 
 @pytest.mark.slow
@@ -143,7 +143,7 @@ def _same_trajectory(a, b) -> bool:
 
 
 def test_jaxradau_in_chunks_takes_the_uninterrupted_steps(default_flow, monkeypatch):
-    import flowsim.compiled_methods as compiled_methods
+    import flowsim.solve.compiled_methods as compiled_methods
 
     flow, params0 = default_flow
     times = np.linspace(0.0, 400.0, 41)
@@ -157,8 +157,8 @@ def test_jaxradau_in_chunks_takes_the_uninterrupted_steps(default_flow, monkeypa
 
 @pytest.mark.parametrize("method", ["JaxRadau", "gradient_descent", "LSODA", "Tsit5", "JaxBDF"])
 def test_an_interrupted_solve_resumes_to_the_uninterrupted_result(default_flow, method, monkeypatch):
-    import flowsim.compiled_methods as compiled_methods
-    from flowsim.solvers import ResumePoint
+    import flowsim.solve.compiled_methods as compiled_methods
+    from flowsim.solve.solvers import ResumePoint
 
     flow, params0 = default_flow
     monkeypatch.setattr(compiled_methods, "RADAU_CHUNK_SECONDS", 1e-4)
@@ -212,7 +212,7 @@ def test_an_interrupted_solve_resumes_to_the_uninterrupted_result(default_flow, 
 
 
 def test_save_grids_of_different_lengths_share_one_compiled_loop(default_flow, monkeypatch):
-    import flowsim.compiled_methods as compiled_methods
+    import flowsim.solve.compiled_methods as compiled_methods
 
     flow, params0 = default_flow
     monkeypatch.setattr(compiled_methods, "_RADAU_COMPILED", {})
@@ -226,7 +226,7 @@ def test_save_grids_of_different_lengths_share_one_compiled_loop(default_flow, m
 def test_the_large_flow_newton_control_reaches_the_same_flow(default_flow):
     """The default flow run as a large one (lagged refreshes, the slow-solve Newton control) agrees
     with its usual run to the solver's tolerance, with its own steps."""
-    from flowsim.solvers import JaxRadau
+    from flowsim.solve.solvers import JaxRadau
 
     flow, params0 = default_flow
     times = np.linspace(0.0, 1000.0, 41)
@@ -243,7 +243,7 @@ def test_jaxbdf_follows_jaxradau_through_the_stages(default_flow, products):
     """The matrix-free BDF, with J·v by differences (the default) or exact, against the Radau loop on the default
     flow, through condensation, the focus and the next direction opening: the loss within the tolerance's reach,
     with its own steps."""
-    from flowsim.solvers import JaxBDF
+    from flowsim.solve.solvers import JaxBDF
 
     flow, params0 = default_flow
     times = np.linspace(0.0, 400.0, 41)
@@ -256,7 +256,7 @@ def test_jaxbdf_follows_jaxradau_through_the_stages(default_flow, products):
 
 
 def test_jaxbdf_refuses_an_unknown_product_route():
-    from flowsim.solvers import JaxBDF
+    from flowsim.solve.solvers import JaxBDF
 
     with pytest.raises(ValueError, match="jacobian_products must be 'difference' or 'exact', got 'forward'"):
         JaxBDF(jacobian_products="forward")
@@ -277,7 +277,7 @@ def test_the_stiff_subspace_grows_with_the_flow_so_a_sixteen_token_flow_finishes
     the size-dependent rank the run finishes in under 2000 attempts and descends."""
     from flowsim.config import resolve_config
     from flowsim.assemble import prepare
-    from flowsim.solvers import stiff_rank
+    from flowsim.solve.solvers import stiff_rank
 
     pi = 1.0 / np.arange(1, 17)
     config = resolve_config({"chain": {"pi": (pi / pi.sum()).tolist(), "lam": 0.5}, "model": {"m": 16, "k": 16},

@@ -1,12 +1,12 @@
-"""flowsim.specialisation: the premature-specialisation probes on runs whose answers are known."""
+"""flowsim.observe.specialisation: the premature-specialisation probes on runs whose answers are known."""
 
 import numpy as np
 import pytest
 from scipy.linalg import subspace_angles
 from scipy.optimize import brentq
 
-from flowsim.observables import Observables, doubling_angles
-from flowsim.specialisation import summarise
+from flowsim.observe.observables import Observables, doubling_angles
+from flowsim.observe.specialisation import summarise
 
 
 def rotating_plane(phi: float) -> np.ndarray:

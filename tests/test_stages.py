@@ -5,10 +5,10 @@ import pytest
 
 from flowsim.config import load_config
 from flowsim.assemble import prepare
-from flowsim.families import compute_observables
-from flowsim.observables import Observables
-from flowsim.solvers import solve_flow
-from flowsim.stages import STAGES_JSON, StageThresholds, detect_stages
+from flowsim.observe.families import compute_observables
+from flowsim.observe.observables import Observables
+from flowsim.solve.solvers import solve_flow
+from flowsim.observe.stages import STAGES_JSON, StageThresholds, detect_stages
 
 MU1 = np.linalg.norm([0.75, 0.19, 0.05, 0.01]) * np.linalg.norm(np.array([0.75, 0.19, 0.05, 0.01]) - 0.25)
 
@@ -246,8 +246,8 @@ def test_running_median_minimises_the_weighted_absolute_deviation_of_each_window
     """The vectorised weighted running median against its definition, window by window on a mixed log + linear grid:
     no value of the window has a smaller log-time-weighted absolute deviation Σ w |v - x| (the weighted median's
     defining property); NaN where the window holds one. In one block of columns and in blocks of one column."""
-    import flowsim.stages as stages
-    from flowsim.stages import log_cell_widths, smooth_in_log_time
+    import flowsim.observe.stages as stages
+    from flowsim.observe.stages import log_cell_widths, smooth_in_log_time
 
     if block_entries is not None:
         monkeypatch.setattr(stages, "SMOOTHING_WINDOW_ENTRIES", block_entries)
@@ -276,12 +276,12 @@ def test_running_median_minimises_the_weighted_absolute_deviation_of_each_window
 
 
 def test_every_consumer_dates_a_stage_by_the_stage_table():
-    """Condensation is dated by its end and every other stage by its onset (``flowsim.stages.STAGE``): the report's
+    """Condensation is dated by its end and every other stage by its onset (``flowsim.observe.stages.STAGE``): the report's
     events, its table columns, the theory's comparison, the sweep's summary and the phase diagram all read the same
     times; a plateau is not an event, and a condensation that has not ended has no time."""
     from figures.fig15_phase_diagram import onsets
-    from flowsim import sweep
-    from flowsim.stages import STAGE, Interval, StageReport
+    from flowsim.runs import sweep
+    from flowsim.observe.stages import STAGE, Interval, StageReport
     from theory.predict import Row, compared_rows
 
     intervals = [Interval("condensation", None, None, 1.0, 5.0, ""), Interval("focus", 0, None, 8.0, 20.0, ""),
@@ -351,7 +351,7 @@ def test_noise_alone_after_a_focus_is_not_labelled_a_dilution(noise):
 def test_the_noise_of_a_log_is_read_where_it_is_noisy_and_a_flows_series_has_none():
     """series_noise: a smooth series with fast transitions (a flow's) reads below 1e-3; noise of SD 0.13 from t = 200
     on (flat before) reads between 0.4 and 2 times it, though half the log is still."""
-    from flowsim.stages import series_noise, smooth_in_log_time
+    from flowsim.observe.stages import series_noise, smooth_in_log_time
 
     t = np.geomspace(0.5, 3000, 228)
     smooth = np.where(t < 900, log_ramp(t, 1.6, 0.0, 270, width=0.01), log_ramp(t, 0.0, 1.2, 1800, width=0.01))
@@ -379,7 +379,7 @@ def test_stage_times_do_not_move_with_the_save_grid(default_observables, default
 def test_the_running_median_weighs_each_sample_by_its_share_of_log_time():
     """On an evenly log-spaced grid it is np.median over each window (away from the ends); on a grid that crowds one
     side of a window it is still the median over log time, where a plain median leans to the crowded side."""
-    from flowsim.stages import smooth_in_log_time
+    from flowsim.observe.stages import smooth_in_log_time
 
     t = np.geomspace(0.1, 1000, 400)
     values = np.random.default_rng(0).normal(size=(400, 3))

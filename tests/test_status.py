@@ -1,12 +1,12 @@
-"""flowsim.status: one enumeration, shared by the compiled JaxRadau loop and every driver."""
+"""flowsim.solve.status: one enumeration, shared by the compiled JaxRadau loop and every driver."""
 
 import numpy as np
 import pytest
 
-from flowsim import stiff
-from flowsim.flow import GradientFlow
-from flowsim.solvers import solve_flow
-from flowsim.status import Status, at_time
+from flowsim.solve import stiff
+from flowsim.model.flow import GradientFlow
+from flowsim.solve.solvers import solve_flow
+from flowsim.solve.status import Status, at_time
 
 
 def test_the_compiled_loop_stores_the_same_statuses():

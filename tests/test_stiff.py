@@ -1,4 +1,4 @@
-"""JaxRadau (flowsim.stiff): against a tight LSODA reference on both models, on a stiff
+"""JaxRadau (flowsim.solve.stiff): against a tight LSODA reference on both models, on a stiff
 variant and with a complex eigensystem; batched runs against the same runs one by one."""
 
 import jax
@@ -8,10 +8,10 @@ import pytest
 import scipy.integrate._ivp.radau as scipy_radau
 from scipy.linalg import lu_factor, lu_solve
 
-from flowsim import stiff
+from flowsim.solve import stiff
 from flowsim.config import load_config
 from flowsim.assemble import prepare
-from flowsim.solvers import solve_flow, solve_flow_batch
+from flowsim.solve.solvers import solve_flow, solve_flow_batch
 
 # One save grid size for every test here: the compiled integrator is shared.
 SAVE_GRID = ["time.n_linear=41", "time.n_log=20", "time.t_log_min=0.5"]
@@ -92,7 +92,7 @@ def test_compilation_cache_variable_keeps_compiled_code_on_disk(tmp_path):
     import sys
 
     script = ("import numpy as np; from flowsim.config import load_config; from flowsim.assemble import prepare; "
-              "from flowsim.solvers import solve_flow; p = prepare(load_config(None, ['time.t_end=5'])); "
+              "from flowsim.solve.solvers import solve_flow; p = prepare(load_config(None, ['time.t_end=5'])); "
               "print(solve_flow(p.flow, p.params0, p.times, method='JaxRadau').status_name)")
     cache = tmp_path / "cache"
     run = subprocess.run([sys.executable, "-c", script], env={**os.environ, "FLOWSIM_COMPILATION_CACHE": str(cache)},

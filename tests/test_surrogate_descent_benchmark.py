@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import surrogate_descent  # benchmarks/ is on the path (conftest)
-from flowsim.chains import MarkovChain
-from flowsim.losses import population_loss_mean_field
-from flowsim.models import OneLayerTransformer
+from flowsim.model.chains import MarkovChain
+from flowsim.model.losses import population_loss_mean_field
+from flowsim.model.models import OneLayerTransformer
 
 
 def seeded_chain(d: int, seed: int) -> MarkovChain:

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from flowsim import sweep
+from flowsim.runs import sweep
 from flowsim.cli import app
 from flowsim.config import ConfigError, load_config
 from flowsim.assemble import prepare
-from flowsim.io import write_atomic_json
-from flowsim.solvers import solve_flow
-from flowsim.stages import EVENT_STAGES
+from flowsim.common.io import write_atomic_json
+from flowsim.solve.solvers import solve_flow
+from flowsim.observe.stages import EVENT_STAGES
 
 SHORT = ["time.t_end=150", "time.n_linear=31", "time.n_log=30", "time.t_log_min=0.5"]
 
@@ -127,7 +127,7 @@ def test_runs_with_other_solver_settings_or_save_times_are_not_batched_together(
 
 
 def test_phase_diagram_takes_text_grid_values_and_leaves_unreached_cells_grey(tmp_path):
-    from flowsim.plots import _grid_values, plot_sweep_phase_diagram
+    from flowsim.runs.plots import _grid_values, plot_sweep_phase_diagram
 
     rows = [{"model.ffn": ffn, "flow.qk_rho": rho, "seed": seed, "t_basis_mature": None if ffn == "glu" else 10.0 * (seed + 1)}
             for ffn in ("mlp", "glu") for rho in (1.0, 0.25) for seed in range(2)]
@@ -139,7 +139,7 @@ def test_phase_diagram_takes_text_grid_values_and_leaves_unreached_cells_grey(tm
 def test_phase_diagram_panels_share_one_colour_scale_and_say_why_a_cell_is_empty():
     import matplotlib.pyplot as plt
 
-    from flowsim.plots import NO_FINISHED_RUN, NOT_REACHED, phase_diagram_figure
+    from flowsim.runs.plots import NO_FINISHED_RUN, NOT_REACHED, phase_diagram_figure
 
     rows = [{"chain.lam": lam, "seed": seed, "status": "step_limit" if lam == 0.7 else "finished",
              "onset_focus": 50.0 * (seed + 1) if lam == 0.3 else None, "onset_restart": 4000.0 if lam < 0.7 else None}
@@ -390,7 +390,7 @@ def test_a_cell_where_only_some_seeds_reached_the_event_says_how_many_and_the_cs
     printed table does, for a finished run's missing event."""
     import matplotlib.pyplot as plt
 
-    from flowsim.plots import phase_diagram_figure
+    from flowsim.runs.plots import phase_diagram_figure
 
     rows = [{"chain.lam": lam, "seed": seed, "status": "finished",
              "onset_focus": None if lam == 0.8 and seed > 0 else 100.0 * (seed + 1)} for lam in (0.2, 0.8) for seed in range(3)]

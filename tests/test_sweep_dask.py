@@ -15,7 +15,9 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from flowsim import sweep, sweep_backends  # noqa: E402
+from flowsim import sweep_backends  # noqa: E402
+
+from flowsim.runs import sweep
 
 # rows of a few seconds each: long enough to kill a worker in the middle of one
 ROWS = ["--grid", "time.t_end=[20, 30, 40, 50]", "--set", "loss.kind='monte_carlo'", "--set", "loss.mc_samples=3000",

@@ -15,13 +15,13 @@ from jax.flatten_util import ravel_pytree
 from flowsim.cli import compare_runs
 from flowsim.config import ConfigError, load_config
 from flowsim.assemble import prepare
-from flowsim.experiment import execute_run
-from flowsim.flow import DepthSmoothing, GradientFlow
-from flowsim.losses import _sampled_cross_entropy_jit, make_task_loss, population_loss_task
-from flowsim.models import PositionalTwoLayerTransformer
-from flowsim.observables import Observables
-from flowsim.specialisation import summarise
-from flowsim.tasks import InductionTask
+from flowsim.runs.experiment import execute_run
+from flowsim.model.flow import DepthSmoothing, GradientFlow
+from flowsim.model.losses import _sampled_cross_entropy_jit, make_task_loss, population_loss_task
+from flowsim.model.models import PositionalTwoLayerTransformer
+from flowsim.observe.observables import Observables
+from flowsim.observe.specialisation import summarise
+from flowsim.model.tasks import InductionTask
 
 TASK = InductionTask(d=3, s=6, noise=0.1)
 
@@ -206,7 +206,7 @@ def test_bad_task_settings_are_named():
 
 
 def test_a_sweep_over_seeds_records_the_specialisation_probes(tmp_path):
-    from flowsim.sweep import run_sweep
+    from flowsim.runs.sweep import run_sweep
 
     base = ["task.kind='induction'", "task.d=3", "task.s=4", "model.kind='two_layer'", "model.m=6", "model.k=4",
             "loss.kind='finite'", "init.eps=0.3", "solver.method='Tsit5'", "time.t_end=10.0", "time.n_linear=11",

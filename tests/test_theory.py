@@ -12,11 +12,11 @@ from conftest import PAPER_PI, random_chain, random_params
 import flowsim
 from flowsim.config import load_config
 from flowsim.assemble import prepare
-from flowsim.flow import GradientFlow
-from flowsim.families import compute_observables
-from flowsim.solvers import solve_flow
-from flowsim.stages import detect_stages
-from flowsim.trajectory import Trajectory
+from flowsim.model.flow import GradientFlow
+from flowsim.observe.families import compute_observables
+from flowsim.solve.solvers import solve_flow
+from flowsim.observe.stages import detect_stages
+from flowsim.solve.trajectory import Trajectory
 from prediction_accuracy import ChainAccuracy, chain_accuracy, random_family, restart_accuracy
 from theory.focus import attention_coupling, condensed_point, focus_orbit, predict_focus
 from theory.manifold import ReducedFlow, ReducedState, embed, project
@@ -281,7 +281,7 @@ def test_predict_gives_the_degenerate_verdict_for_symmetric_rare_tokens():
 
 
 def test_compared_rows_keep_verdicts_and_add_unpredicted_events():
-    from flowsim.stages import Interval, StageReport, StageThresholds
+    from flowsim.observe.stages import Interval, StageReport, StageThresholds
     from theory.predict import NOT_MEASURED, NOT_PREDICTED, Row, compared_rows
 
     report = StageReport([Interval("condensation", None, None, 5.0, 20.0, ""), Interval("focus", 0, None, 90.0, None, ""),
@@ -321,7 +321,7 @@ def test_a_prediction_is_keyed_by_its_init_files_bytes_not_its_path(tmp_path):
     """The same start at two paths is one prediction (a figure's cache and a run folder share it); other bytes are
     another."""
     from flowsim.config import load_config
-    from flowsim.predictions import prediction_key
+    from flowsim.runs.predictions import prediction_key
 
     params = {"W0": np.ones((4, 8)), "W_Q": np.ones((8, 8)), "W_K": np.ones((8, 8)), "W1": np.ones((8, 4))}
     paths = [tmp_path / "a" / "init.npz", tmp_path / "b" / "init.npz", tmp_path / "c" / "init.npz"]

@@ -10,10 +10,10 @@ from conftest import random_chain
 
 import flowsim
 from flowsim.config import load_config
-from flowsim.losses import expected_cross_entropy, mean_field_attention
-from flowsim.families import compute_observables
-from flowsim.observables import stage_observables
-from flowsim.trajectory import Trajectory
+from flowsim.model.losses import expected_cross_entropy, mean_field_attention
+from flowsim.observe.families import compute_observables
+from flowsim.observe.observables import stage_observables
+from flowsim.solve.trajectory import Trajectory
 from theory.focus import condensed_point_expressions
 from theory.cycles import dilution_rates, focused_token, observables_until
 from theory.manifold import FlowTurnedStiff, ReducedFlow, ReducedState, compiled_reduced_flow

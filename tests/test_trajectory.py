@@ -1,9 +1,9 @@
-"""flowsim.trajectory: saved times and parameters, checked on construction, round-tripped exactly."""
+"""flowsim.solve.trajectory: saved times and parameters, checked on construction, round-tripped exactly."""
 
 import numpy as np
 import pytest
 
-from flowsim.trajectory import Trajectory
+from flowsim.solve.trajectory import Trajectory
 
 
 def _trajectory(n=4):

@@ -8,10 +8,10 @@ from conftest import random_chain
 import flowsim
 from flowsim.config import load_config
 from flowsim.assemble import prepare
-from flowsim.flow import GradientFlow
-from flowsim.families import compute_observables
-from flowsim.solvers import solve_flow
-from flowsim.stages import detect_stages
+from flowsim.model.flow import GradientFlow
+from flowsim.observe.families import compute_observables
+from flowsim.solve.solvers import solve_flow
+from flowsim.observe.stages import detect_stages
 from prediction_accuracy import cycle_accuracy, random_family, restart_accuracy
 from theory.cycles import dilution_rates, focused_token
 from theory.manifold import ReducedFlow, ReducedState, embed, project, reduced_gradient_formulas

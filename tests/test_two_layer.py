@@ -7,12 +7,12 @@ import pytest
 from conftest import random_params
 
 import flowsim
-from flowsim.losses import (
+from flowsim.model.losses import (
     population_loss_enumerated,
     population_loss_finite,
     population_loss_mean_field,
 )
-from flowsim.models import TwoLayerTransformer
+from flowsim.model.models import TwoLayerTransformer
 
 
 def general_chain(d: int, seed: int) -> flowsim.MarkovChain:
@@ -103,7 +103,7 @@ def test_two_layer_runs_through_the_command_line(tmp_path):
     from typer.testing import CliRunner
 
     from flowsim.cli import app
-    from flowsim.observables import Observables
+    from flowsim.observe.observables import Observables
 
     runner = CliRunner()
     run_dir = tmp_path / "two"

@@ -34,11 +34,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from flowsim.flow import GradientFlow
-from flowsim.models import OneLayerTransformer
-from flowsim.observables import Observables, stage_observables
-from flowsim.stages import Interval, StageReport, StageThresholds, detect_stages
-from flowsim.trajectory import Trajectory
+from flowsim.model.flow import GradientFlow
+from flowsim.model.models import OneLayerTransformer
+from flowsim.observe.observables import Observables, stage_observables
+from flowsim.observe.stages import Interval, StageReport, StageThresholds, detect_stages
+from flowsim.solve.trajectory import Trajectory
 from theory.restart import FULL_RANK_RTOL, RankStage, RestartPrediction, complement, propagate_rank
 from theory.mean_field import MeanFieldChain
 

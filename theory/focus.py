@@ -43,8 +43,8 @@ import sympy as sp
 from scipy.integrate import cumulative_trapezoid
 from scipy.special import softmax
 
-from flowsim.observables import attention_entropy
-from flowsim.stages import StageThresholds, detect_focus_and_dilution
+from flowsim.observe.observables import attention_entropy
+from flowsim.observe.stages import StageThresholds, detect_focus_and_dilution
 from theory.origin import CondensationPrediction
 from theory.manifold import ReducedFlow, ReducedState
 from theory.mean_field import MeanFieldChain, condensed_point

@@ -53,7 +53,7 @@ from scipy.optimize import brentq
 from scipy.sparse.linalg import LinearOperator, cg
 from scipy.special import softmax
 
-from flowsim.stages import StageThresholds
+from flowsim.observe.stages import StageThresholds
 from theory.mean_field import MeanFieldChain, condensed_point
 from theory.origin import unstable_projection
 

@@ -27,7 +27,7 @@ import numpy as np
 import sympy as sp
 from scipy.integrate import solve_ivp
 
-from flowsim.rkc import RKC, power_iteration
+from flowsim.solve.rkc import RKC, power_iteration
 from theory.mean_field import FactoredGradients, MeanFieldChain
 
 BLOCKS = ("Gamma", "B", "Q", "R")  # the coordinate blocks of a rank-r manifold point, in packing order
@@ -168,7 +168,7 @@ class ReducedFlow:
 
     def spectral_radius(self, state: ReducedState) -> float:
         """ρ, the largest |eigenvalue| of the field's Jacobian (the Hessian's largest) at ``state``: a power
-        iteration of ``flowsim.rkc.POWER_ITERATIONS`` Hessian-vector products (forward differences of the field),
+        iteration of ``flowsim.solve.rkc.POWER_ITERATIONS`` Hessian-vector products (forward differences of the field),
         O(d² r) each (from below)."""
         y = state.pack()
         compiled = compiled_reduced_flow(self.d, self.k, len(y) // (2 * self.d + 2 * self.k))
@@ -180,7 +180,7 @@ class ReducedFlow:
         """Integrate from ``state0`` at ``t_start``; the scipy result (dense output on).
 
         ``method``: "LSODA" with the exact Jacobian (n Hessian-vector products, O(d² r n), per refresh: for
-        small n and tight tolerances), or "RKC" (``flowsim.rkc``: field evaluations only, O(d² r) each, about
+        small n and tight tolerances), or "RKC" (``flowsim.solve.rkc``: field evaluations only, O(d² r) each, about
         √(h ρ) per step: for large n, where the Jacobian must be refreshed every few steps). ``until_stiff``:
         LSODA raises ``FlowTurnedStiff`` where it would first need the Jacobian instead of forming it."""
         t_eval = np.asarray(t_eval, dtype=float)

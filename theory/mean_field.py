@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flowsim.chains import entropy_rate
+from flowsim.model.chains import entropy_rate
 
 
 def _softmax_rows_in_place(logits: np.ndarray) -> np.ndarray:

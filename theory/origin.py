@@ -28,7 +28,7 @@ import sympy as sp
 from scipy.integrate import solve_ivp
 from scipy.special import logsumexp, softmax
 
-from flowsim.stages import StageThresholds, detect_condensation
+from flowsim.observe.stages import StageThresholds, detect_condensation
 from theory.mean_field import origin_rate
 from theory.symbolic import row_loss
 

@@ -62,12 +62,12 @@ import jax.numpy as jnp
 import numpy as np
 import sympy as sp
 
-from flowsim.chains import MarkovChain
-from flowsim.flow import GradientFlow
-from flowsim.losses import expected_cross_entropy
-from flowsim.models import Params, PositionalTwoLayerTransformer, TwoLayerTransformer
-from flowsim.tasks import SequenceLaw
-from flowsim.trajectory import Trajectory
+from flowsim.model.chains import MarkovChain
+from flowsim.model.flow import GradientFlow
+from flowsim.model.losses import expected_cross_entropy
+from flowsim.model.models import Params, PositionalTwoLayerTransformer, TwoLayerTransformer
+from flowsim.model.tasks import SequenceLaw
+from flowsim.solve.trajectory import Trajectory
 
 UPPER_QUERY, UPPER_KEY = "W_Q2", "W_K2"
 

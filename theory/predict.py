@@ -29,7 +29,7 @@ error), predicted but not measured within the run, and measured with no predicti
 (each marked in ``note``), each measured time with the run's save-grid resolution there. A
 restart the theory rules out is a row with no predicted time and the verdict in ``note`` (the
 degenerate point of symmetric rare tokens: μ_δ = 0; the Bayes loss reached on the rank-r manifold;
-a restart the formula puts beyond the horizon). Nothing here reads or writes files: ``flowsim.predictions``
+a restart the formula puts beyond the horizon). Nothing here reads or writes files: ``flowsim.runs.predictions``
 caches the rows and compares them with run directories.
 """
 
@@ -42,10 +42,10 @@ import numpy as np
 
 from flowsim.config import ConfigError, RunConfig
 from flowsim.assemble import prepare
-from flowsim.flow import GradientFlow
-from flowsim.observables import Observables, stage_observables
-from flowsim.trajectory import Trajectory
-from flowsim.stages import (StageReport, StageThresholds, detect_condensation, detect_focus_and_dilution, detect_restarts,
+from flowsim.model.flow import GradientFlow
+from flowsim.observe.observables import Observables, stage_observables
+from flowsim.solve.trajectory import Trajectory
+from flowsim.observe.stages import (StageReport, StageThresholds, detect_condensation, detect_focus_and_dilution, detect_restarts,
                             smooth_in_log_time, subject_label)
 from theory.cycles import CyclePrediction, dilution_mechanisms, predict_cycles
 from theory.focus import FocusPrediction, predict_focus

@@ -72,7 +72,7 @@ FULL_RANK_RTOL = 1e-4
 # crossing is known (at d = 64 ranks 2-7 were followed 1.0-1.6x as far as their rules needed, in whole doublings)
 PIECES_PER_SPAN = 4
 # LSODA (Adams) while the rank-r flow is not stiff; where LSODA asks for a Jacobian the flow has turned stiff, with a
-# Hessian that changes every few steps, and that piece and every later one take RKC, which needs none (flowsim.rkc):
+# Hessian that changes every few steps, and that piece and every later one take RKC, which needs none (flowsim.solve.rkc):
 # at d = 1001 one Jacobian costs n = 2064 Hessian-vector products at rank 1
 NONSTIFF_METHOD, STIFF_METHOD = "LSODA", "RKC"
 # a flow whose Hessian's largest eigenvalue ρ gives ρ × FIRST_SPAN above this starts stiff (a later rank starts where

@@ -59,7 +59,7 @@ import numpy as np
 import sympy as sp
 from scipy.sparse.linalg import LinearOperator, svds
 
-from flowsim.losses import expected_cross_entropy, mean_field_attention
+from flowsim.model.losses import expected_cross_entropy, mean_field_attention
 from theory.focus import focus_orbit_start
 from theory.manifold import BLOCKS, ReducedFlow, ReducedState
 from theory.mean_field import MeanFieldChain, factored_maps

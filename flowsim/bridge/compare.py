@@ -31,20 +31,20 @@ from flowsim.bridge.observables import checkpoint_observables, stack_observables
 from flowsim.bridge.surrogate import text_surrogate
 from flowsim.bridge.train import CHECKPOINT_FILE, DataSource, build_data, type_names
 from flowsim.config import ConfigError
-from flowsim.families import family_of
-from flowsim.flow import GradientFlow
-from flowsim.interrupts import stop_requests
-from flowsim.io import DamagedFileError, file_digest, read_json, write_atomic_json
-from flowsim.losses import make_loss_function
-from flowsim.models import model_from_config
-from flowsim.labelling import MIN_SAMPLES_FOR_STAGES
-from flowsim.observables import MEASURED_BY, OBSERVABLES_NPZ, Observables, stage_observables
-from flowsim.plots import plot_overlay
-from flowsim.rundir import CONFIG_FILE, TRAJECTORY_FILE, read_meta, status_of
-from flowsim.solvers import solve_flow
-from flowsim.stages import detect_stages, subject_label
-from flowsim.status import Status
-from flowsim.trajectory import Trajectory
+from flowsim.observe.families import family_of
+from flowsim.model.flow import GradientFlow
+from flowsim.common.interrupts import stop_requests
+from flowsim.common.io import DamagedFileError, file_digest, read_json, write_atomic_json
+from flowsim.model.losses import make_loss_function
+from flowsim.model.models import model_from_config
+from flowsim.runs.labelling import MIN_SAMPLES_FOR_STAGES
+from flowsim.observe.observables import MEASURED_BY, OBSERVABLES_NPZ, Observables, stage_observables
+from flowsim.runs.plots import plot_overlay
+from flowsim.runs.rundir import CONFIG_FILE, TRAJECTORY_FILE, read_meta, status_of
+from flowsim.solve.solvers import solve_flow
+from flowsim.observe.stages import detect_stages, subject_label
+from flowsim.solve.status import Status
+from flowsim.solve.trajectory import Trajectory
 
 BRIDGE_COMPARE_JSON = "compare.json"
 OVERLAY_FIGURE = "overlay.png"  # the run beside the ODE: loss, σ(W0), attention entropies

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flowsim.chains import MarkovChain
+from flowsim.model.chains import MarkovChain
 from flowsim.corpora import CORPUS_FILES, data_dir_candidates, find_data_dir, holds
 
 UNK = "<unk>"

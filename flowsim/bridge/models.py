@@ -1,7 +1,7 @@
 """flowsim's models in PyTorch, and a small GPT family for multi-layer studies.
 
 ``OneLayerTorch`` and ``TwoLayerTorch`` have flowsim's parameter names and forward pass
-(see flowsim.models): ``load_flowsim_params`` / ``flowsim_params`` move a parameter set
+(see flowsim.model.models): ``load_flowsim_params`` / ``flowsim_params`` move a parameter set
 between the two, and the loss and gradient agree. Both predict the token after the last
 position of a context (batch, s) -> logits (batch, d).
 
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from flowsim.models import OneLayerTransformer, TwoLayerTransformer
+from flowsim.model.models import OneLayerTransformer, TwoLayerTransformer
 
 
 class FlowsimTorchModel(nn.Module):

@@ -27,8 +27,8 @@ import torch
 from scipy.linalg import subspace_angles
 
 from flowsim.bridge.models import GPT, OneLayerTorch, TwoLayerTorch
-from flowsim.families import KIND_CONSTANT
-from flowsim.observables import Observables, attention_entropy, doubling_angles, stable_rank
+from flowsim.observe.families import KIND_CONSTANT
+from flowsim.observe.observables import Observables, attention_entropy, doubling_angles, stable_rank
 
 
 @dataclass(frozen=True)

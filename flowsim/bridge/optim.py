@@ -2,7 +2,7 @@
 upper-layer Q/K slow schedule, and Window Smoothing around any torch optimizer.
 
 Window Smoothing replaces each repeated block's update u_l by
-u'_l = Σ_l' S[l, l'] u_l' with S = I - (a/2) L_path (flowsim.flow.path_smoothing_operator):
+u'_l = Σ_l' S[l, l'] u_l' with S = I - (a/2) L_path (flowsim.model.flow.path_smoothing_operator):
 (1-a) u_l + (a/2)(u_{l-1} + u_{l+1}) inside, (1-a/2) u_1 + (a/2) u_2 at the ends. Only
 the stacks given (same-role, same-shape tensors ordered by depth) are smoothed; the
 update smoothed is the base optimizer's, with its weight decay -lr·wd·p taken out first
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flowsim.flow import SMOOTHING_VARIANTS, path_smoothing_operator
+from flowsim.model.flow import SMOOTHING_VARIANTS, path_smoothing_operator
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,9 @@ import numpy as np
 
 from flowsim.bridge.config import BridgeConfig
 from flowsim.bridge.train import train
-from flowsim.io import write_atomic_json
-from flowsim.observables import Observables
-from flowsim.stages import detect_stages, event_label
+from flowsim.common.io import write_atomic_json
+from flowsim.observe.observables import Observables
+from flowsim.observe.stages import detect_stages, event_label
 
 REGIME_JSON = "regime.json"
 COMPARED_COLUMNS = ("loss", "attention_entropy", "sv_W0")

@@ -11,7 +11,7 @@ import numpy as np
 
 from flowsim.bridge.config import CompareConfig
 from flowsim.bridge.data import Corpus
-from flowsim.chains import MarkovChain, bigram_counts, cross_entropy_rate, fit_unigram_weight
+from flowsim.model.chains import MarkovChain, bigram_counts, cross_entropy_rate, fit_unigram_weight
 
 
 def text_surrogate(corpus: Corpus, settings: CompareConfig) -> tuple[MarkovChain, dict]:

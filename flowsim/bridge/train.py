@@ -40,15 +40,15 @@ from flowsim.bridge.observables import (
 )
 from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer
 from flowsim.bridge.surrogate import text_surrogate
-from flowsim.budget import check_memory
-from flowsim.chains import MarkovChain
+from flowsim.common.budget import check_memory
+from flowsim.model.chains import MarkovChain
 from flowsim.config import ConfigError, changed_keys
-from flowsim.interrupts import StopRequest, run_in_chunks, stop_requests
-from flowsim.progress import progress_bar
-from flowsim.io import DamagedFileError, write_atomic_bytes
-from flowsim.models import model_from_config
-from flowsim.observables import MEASURED_BY, folded_types
-from flowsim.rundir import (
+from flowsim.common.interrupts import StopRequest, run_in_chunks, stop_requests
+from flowsim.common.progress import progress_bar
+from flowsim.common.io import DamagedFileError, write_atomic_bytes
+from flowsim.model.models import model_from_config
+from flowsim.observe.observables import MEASURED_BY, folded_types
+from flowsim.runs.rundir import (
     CONFIG_FILE,
     SUMMARY_FIGURE,
     TRAJECTORY_FILE,
@@ -58,8 +58,8 @@ from flowsim.rundir import (
     write_config,
     write_meta,
 )
-from flowsim.status import Status
-from flowsim.trajectory import Trajectory
+from flowsim.solve.status import Status
+from flowsim.solve.trajectory import Trajectory
 
 CHECKPOINT_FILE, LOG_FILE = "checkpoint.pt", "log.csv"
 CHECKPOINT_EVERY_S = 30.0
@@ -189,7 +189,7 @@ def training_memory_bytes(config: BridgeConfig, vocab_size: int) -> float:
 
 
 def check_training_size(config: BridgeConfig, vocab_size: int) -> None:
-    """Refuse a run whose training step would not fit the memory budget (``flowsim.budget``)."""
+    """Refuse a run whose training step would not fit the memory budget (``flowsim.common.budget``)."""
     check_memory(training_memory_bytes(config, vocab_size),
                  f"a training step of model.kind = {config.model.kind!r} with data.s = {config.data.s}, "
                  f"data.batch_size = {config.data.batch_size} and {vocab_size} tokens",
@@ -370,8 +370,8 @@ class Trainer:
 def write_outputs(run_dir: Path, config: BridgeConfig, data: DataSource, pi: np.ndarray, log: list[dict],
                   rows: list[dict], params: list[dict]) -> None:
     """log.csv, observables.npz, trajectory.npz (paper models), stages and summary.png (one-layer)."""
-    from flowsim.plots import plot_run_summary
-    from flowsim.stages import detect_stages
+    from flowsim.runs.plots import plot_run_summary
+    from flowsim.observe.stages import detect_stages
 
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(log[0]), lineterminator="\n")

@@ -37,11 +37,11 @@ from flowsim.bridge.config import BridgeConfig, load_bridge_config
 from flowsim.bridge.surrogate import text_surrogate
 from flowsim.bridge.train import DataSource, build_data, train
 from flowsim.config import ConfigError, RunConfig, find_config
-from flowsim.io import write_atomic_json, write_atomic_npz, write_atomic_text
-from flowsim.observables import Observables
-from flowsim.rundir import TRAJECTORY_FILE
-from flowsim.stages import event_label
-from flowsim.trajectory import Trajectory
+from flowsim.common.io import write_atomic_json, write_atomic_npz, write_atomic_text
+from flowsim.observe.observables import Observables
+from flowsim.runs.rundir import TRAJECTORY_FILE
+from flowsim.observe.stages import event_label
+from flowsim.solve.trajectory import Trajectory
 
 VALIDATE_JSON = "validate.json"
 VALIDATE_MD = "validate.md"
@@ -82,7 +82,7 @@ def theory_events(config: BridgeConfig, data: DataSource, run_dir: Path, folder:
     """The theory's prediction for a bridge run (``theory_config``, cached by ``cached_prediction``): its events
     keyed as the bridge's (queries folded; types folded into "other" dropped), the notes of events it rules
     out or puts past the horizon, and its constants."""
-    from flowsim.predictions import cached_prediction
+    from flowsim.runs.predictions import cached_prediction
 
     summary = cached_prediction(theory_config(config, data, run_dir, folder), progress)
     events, notes = {}, {}

@@ -15,7 +15,7 @@ import time
 from typing import Callable
 
 from flowsim.config import ConfigError
-from flowsim.interrupts import stop_requests
+from flowsim.common.interrupts import stop_requests
 
 # BLAS and OpenMP threads of every worker process, as Dask's nanny sets them: equal settings give bit-identical
 # results on either backend.

@@ -17,7 +17,7 @@ All losses are the expected next-token cross-entropy
 * ``population_loss_enumerated``: brute force over all d^s contexts (small s; tests).
 * ``loss_monte_carlo``: a sampled estimate with its standard error (the only sampled
   loss here).
-* ``population_loss_task``: a sequence task's exact loss (``flowsim.tasks``), the sum over
+* ``population_loss_task``: a sequence task's exact loss (``flowsim.model.tasks``), the sum over
   the N contexts of positive probability of p(context) · cross-entropy against the exact
   law of the next token: O(N) forward passes.
 """
@@ -37,11 +37,11 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 from jax.tree_util import Partial
 
-from flowsim.budget import check_memory
-from flowsim.chains import MarkovChain
+from flowsim.common.budget import check_memory
+from flowsim.model.chains import MarkovChain
 from flowsim.config import LossKind
-from flowsim.models import Model, OneLayerTransformer, Params, model_for_params
-from flowsim.tasks import InductionTask
+from flowsim.model.models import Model, OneLayerTransformer, Params, model_for_params
+from flowsim.model.tasks import InductionTask
 
 LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
 
@@ -385,7 +385,7 @@ LOSS_SETTINGS = {"s": "loss.s", "mc_samples": "loss.mc_samples"}  # the settings
 
 def check_loss_size(kind: str, d: int, s: int, model: Model, mc_samples: int = 0,
                     settings: dict[str, str] = LOSS_SETTINGS) -> None:
-    """Refuse (``flowsim.budget.BudgetError``) a finite-s or Monte Carlo loss too large for the
+    """Refuse (``flowsim.common.budget.BudgetError``) a finite-s or Monte Carlo loss too large for the
     memory budget, before anything is allocated. Per state (or sampled context) the estimate
     counts its arrays and the activations of a Hessian-vector product: 8·(8d + 2m) bytes per
     state; 8·((s + 1)·(2 min(d, m) + 2m) + 4d) bytes per sampled sequence (the models read a context

@@ -1,5 +1,5 @@
-"""The compiled stiff methods: JaxRadau (Radau IIA over a batch of flows, ``flowsim.stiff``) and JaxBDF
-(matrix-free variable-order BDF, ``flowsim.bdf``), each one XLA loop called in chunks of step attempts."""
+"""The compiled stiff methods: JaxRadau (Radau IIA over a batch of flows, ``flowsim.solve.stiff``) and JaxBDF
+(matrix-free variable-order BDF, ``flowsim.solve.bdf``), each one XLA loop called in chunks of step attempts."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flowsim import bdf, stiff
-from flowsim import flow as flow_functions
-from flowsim.flow import GradientFlow
-from flowsim.integration import FlowResult, Integration, Method, Problem, SolverStats, flow_result
-from flowsim.status import Status, at_time
+from flowsim.solve import bdf, stiff
+from flowsim.model import flow as flow_functions
+from flowsim.model.flow import GradientFlow
+from flowsim.solve.integration import FlowResult, Integration, Method, Problem, SolverStats, flow_result
+from flowsim.solve.status import Status, at_time
 
 
 # Compiled JaxRadau integrators, shared by flows of one structure, batch size, save grid and method fields.
@@ -60,7 +60,7 @@ class RadauIntegration(Integration):
 
 @dataclass(frozen=True)
 class JaxRadau(Method):
-    """Radau IIA (order 5) compiled end to end in JAX (``flowsim.stiff``) over a batch of flows.
+    """Radau IIA (order 5) compiled end to end in JAX (``flowsim.solve.stiff``) over a batch of flows.
 
     ``rank``: eigenpairs of the Jacobian kept (None: ``stiff_rank(n)``, the full eigensystem when n is
     smaller); ``large_flow``: the Newton control and lagged subspace refreshes of flows with more stiff
@@ -244,7 +244,7 @@ class BdfIntegration(Integration):
 @dataclass(frozen=True)
 class JaxBDF(Method):
     """Variable-order BDF compiled end to end in JAX, its Newton systems solved by GMRES on J·v products
-    (``flowsim.bdf``): nothing of size n² is held, so it suits the largest flows. ``jacobian_products``:
+    (``flowsim.solve.bdf``): nothing of size n² is held, so it suits the largest flows. ``jacobian_products``:
     ``"difference"`` (one field evaluation a product) or ``"exact"`` (``jax.linearize``), ``bdf.JACOBIAN_PRODUCTS``."""
 
     jacobian_products: str = "difference"

@@ -7,7 +7,7 @@
                              gone was interrupted)
     RUN_DIR/solver_state.npz JaxRadau's or JaxBDF's loop state when the run was interrupted (`--resume`
                              continues from it with exactly the steps of an uninterrupted run)
-    RUN_DIR/observables.npz  observables over time (and observables.csv), see flowsim.observables
+    RUN_DIR/observables.npz  observables over time (and observables.csv), see flowsim.observe.observables
     RUN_DIR/summary.png      loss, singular values of W0, attention entropy per query
 
 Every file is written atomically (temporary file, then rename), so an interrupted run
@@ -33,9 +33,9 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from flowsim.config import ConfigError
-from flowsim.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
-from flowsim.status import Status
-from flowsim.trajectory import Trajectory
+from flowsim.common.io import DamagedFileError, read_json, write_atomic_bytes, write_atomic_json
+from flowsim.solve.status import Status
+from flowsim.solve.trajectory import Trajectory
 
 CONFIG_FILE, TRAJECTORY_FILE, META_FILE, SUMMARY_FIGURE = "config.toml", "trajectory.npz", "meta.json", "summary.png"
 SOLVER_STATE_FILE = "solver_state.npz"

@@ -33,8 +33,8 @@ from jax.flatten_util import ravel_pytree
 from jax.tree_util import Partial
 
 from flowsim.config import ConfigError, FlowConfig, SmoothingVariant
-from flowsim.losses import with_fused_products
-from flowsim.models import Params
+from flowsim.model.losses import with_fused_products
+from flowsim.model.models import Params
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowsim.config import ConfigError, load_config
-from flowsim.labelling import label_run, observables_of_run
-from flowsim.observables import Observables
-from flowsim.plots import RUN_STYLES, STYLE_NAMES, plot_overlay
-from flowsim.predictions import pathwise_of_run
-from flowsim.rundir import CONFIG_FILE, read_meta, status_of
-from flowsim.specialisation import first_time_below, summarise
-from flowsim.stages import CYCLE
-from flowsim.status import Status
+from flowsim.runs.labelling import label_run, observables_of_run
+from flowsim.observe.observables import Observables
+from flowsim.runs.plots import RUN_STYLES, STYLE_NAMES, plot_overlay
+from flowsim.runs.predictions import pathwise_of_run
+from flowsim.runs.rundir import CONFIG_FILE, read_meta, status_of
+from flowsim.observe.specialisation import first_time_below, summarise
+from flowsim.observe.stages import CYCLE
+from flowsim.solve.status import Status
 from theory.pathwise import pathwise_applies
 
 

@@ -14,12 +14,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from flowsim.flow import GradientFlow
-from flowsim.interrupts import run_in_chunks
+from flowsim.model.flow import GradientFlow
+from flowsim.common.interrupts import run_in_chunks
 from flowsim.methods import METHOD
-from flowsim.progress import progress_bar, stderr_is_terminal, ticking
-from flowsim.status import Status, at_time
-from flowsim.trajectory import Trajectory
+from flowsim.common.progress import progress_bar, stderr_is_terminal, ticking
+from flowsim.solve.status import Status, at_time
+from flowsim.solve.trajectory import Trajectory
 
 CHECKPOINT_EVERY_S = 20.0
 

@@ -54,11 +54,11 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.linalg import subspace_angles
 
-from flowsim.flow import GradientFlow
-from flowsim.io import REMEDY, DamagedFileError, read_npz, write_atomic_bytes, write_atomic_npz
-from flowsim.models import Model, OneLayerTransformer, PositionalTwoLayerTransformer, TwoLayerTransformer
-from flowsim.tasks import SequenceLaw
-from flowsim.trajectory import Trajectory
+from flowsim.model.flow import GradientFlow
+from flowsim.common.io import REMEDY, DamagedFileError, read_npz, write_atomic_bytes, write_atomic_npz
+from flowsim.model.models import Model, OneLayerTransformer, PositionalTwoLayerTransformer, TwoLayerTransformer
+from flowsim.model.tasks import SequenceLaw
+from flowsim.solve.trajectory import Trajectory
 
 OBSERVABLES_NPZ, OBSERVABLES_CSV = "observables.npz", "observables.csv"
 # Constants that say where observables.npz came from: the digest of the trajectory.npz it was
@@ -108,7 +108,7 @@ class Observables:
 
     @classmethod
     def load(cls, run_dir: Path) -> "Observables":
-        """Read observables.npz; a damaged file raises ``flowsim.io.DamagedFileError``."""
+        """Read observables.npz; a damaged file raises ``flowsim.common.io.DamagedFileError``."""
         path = Path(run_dir) / OBSERVABLES_NPZ
         arrays = read_npz(path, required=("t",))
         t = arrays.pop("t")

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from flowsim.observables import Observables
+from flowsim.observe.observables import Observables
 
 MATURE_ANGLE = 0.1
 SPECIALISED_SHARE = 0.9
@@ -76,7 +76,7 @@ def summarise(observables: Observables, loss_target: float | None = None,
         raise ValueError("these probes need a two-layer run (its observables have no attention_entropy_2)")
     if "basis_doubling_angle" not in observables.columns:
         raise ValueError("these probes need the observable basis_doubling_angle, which these observables lack "
-                         "(flowsim.labelling.observables_of_run recomputes a run's observables from an older layout)")
+                         "(flowsim.runs.labelling.observables_of_run recomputes a run's observables from an older layout)")
     t, pi = observables.t, observables.constants["pi"]
     upper = observables["attention_entropy_2"] @ (pi / pi.sum())
     fall = upper[0] - upper

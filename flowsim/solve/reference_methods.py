@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.integrate
 
-from flowsim.integration import FlowResult, Integration, Method, Problem, flow_result, solver_stats
-from flowsim.progress import stderr_is_terminal
-from flowsim.status import Status, at_time
+from flowsim.solve.integration import FlowResult, Integration, Method, Problem, flow_result, solver_stats
+from flowsim.common.progress import stderr_is_terminal
+from flowsim.solve.status import Status, at_time
 
 SCIPY_METHODS = {"LSODA": scipy.integrate.LSODA, "BDF": scipy.integrate.BDF, "Radau": scipy.integrate.Radau}
 DIFFRAX_METHODS = {"Kvaerno5": diffrax.Kvaerno5, "Tsit5": diffrax.Tsit5, "Dopri8": diffrax.Dopri8}

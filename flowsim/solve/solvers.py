@@ -2,16 +2,16 @@
 
 Methods (each a small object with ``start`` and ``advance``, as diffrax's solvers have ``init`` and ``step``):
 
-* ``JaxRadau()`` (``flowsim.compiled_methods``): Radau IIA of order 5 compiled end to end in JAX
-  (``flowsim.stiff``), with the Jacobian's stiff eigensystem kept so step-size changes cost nothing; it alone
+* ``JaxRadau()`` (``flowsim.solve.compiled_methods``): Radau IIA of order 5 compiled end to end in JAX
+  (``flowsim.solve.stiff``), with the Jacobian's stiff eigensystem kept so step-size changes cost nothing; it alone
   can integrate a batch of flows at once (``solve_flow_batch``).
-* ``JaxBDF()`` (``flowsim.compiled_methods``): variable-order BDF compiled end to end, its Newton systems
-  solved by GMRES on J·v, forward differences of the field by default (``flowsim.bdf``); nothing n × n is held.
+* ``JaxBDF()`` (``flowsim.solve.compiled_methods``): variable-order BDF compiled end to end, its Newton systems
+  solved by GMRES on J·v, forward differences of the field by default (``flowsim.solve.bdf``); nothing n × n is held.
 * ``Scipy("LSODA" | "BDF" | "Radau")``, ``Diffrax("Kvaerno5" | "Tsit5" | "Dopri8")`` and
-  ``GradientDescent(lr)`` (``flowsim.reference_methods``): scipy's and diffrax's integrators, and
+  ``GradientDescent(lr)`` (``flowsim.solve.reference_methods``): scipy's and diffrax's integrators, and
   θ_{n+1} = θ_n - η r(nη) ∇L(θ_n) at t = nη, for comparison.
 
-``flowsim.integration.drive`` is the one loop around them (progress, checkpoints, stop requests). Every
+``flowsim.solve.integration.drive`` is the one loop around them (progress, checkpoints, stop requests). Every
 method returns a ``FlowResult`` with a status: a run that hits its step limit, meets a non-finite state, or
 fails inside the solver keeps every point computed before that and says so; nothing is silently truncated.
 """
@@ -24,15 +24,15 @@ from typing import Callable
 import numpy as np
 
 from flowsim import methods
-from flowsim.compiled_methods import JaxBDF, JaxRadau, stiff_rank
+from flowsim.solve.compiled_methods import JaxBDF, JaxRadau, stiff_rank
 from flowsim.config import SolverConfig, resolve_config
-from flowsim.flow import GradientFlow
-from flowsim.integration import (CHECKPOINT_EVERY_S, FlowResult, Integration, Method, Problem, ResumePoint, SavedStateError,
+from flowsim.model.flow import GradientFlow
+from flowsim.solve.integration import (CHECKPOINT_EVERY_S, FlowResult, Integration, Method, Problem, ResumePoint, SavedStateError,
                                  SolverStats, check_save_times, drive, flow_result, solver_stats)
 from flowsim.methods import AUTO, DEFAULT_METHOD, METHOD, default_rtol, method_for
-from flowsim.models import Params
-from flowsim.reference_methods import DIFFRAX_METHODS, SCIPY_METHODS, Diffrax, GradientDescent, Scipy
-from flowsim.trajectory import Trajectory
+from flowsim.model.models import Params
+from flowsim.solve.reference_methods import DIFFRAX_METHODS, SCIPY_METHODS, Diffrax, GradientDescent, Scipy
+from flowsim.solve.trajectory import Trajectory
 
 __all__ = ["CHECKPOINT_EVERY_S", "DIFFRAX_METHODS", "FAMILIES", "SCIPY_METHODS", "Diffrax", "FlowResult", "GradientDescent",
            "Integration", "JaxBDF", "JaxRadau", "Method", "Problem", "ResumePoint", "Scipy", "SolverStats", "check_save_times",

@@ -4,7 +4,7 @@ collected into one table and a phase diagram.
     OUT/rows/NAME.json    one finished run: its parameters, stage onsets, end of condensation,
                           cycles, final loss, and its full resolved configuration; for a
                           two-layer model instead of stages: the premature-specialisation
-                          probes (flowsim.specialisation), the Bayes loss of a sequence task
+                          probes (flowsim.observe.specialisation), the Bayes loss of a sequence task
                           and its circuit masses at the end, and the curves of loss, upper
                           entropy and basis angles
     OUT/sweep.csv         every finished row, in grid order
@@ -23,7 +23,7 @@ Runs are grouped into chunks of flows of one structure; with ``solver.method =
 any other method run by run. Chunks run in this process, in a pool of processes
 (``backend="local"``, ``workers`` > 1), or on a Dask distributed cluster
 (``backend="dask"``: a LocalCluster, or the scheduler at ``scheduler``). Every worker
-process gets the same thread settings, so both backends compute identical rows (``flowsim.sweep_backends``).
+process gets the same thread settings, so both backends compute identical rows (``flowsim.runs.sweep_backends``).
 """
 
 from __future__ import annotations
@@ -47,17 +47,17 @@ except ModuleNotFoundError:  # Python 3.10
 
 from flowsim.config import ConfigError, flat_settings, load_config
 from flowsim.assemble import sequence_law, prepare
-from flowsim.labelling import stage_detectors_apply, stages_of
-from flowsim.io import DamagedFileError, file_digest, read_json, write_atomic_bytes, write_atomic_json
+from flowsim.runs.labelling import stage_detectors_apply, stages_of
+from flowsim.common.io import DamagedFileError, file_digest, read_json, write_atomic_bytes, write_atomic_json
 from flowsim.methods import METHOD, method_for
-from flowsim.families import FAMILIES, compute_observables
-from flowsim.progress import TICK_SECONDS, ticking
-from flowsim.rundir import check_output_dir, discard_unused_folder, folder_lock, library_versions
-from flowsim.status import Status
-from flowsim.solvers import solve_flow, solve_flow_batch
-from flowsim.stages import EVENT_STAGES
-from flowsim.specialisation import summarise
-from flowsim.sweep_backends import run_dask, run_local
+from flowsim.observe.families import FAMILIES, compute_observables
+from flowsim.common.progress import TICK_SECONDS, ticking
+from flowsim.runs.rundir import check_output_dir, discard_unused_folder, folder_lock, library_versions
+from flowsim.solve.status import Status
+from flowsim.solve.solvers import solve_flow, solve_flow_batch
+from flowsim.observe.stages import EVENT_STAGES
+from flowsim.observe.specialisation import summarise
+from flowsim.runs.sweep_backends import run_dask, run_local
 
 BACKENDS = ("local", "dask")
 # sweep.csv's columns: every row's, then those of the model families present (``ModelFamily.table_columns``)
@@ -437,7 +437,7 @@ def run_sweep(
 def _run_sweep_locked(grid, specs, out, config_text, base, seeds, backend, workers, scheduler, batch, force_new,
                       progress) -> list[dict]:
     """``run_sweep`` once it holds the folder's lock."""
-    from flowsim.plots import plot_sweep_phase_diagram
+    from flowsim.runs.plots import plot_sweep_phase_diagram
 
     stale = stale_rows(config_text, base, specs, out)
     if stale and not force_new:

@@ -14,11 +14,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 import numpy as np  # noqa: E402
 
-from flowsim.families import FAMILIES, family_of_observables  # noqa: E402
-from flowsim.io import write_atomic_bytes  # noqa: E402
-from flowsim.observables import Observables  # noqa: E402
-from flowsim.stages import STAGE, StageReport  # noqa: E402
-from flowsim.status import Status  # noqa: E402
+from flowsim.observe.families import FAMILIES, family_of_observables  # noqa: E402
+from flowsim.common.io import write_atomic_bytes  # noqa: E402
+from flowsim.observe.observables import Observables  # noqa: E402
+from flowsim.observe.stages import STAGE, StageReport  # noqa: E402
+from flowsim.solve.status import Status  # noqa: E402
 
 
 

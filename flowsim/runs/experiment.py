@@ -1,5 +1,5 @@
 """One run end to end: config -> chain, model, loss, flow -> solver -> run directory, then its observables, stage
-labels (``flowsim.labelling``) and summary figure; and the resume of a stopped run."""
+labels (``flowsim.runs.labelling``) and summary figure; and the resume of a stopped run."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from pathlib import Path
 
 from flowsim.assemble import PreparedRun, bayes_loss, sequence_law, model_description, prepare
 from flowsim.config import ConfigError, RunConfig, changed_keys, load_config
-from flowsim.interrupts import signals_interrupt, stop_requests
-from flowsim.io import DamagedFileError, read_npz, write_atomic_bytes, write_atomic_npz
+from flowsim.common.interrupts import signals_interrupt, stop_requests
+from flowsim.common.io import DamagedFileError, read_npz, write_atomic_bytes, write_atomic_npz
 from flowsim.methods import METHOD, default_rtol, method_for
-from flowsim.families import compute_observables
-from flowsim.observables import OBSERVABLES_NPZ
-from flowsim.plots import plot_run_summary
-from flowsim.rundir import (
+from flowsim.observe.families import compute_observables
+from flowsim.observe.observables import OBSERVABLES_NPZ
+from flowsim.runs.plots import plot_run_summary
+from flowsim.runs.rundir import (
     CONFIG_FILE,
     META_FILE,
     SOLVER_STATE_FILE,
@@ -35,9 +35,9 @@ from flowsim.rundir import (
     write_config,
     write_meta,
 )
-from flowsim.solvers import FlowResult, ResumePoint, SavedStateError, SolverStats, solve_flow
-from flowsim.status import Status
-from flowsim.labelling import RESUMABLE, save_observables, stages_of
+from flowsim.solve.solvers import FlowResult, ResumePoint, SavedStateError, SolverStats, solve_flow
+from flowsim.solve.status import Status
+from flowsim.runs.labelling import RESUMABLE, save_observables, stages_of
 
 def execute_run(
     config: RunConfig, run_dir: Path, *, progress: bool = True, prepared: PreparedRun | None = None,

@@ -27,7 +27,7 @@ can show progress and checkpoint between calls without changing the steps.
 A batch is B flows of one structure (``GradientFlow.structure_key``: the same model and
 rates, different chains and starts). Each member keeps its own t, h and Jacobian and
 takes exactly the steps it takes alone; a Jacobian is recomputed only for the members
-that need one. Member status is ``flowsim.status.Status``.
+that need one. Member status is ``flowsim.solve.status.Status``.
 
 Cost per Newton iteration: three vector-field evaluations and O(n k) for the solve,
 with k the rank of the eigensystem kept (n for a full one, ``solvers.stiff_rank(n)`` otherwise).
@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flowsim.status import Status
+from flowsim.solve.status import Status
 
 RUNNING, FINISHED, STEP_LIMIT, NON_FINITE, SOLVER_FAILED = (
     int(Status.RUNNING), int(Status.FINISHED), int(Status.STEP_LIMIT), int(Status.NON_FINITE), int(Status.SOLVER_FAILED))

@@ -11,15 +11,15 @@ import numpy as np
 
 from flowsim.assemble import prepare, sequence_law
 from flowsim.config import ConfigError, load_config
-from flowsim.families import compute_observables, family_of, family_of_observables
-from flowsim.integration import FlowResult
-from flowsim.io import DamagedFileError, file_digest, read_npz
-from flowsim.models import Model
-from flowsim.observables import MEASURED_BY, OBSERVABLES_NPZ, TRAJECTORY_DIGEST, Observables
-from flowsim.rundir import CONFIG_FILE, TRAJECTORY_FILE, load_run, read_meta, status_of
-from flowsim.stages import StageReport, detect_stages
-from flowsim.status import Status
-from flowsim.trajectory import Trajectory
+from flowsim.observe.families import compute_observables, family_of, family_of_observables
+from flowsim.solve.integration import FlowResult
+from flowsim.common.io import DamagedFileError, file_digest, read_npz
+from flowsim.model.models import Model
+from flowsim.observe.observables import MEASURED_BY, OBSERVABLES_NPZ, TRAJECTORY_DIGEST, Observables
+from flowsim.runs.rundir import CONFIG_FILE, TRAJECTORY_FILE, load_run, read_meta, status_of
+from flowsim.observe.stages import StageReport, detect_stages
+from flowsim.solve.status import Status
+from flowsim.solve.trajectory import Trajectory
 
 RESUMABLE = (Status.INTERRUPTED.label, Status.STEP_LIMIT.label)  # the statuses `flowsim run --resume` continues
 MIN_SAMPLES_FOR_STAGES = 3

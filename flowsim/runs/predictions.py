@@ -18,13 +18,13 @@ from typing import Callable
 
 import flowsim
 import theory
-from flowsim.caches import cache_dir
+from flowsim.common.caches import cache_dir
 from flowsim.config import ConfigError, RunConfig, load_config
 from flowsim.assemble import sequence_law, prepare
-from flowsim.labelling import label_run
-from flowsim.io import REMEDY, DamagedFileError, file_digest, read_json, read_npz, write_atomic_json, write_atomic_npz
-from flowsim.models import PositionalTwoLayerTransformer
-from flowsim.rundir import CONFIG_FILE, load_run
+from flowsim.runs.labelling import label_run
+from flowsim.common.io import REMEDY, DamagedFileError, file_digest, read_json, read_npz, write_atomic_json, write_atomic_npz
+from flowsim.model.models import PositionalTwoLayerTransformer
+from flowsim.runs.rundir import CONFIG_FILE, load_run
 from theory.pathwise import PathwiseFactors, check_pathwise_supported, pathwise_along, positional_pathwise_along
 from theory.predict import PredictionSummary, Row, compared_rows, predict_run
 
@@ -35,13 +35,13 @@ PATHWISE_NPZ = "pathwise.npz"
 def _source_digest() -> str:
     """The theory's own source and the detectors': a cached prediction is reused only by the code that made it."""
     digest = hashlib.sha256()
-    for path in sorted(Path(theory.__file__).parent.glob("*.py")) + [Path(flowsim.__file__).parent / "stages.py"]:
+    for path in sorted(Path(theory.__file__).parent.glob("*.py")) + [Path(flowsim.__file__).parent / "observe" / "stages.py"]:
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
 def prediction_cache_dir() -> Path | None:
-    """FLOWSIM_PREDICTION_CACHE: a directory, or "off"; by default the user's cache directory (``flowsim.caches``)."""
+    """FLOWSIM_PREDICTION_CACHE: a directory, or "off"; by default the user's cache directory (``flowsim.common.caches``)."""
     chosen = cache_dir("FLOWSIM_PREDICTION_CACHE", "predictions")
     return None if chosen is None else Path(chosen)
 

@@ -14,12 +14,12 @@ from typing import Callable
 
 import numpy as np
 
-from flowsim.flow import GradientFlow
-from flowsim.models import Model, OneLayerTransformer, PositionalTwoLayerTransformer, TwoLayerTransformer
-from flowsim.observables import Observables, one_layer_observables, positional_observables, two_layer_observables
-from flowsim.stages import EVENT_STAGES
-from flowsim.tasks import SequenceLaw
-from flowsim.trajectory import Trajectory
+from flowsim.model.flow import GradientFlow
+from flowsim.model.models import Model, OneLayerTransformer, PositionalTwoLayerTransformer, TwoLayerTransformer
+from flowsim.observe.observables import Observables, one_layer_observables, positional_observables, two_layer_observables
+from flowsim.observe.stages import EVENT_STAGES
+from flowsim.model.tasks import SequenceLaw
+from flowsim.solve.trajectory import Trajectory
 
 KIND_CONSTANT = "model_kind"
 
@@ -34,7 +34,7 @@ class ModelFamily:
     kind: str  # model.kind in configurations
     model_types: tuple[type, ...]
     observables: ObservablesFunction
-    stage_detectors_apply: bool  # the stage detectors (flowsim.stages) read its observables
+    stage_detectors_apply: bool  # the stage detectors (flowsim.observe.stages) read its observables
     embedding: str  # the matrix whose singular values its summary plot shows
     entropy: str  # the attention-entropy column its summary plot shows per query
     lower_entropy: str | None = None  # a second layer's entropy, drawn dashed beside it
@@ -87,7 +87,7 @@ def family_of(model: object) -> ModelFamily:
 
 def compute_observables(trajectory: Trajectory, model: Model, pi: np.ndarray, flow: GradientFlow | None = None,
                         law: SequenceLaw | None = None, fold_d: int | None = None) -> Observables:
-    """All observables of a trajectory, by its model's family (``flowsim.observables`` lists them), on a chain with
+    """All observables of a trajectory, by its model's family (``flowsim.observe.observables`` lists them), on a chain with
     frequencies ``pi`` or, for a sequence task, its exact law of contexts ``law``; gradient norms when ``flow`` is
     given; the attention kept over ``fold_d`` types and "other" (``observables.fold_d``; None: the family's
     default). The family's kind is recorded among the constants."""

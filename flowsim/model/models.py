@@ -296,7 +296,7 @@ class TwoLayerTransformer:
 
 @dataclass(frozen=True)
 class PositionalTwoLayerTransformer:
-    """The two-layer model over positions, for sequence tasks (``flowsim.tasks``): every
+    """The two-layer model over positions, for sequence tasks (``flowsim.model.tasks``): every
     position has its own residual stream, attention is causal, and a learned positional
     embedding W_P (s x m) is added to the token embedding. The other parameters are the
     ``TwoLayerTransformer``'s (same names, same FFN options). For a context x_1..x_s:

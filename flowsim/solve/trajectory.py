@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flowsim.io import DamagedFileError, read_npz, write_atomic_npz
+from flowsim.common.io import DamagedFileError, read_npz, write_atomic_npz
 
 
 @dataclass(frozen=True)

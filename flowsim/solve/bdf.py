@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flowsim.stiff import FINISHED, NON_FINITE, RUNNING, SOLVER_FAILED, STEP_LIMIT, compile_loop, select_initial_step
+from flowsim.solve.stiff import FINISHED, NON_FINITE, RUNNING, SOLVER_FAILED, STEP_LIMIT, compile_loop, select_initial_step
 
 MAX_ORDER = 5
 NEWTON_MAXITER = 4

@@ -1,6 +1,6 @@
 """Stage detectors: label the intervals of a trajectory from its observables.
 
-Each detector reads named observables (see ``flowsim.observables``) and works on exact
+Each detector reads named observables (see ``flowsim.observe.observables``) and works on exact
 flows and on noisy, irregularly sampled training logs alike: every series is first
 smoothed by a running median over a window in log-time, and every decision uses
 hysteresis (a threshold to enter a state and a different one to leave it).
@@ -38,8 +38,8 @@ from typing import Callable, Literal, NamedTuple
 
 import numpy as np
 
-from flowsim.io import write_atomic_bytes, write_atomic_json
-from flowsim.observables import Observables
+from flowsim.common.io import write_atomic_bytes, write_atomic_json
+from flowsim.observe.observables import Observables
 
 STAGES_JSON, STAGES_TEXT = "stages.json", "stages.txt"
 
