@@ -8,7 +8,9 @@ A seeded family drawn for this benchmark: per d, two chains of the paper family 
 ``--text-d``; m = k = 8, mean-field loss, seed-0 start. Each chain's exact flow (rtol 1e-8, 600 log-spaced saves)
 runs to twice the later of the two first-focus predictions (formula, Stage II's orbit), at most t = 20 000, and its
 detectors give the measured end of condensation and first focus of the most frequent query. The formula's seconds
-are its own evaluation after the run's set-up. The table goes into RESULTS.md (section formula-accuracy-seed-S).
+are its own evaluation after the run's set-up; h* is the attention coupling with its sign (h* > 0: no focus by the
+formula). The last line counts the formula's first foci that the flow does not show by twice their time. The
+table goes into RESULTS.md (section formula-accuracy-seed-S).
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ def chains(seed: int, dims: list[int], text_d: list[int], data: Path | None) -> 
     return cases
 
 
-def accuracy(name: str, P: np.ndarray, eps: float) -> str:
+def accuracy(name: str, P: np.ndarray, eps: float) -> tuple[str, bool]:
+    """The chain's row, and whether the formula put a first focus within the flow's horizon that the flow lacks."""
     from flowsim.assemble import prepare
     from flowsim.config import load_config, transition_override
     from theory.focus import predict_focus
@@ -62,8 +65,9 @@ def accuracy(name: str, P: np.ndarray, eps: float) -> str:
     stage_two = predict_focus(MeanFieldChain(chain.pi, chain.P), prepared.params0, stage_one, prepared.model.k)
     query = formulas.constants.query
     orbit_focus = stage_two.t_onset.get(query)
-    later = max([t for t in (formulas.focus, orbit_focus) if t is not None], default=5 * formulas.condensation)
-    report = measured_stages(flow_config(overrides, eps, min(2 * later, T_CAP), 600))
+    later = max([t for t in (formulas.focus, orbit_focus) if t is not None], default=5 * (formulas.condensation or 10.0))
+    horizon = min(2 * later, T_CAP)
+    report = measured_stages(flow_config(overrides, eps, horizon, 600))
     condensed = next((i.t_end for i in report.intervals if i.stage == "condensation"), None)
     focused = next((i.t_start for i in report.intervals if i.stage == "focus" and i.query == query), None)
     c = formulas.constants
@@ -75,9 +79,10 @@ def accuracy(name: str, P: np.ndarray, eps: float) -> str:
         return f"{predicted:.4g}{error}"
 
     show = lambda value: "–" if value is None else f"{value:.4g}"  # noqa: E731
-    return (f"| {name} | {eps:g} | {c.mu1:.3g} | {c.mu2:.3g} | {pair(formulas.condensation, condensed)} "
+    false_focus = formulas.focus is not None and 2 * formulas.focus <= horizon and focused is None
+    return (f"| {name} | {eps:g} | {c.mu1:.3g} | {c.h_sign * c.mu2:+.3g} | {pair(formulas.condensation, condensed)} "
             f"| {pair(stage_one.t_end, condensed)} | {show(condensed)} | q{query} | {pair(formulas.focus, focused)} "
-            f"| {pair(orbit_focus, focused)} | {show(focused)} | {seconds:.3f} |")
+            f"| {pair(orbit_focus, focused)} | {show(focused)} | {seconds:.3f} |"), false_focus
 
 
 def main() -> None:
@@ -91,13 +96,18 @@ def main() -> None:
     arguments = parser.parse_args()
     data = arguments.data
     started = time.perf_counter()
-    lines = ["| chain | ε | μ1 | μ2 | condensation: formula | Stage I orbit | exact flow | query "
+    lines = ["| chain | ε | μ1 | h* | condensation: formula | Stage I orbit | exact flow | query "
              "| first focus: formula | Stage II orbit | exact flow | formula s |",
              "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    false_foci = []
     for eps in arguments.eps or [1e-2, 1e-3]:
         for name, P in chains(arguments.seed, arguments.dims, arguments.text_d, data):
-            lines.append(accuracy(name, P, eps))
-            print(lines[-1], flush=True)
+            line, false_focus = accuracy(name, P, eps)
+            lines.append(line)
+            false_foci += [f"{name} at ε = {eps:g}"] if false_focus else []
+            print(line, flush=True)
+    lines += ["", f"First foci the formula puts within half the flow's horizon and the flow does not show: {len(false_foci)}"
+              + (f" ({'; '.join(false_foci)})" if false_foci else "")]
     command = (f"python benchmarks/formula_accuracy.py --seed {arguments.seed}"
                + "".join(f" --eps {eps:g}" for eps in arguments.eps or [1e-2, 1e-3])
                + f" --dims {' '.join(map(str, arguments.dims))} --text-d {' '.join(map(str, arguments.text_d))}")

@@ -184,6 +184,8 @@ def predict(
             rows, formulas = predict_formulas_only(load_config(config, set_))
         except (ConfigError, ValueError) as error:
             _fail(str(error))
+        except RuntimeError as error:  # the curvature's linear solve
+            _fail(f"the formulas failed: {error}", code=1)
         typer.echo(table(rows, measured=False))
         typer.echo(formula_line(formulas))
         return

@@ -4,6 +4,7 @@ comparison with the ODE (CPU only)."""
 import itertools
 import json
 import re
+import sys
 from pathlib import Path
 from collections import Counter
 
@@ -689,6 +690,8 @@ def test_the_device_check_script_runs_end_to_end_within_its_budget(tmp_path):
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_validation.sh"
     env = {**os.environ, "GPU_CHECK_DEVICE": "cpu", "GPU_CHECK_BUDGET": "400", "FLOWSIM_DATA_DIR": str(DATA_DIR),
+           # the script calls `python`: this interpreter's, whether or not its environment is activated
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
            "GPU_CHECK_TEXT": "--set data.vocab_size=31 --set log.track=[] --set optim.steps=64",
            "GPU_CHECK_GPT": "--set model.n_layer=2 --set model.d_model=16 --set model.n_head=2 --set optim.steps=20 "
                             "--set data.vocab_size=31"}

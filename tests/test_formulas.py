@@ -184,3 +184,47 @@ def test_predict_tier_formula_prints_the_closed_forms_alone():
     assert "μ2 = |h*| = 0.0797847" in result.output  # the default chain's coupling, as the reduced tier's μ2
     bad = CliRunner().invoke(app, ["predict", "--tier", "fast"])
     assert bad.exit_code == 2 and "--tier must be 'both' or 'formula', got 'fast'" in bad.output
+
+
+def test_logistic_square_integral_keeps_its_digits_far_left():
+    from scipy.integrate import quad
+
+    for u in (-40.0, -10.0, -7.5):
+        want, _ = quad(lambda v: np.exp(2 * v) / (1.0 + np.exp(v)) ** 2, -np.inf, u, epsabs=0, epsrel=1e-13)
+        assert logistic_square_integral(u) == pytest.approx(want, rel=1e-12)
+
+
+def test_no_focus_where_the_attention_turns_away_from_the_frequent_token_or_has_no_coupling():
+    """h* > 0: the unstable attention (φ < 0) moves the frequent query's mass off the frequent token, which is not
+    Stage II's focus (the reduced tier finds the entropy falling 0.01 nats on this chain, the exact flow no focus by
+    t = 4000); i.i.d. tokens (P = 1 π^T): h* = 0 up to rounding, whatever its sign."""
+    pi, P = general_chain(4, seed=162)
+    constants = chain_constants(pi, P)
+    assert constants.h_sign > 0 and constants.mu2 > 0
+    assert first_focus(constants, pi, 1e-2, 1e-2) is None
+    iid = np.outer(np.ones(4), pi)
+    flat = chain_constants(pi, iid)
+    assert flat.mu2 == 0 and flat.kappa == 0 and first_focus(flat, pi, 1e-2, 1e-2) is None
+
+
+def test_a_start_past_condensations_level_has_no_condensation_time():
+    pi, P = paper_chain(5, seed=3)
+    constants = chain_constants(pi, P)
+    level = 1 / 3
+    a0_at_level = np.sqrt(2 * level**2 * constants.ell_norm / np.linalg.norm(pi))
+    assert condensation_end(constants, pi, 0.99 * a0_at_level, level) is not None
+    assert condensation_end(constants, pi, 1.01 * a0_at_level, level) is None
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("chain.pi=[0.25, 0.25, 0.25, 0.25]", "no condensation to time: π is uniform"),
+    ("chain.pi=[1.0, 0.0, 0.0]", "π"),
+])
+def test_predict_tier_formula_refuses_a_chain_outside_the_formulas_in_one_line(setting, message):
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+
+    result = CliRunner().invoke(app, ["predict", "--tier", "formula", "--set", setting])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1

@@ -58,6 +58,9 @@ from theory.mean_field import MeanFieldChain, condensed_point
 from theory.origin import unstable_projection
 
 
+ROUNDING = 1e-12  # |h*| below this × ‖ℓ‖ is rounding: no attention coupling at the condensed point
+
+
 @dataclass(frozen=True)
 class ChainConstants:
     """The closed-form constants of a chain: the rates at the two critical points and the condensed scale."""
@@ -78,20 +81,24 @@ def chain_constants(pi: np.ndarray, P: np.ndarray) -> ChainConstants:
         raise ValueError(f"the formulas need π > 0 everywhere, got min π = {pi.min():g} (token {int(np.argmin(pi))})")
     norm = float(np.linalg.norm(pi))
     mu1 = norm * float(np.linalg.norm(pi - 1.0 / len(pi)))
+    if mu1 < 1e-12 * norm:
+        raise ValueError(f"no condensation to time: π is uniform (d = {len(pi)}), so μ1 = ‖π‖ ‖π - u‖ = 0")
     ell = np.log(pi) - np.mean(np.log(pi))
     ell_norm = float(np.linalg.norm(ell))
     h = ell_norm * float(pi**2 @ (pi @ ell - P @ ell)) * (float(np.sum(pi**3)) - norm**4) / norm**5
+    if abs(h) <= ROUNDING * ell_norm:  # P = 1 π^T (i.i.d. tokens) gives h* = 0 up to rounding, of either sign
+        h = 0.0
     kappa = attention_curvature(pi, P, abs(h)) if h != 0 else 0.0
     return ChainConstants(mu1, abs(h), float(np.sign(h)), ell_norm, float(np.sqrt(ell_norm / norm)), int(np.argmax(pi)),
                           kappa)
 
 
-def condensation_end(constants: ChainConstants, pi: np.ndarray, a0: float, level: float) -> float:
-    """t_c = [log(‖ℓ‖/x0 - 1) + log(q²/(1 - q²))] / (2 μ1), x0 = ‖π‖ a0²/2, q = ``level``."""
+def condensation_end(constants: ChainConstants, pi: np.ndarray, a0: float, level: float) -> float | None:
+    """t_c = [log(‖ℓ‖/x0 - 1) + log(q²/(1 - q²))] / (2 μ1), x0 = ‖π‖ a0²/2, q = ``level``; None where the start is
+    already past the level (x0 ≥ q² ‖ℓ‖: no condensation to time)."""
     x0 = float(np.linalg.norm(pi)) * a0**2 / 2
-    if x0 >= constants.ell_norm:
-        raise ValueError(f"the initial amplitude a0 = {a0:g} is past the condensed scale (|z(0)| = {x0:g} >= ‖ℓ‖ = "
-                         f"{constants.ell_norm:g}): there is no condensation to time")
+    if x0 >= level**2 * constants.ell_norm:
+        return None
     return (np.log(constants.ell_norm / x0 - 1.0) + np.log(level**2 / (1.0 - level**2))) / (2 * constants.mu1)
 
 
@@ -103,19 +110,23 @@ def focus_entropy(constants: ChainConstants, pi: np.ndarray, phi: float) -> floa
 
 
 def half_focus_logit(constants: ChainConstants, pi: np.ndarray) -> float | None:
-    """φ_½ > 0 (in the sign -sign(h*)) where the frequent query's entropy is half H(π); None where it never is."""
+    """φ_½ > 0 where the frequent query's entropy is half H(π) (φ > 0: the attention of h* < 0, towards the frequent
+    token); None where it never is (ties at the top of π)."""
     target = focus_entropy(constants, pi, 0.0) / 2
-    sign = -constants.h_sign or 1.0
     far = 1.0
-    while focus_entropy(constants, pi, sign * far) > target:
+    while focus_entropy(constants, pi, far) > target:
         far *= 2
         if far > 1e12:
             return None
-    return brentq(lambda phi: focus_entropy(constants, pi, sign * phi) - target, 0.0, far, xtol=1e-12, rtol=1e-12)
+    return brentq(lambda phi: focus_entropy(constants, pi, phi) - target, 0.0, far, xtol=1e-12, rtol=1e-12)
 
 
 def logistic_square_integral(u: float) -> float:
-    """I(u) = ∫_{-∞}^u σ(v)² dv = log(1 + e^u) - σ(u), σ the logistic function (σ² = σ - σ'); I(u) = u - 1 + o(1)."""
+    """I(u) = ∫_{-∞}^u σ(v)² dv = log(1 + e^u) - σ(u) = -log(1 - s) - s, s = σ(u) (σ² = σ - σ'); I(u) = u - 1 + o(1).
+    For s < 1e-3 the series s²/2 + s³/3 + s⁴/4 + s⁵/5 (to 1e-15 relative), where the difference would cancel."""
+    if u < -7.0:  # s < 1e-3
+        s = float(np.exp(u) / (1.0 + np.exp(u)))
+        return s**2 / 2 + s**3 / 3 + s**4 / 4 + s**5 / 5
     return float(np.logaddexp(0.0, u) - 1.0 / (1.0 + np.exp(-u)))
 
 
@@ -145,6 +156,7 @@ def _hessian_product(d: int, x, v, pi, log_pi, P):
 DENSE_UP_TO = 64  # up to this d the (2d x 2d) Hessian is formed from the closed-form gradient; beyond, conjugate
 # gradients on compiled Hessian-vector products (whose compilation, about 1 s, costs more than the whole dense route
 # at small d)
+SHIFT_FLOOR = 1e-8  # the dense Hessian's rounding (about -2e-12 in its least eigenvalue) must not decide the solve
 STEP = 1e-5  # central differences of the closed-form gradient: truncation O(STEP²) ≈ 1e-10, rounding ≈ 1e-11
 
 
@@ -185,7 +197,7 @@ def attention_curvature(pi: np.ndarray, P: np.ndarray, mu2: float) -> float:
     d = DENSE_UP_TO (``dense_curvature_parts``), else O(d²) per conjugate-gradient step on autodiff's products."""
     pi, P = np.asarray(pi, dtype=float), np.asarray(P, dtype=float)
     d = len(pi)
-    shift = 2 * mu2
+    shift = max(2 * mu2, SHIFT_FLOOR)
     if d <= DENSE_UP_TO:
         second, b, H = dense_curvature_parts(pi, P)
         return float(second - b @ np.linalg.solve(H + shift * np.eye(2 * d), b))
@@ -214,9 +226,13 @@ def first_focus(constants: ChainConstants, pi: np.ndarray, a0: float, a_attentio
     """t_f = t_½ + U/(2 μ1), where (μ2/(2 μ1)) I(U) = log((2 φ_lin)^½ / a_A): the attention's growth G(t) = μ2 ∫ y² on the
     logistic y = σ(2 μ1 (t - t_½)) reaches the half-focus logit from φ0 = a_A²/2, its nonlinear growth folded into φ_lin
     (``linear_equivalent_logit``). Past condensation (U ≫ 1) this is t_½ + 1/(2 μ1) + log(2 φ_lin/a_A²)/(2 μ2).
-    None where the attention never halves the entropy or μ2 = 0."""
+    None where μ2 = 0, where h* > 0 (the unstable attention, φ < 0, turns the frequent query away from the frequent
+    token: not the focus of Stage II, whose mass goes to that token), or where the attention never halves the
+    entropy."""
+    if constants.mu2 <= 0 or constants.h_sign > 0 or a_attention <= 0:
+        return None
     phi_half = half_focus_logit(constants, pi)
-    if phi_half is None or constants.mu2 <= 0:
+    if phi_half is None:
         return None
     phi_lin = linear_equivalent_logit(constants.mu2, constants.kappa, phi_half, a_attention**2 / 2)
     x0 = float(np.linalg.norm(pi)) * a0**2 / 2
@@ -237,7 +253,7 @@ class FormulaPrediction:
     constants: ChainConstants
     a0: float  # θ(0)'s amplitude along the origin's unstable directions
     a_attention: float  # (W_Q, W_K)'s along the condensed point's
-    condensation: float
+    condensation: float | None  # None: the start is already past condensation's level
     focus: float | None  # the most frequent query's first focus; None: no focus by these formulas
     leading_condensation: float  # log(1/ε)/μ1
     leading_focus: float  # (1/μ1 + 1/μ2) log(1/ε)
@@ -261,5 +277,5 @@ def predict_formulas(pi: np.ndarray, P: np.ndarray, params0, eps: float,
     leading = np.log(1.0 / eps)
     return FormulaPrediction(
         constants, a0, a_attention, condensation_end(constants, pi, a0, th.condensation_level),
-        first_focus(constants, pi, a0, a_attention) if a_attention > 0 else None,
+        first_focus(constants, pi, a0, a_attention),
         leading / constants.mu1, leading * (1 / constants.mu1 + 1 / constants.mu2) if constants.mu2 > 0 else np.inf)

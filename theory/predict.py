@@ -210,7 +210,8 @@ def predict_formulas_only(config: RunConfig) -> tuple[list[Row], FormulaPredicti
     prepared = prepare(config)
     eps = config.init.eps if config.init.file is None else float(np.sqrt(np.mean(np.asarray(prepared.params0["W0"]) ** 2)))
     formulas = predict_formulas(prepared.chain.pi, prepared.chain.P, prepared.params0, eps)
-    rows = [Row("condensation", None, None, None, formula=formulas.condensation)]
+    rows = [Row("condensation", None, None, None, formula=formulas.condensation,
+                note="" if formulas.condensation is not None else "the start is past condensation's level already")]
     if formulas.focus is not None:
         rows.append(Row("focus", formulas.constants.query, None, None, formula=formulas.focus))
     return rows, formulas
