@@ -34,7 +34,7 @@ from flowsim.bridge.compare import ODE_DIR, compare_bridge_run, relative_error
 from flowsim.bridge.config import load_bridge_config
 from flowsim.bridge.regime import check_flow_regime, scaled_learning_rate
 from flowsim.bridge.train import build_data, train
-from flowsim.bridge.validate import theory_events
+from flowsim.bridge.validate import theory_config, theory_events
 from flowsim.config import shipped_config
 from flowsim.observe.observables import Observables
 from flowsim.observe.stages import detect_stages, event_label
@@ -73,7 +73,9 @@ def corpus_tables(corpus: str, out: Path, overrides: list[str], theory: bool = F
     names = [str(name) for name in Observables.load(run).constants["type_names"]]
     if theory:
         started = time.perf_counter()
-        predicted_by_theory, theory_notes, _ = theory_events(config, build_data(config), run, out / corpus / "theory", print)
+        data = build_data(config)
+        run_config = theory_config(config, data, run, out / corpus / "theory")
+        predicted_by_theory, theory_notes, _ = theory_events(run_config, data, print)
         theory_seconds = time.perf_counter() - started
     lines = [f"### {corpus}", "",
              f"d = {description['surrogate_d']} (vocab_size {config.data.vocab_size} + <unk>), m = k = {config.model.m}, "

@@ -165,7 +165,7 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     if origin_rate(source.pi) < 1e-12 * np.linalg.norm(source.pi):  # μ1 = ‖π‖ ‖π - u‖
         raise ConfigError(f"no condensation to predict: π is uniform (d = {len(source.pi)}), so μ1 = ‖π‖ ‖π - u‖ = 0 "
                           "and the origin has no unstable direction")
-    eps = config.init.eps if config.init.file is None else float(np.sqrt(np.mean(np.asarray(prepared.params0["W0"]) ** 2)))
+    eps = initial_scale(config, prepared.params0)
     chain = MeanFieldChain(source.pi, source.P)
     t_end = float(config.time.t_end)
     progress(f"Stage I: spectrum at the origin and the condensation orbit (d = {chain.d})")
@@ -203,12 +203,17 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     return Prediction(with_formulas(rows, formulas), condensation, focus, cycles, formulas, t_end)
 
 
+def initial_scale(config: RunConfig, params0) -> float:
+    """ε: the configured one, or the RMS of W0's entries for a start read from a file."""
+    return config.init.eps if config.init.file is None else float(np.sqrt(np.mean(np.asarray(params0["W0"]) ** 2)))
+
+
 def predict_formulas_only(config: RunConfig) -> tuple[list[Row], FormulaPrediction]:
     """The formula tier alone (``flowsim predict --tier formula``): condensation's end and the first focus in closed
     form, no flow integrated; O(d² + d m) after the run's set-up."""
     check_supported(config)
     prepared = prepare(config)
-    eps = config.init.eps if config.init.file is None else float(np.sqrt(np.mean(np.asarray(prepared.params0["W0"]) ** 2)))
+    eps = initial_scale(config, prepared.params0)
     formulas = predict_formulas(prepared.chain.pi, prepared.chain.P, prepared.params0, eps)
     rows = [Row("condensation", None, None, None, formula=formulas.condensation,
                 note="" if formulas.condensation is not None else "the start is past condensation's level already")]
@@ -220,9 +225,8 @@ def predict_formulas_only(config: RunConfig) -> tuple[list[Row], FormulaPredicti
 def with_formulas(rows: list[Row], formulas: FormulaPrediction) -> list[Row]:
     """The formula tier's times on the rows it has a formula for: condensation's end and the first focus."""
     first_focus = next((row for row in rows if row.stage == "focus" and row.query == formulas.constants.query), None)
-    by_row = {id(row): value for row, value in ((first_focus, formulas.focus),) if row is not None}
-    return [replace(row, formula=formulas.condensation if row.stage == "condensation" else by_row.get(id(row)))
-            for row in rows]
+    return [replace(row, formula=formulas.condensation if row.stage == "condensation"
+                    else formulas.focus if row is first_focus else None) for row in rows]
 
 
 def confirmed_events(cycles: CyclePrediction, stage: str, query: int) -> list:

@@ -77,14 +77,14 @@ def theory_config(config: BridgeConfig, data: DataSource, run_dir: Path, folder:
         raise ConfigError(f"the surrogate as a run config: {error}") from None
 
 
-def theory_events(config: BridgeConfig, data: DataSource, run_dir: Path, folder: Path,
+def theory_events(run_config: RunConfig, data: DataSource,
                   progress: Callable[[str], None]) -> tuple[dict[tuple, float], dict[tuple, str], str]:
-    """The theory's prediction for a bridge run (``theory_config``, cached by ``cached_prediction``): its events
+    """The theory's prediction for a bridge run (its ``theory_config``, cached by ``cached_prediction``): its events
     keyed as the bridge's (queries folded; types folded into "other" dropped), the notes of events it rules
     out or puts past the horizon, and its constants."""
     from flowsim.runs.predictions import cached_prediction
 
-    summary = cached_prediction(theory_config(config, data, run_dir, folder), progress)
+    summary = cached_prediction(run_config, progress)
     events, notes = {}, {}
     for row in summary.rows:
         key = folded_key(data, row.stage, row.query, row.direction)
@@ -97,12 +97,12 @@ def theory_events(config: BridgeConfig, data: DataSource, run_dir: Path, folder:
     return events, notes, summary.constants
 
 
-def formula_events(config: BridgeConfig, data: DataSource, run_dir: Path, folder: Path) -> dict[tuple, float]:
-    """The formula tier's events for a bridge run (``theory.formulas``: seconds at d = 1001, no flow integrated),
-    keyed as the bridge's."""
+def formula_events(run_config: RunConfig, data: DataSource) -> dict[tuple, float]:
+    """The formula tier's events for a bridge run (its ``theory_config``; ``theory.formulas``: seconds at d = 1001, no
+    flow integrated), keyed as the bridge's."""
     from theory.predict import predict_formulas_only
 
-    rows, _ = predict_formulas_only(theory_config(config, data, run_dir, folder))
+    rows, _ = predict_formulas_only(run_config)
     return {key: float(row.formula) for row in rows
             if row.formula is not None and (key := folded_key(data, row.stage, row.query, row.direction)) is not None}
 
@@ -140,10 +140,11 @@ def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool 
     full_vocabulary = {key: event["t"] for event in description.get("full_vocabulary_events", [])
                        if (key := folded_key(data, event["stage"], event["query"], event["direction"])) is not None}
     names = [str(name) for name in Observables.load(out / "sgd").constants["type_names"]]
+    run_config = theory_config(config, data, out / "sgd", out / "theory")  # the surrogate as a run, for both tiers
     started = time.perf_counter()
     formula_failure = ""
     try:
-        by_formula = formula_events(config, data, out / "sgd", out / "theory")
+        by_formula = formula_events(run_config, data)
     except (ValueError, RuntimeError) as error:  # a chain outside the formulas: the rest of the validation stands
         by_formula, formula_failure = {}, f"the formula tier failed: {error}"
     seconds["formula"] = time.perf_counter() - started
@@ -151,7 +152,7 @@ def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool 
     if theory:
         started = time.perf_counter()
         progress("theory: Stages I-IV on the surrogate (predict_run)")
-        by_theory, notes, constants = theory_events(config, data, out / "sgd", out / "theory", progress)
+        by_theory, notes, constants = theory_events(run_config, data, progress)
         seconds["theory"] = time.perf_counter() - started
     rows = []
     for key in set(keyed) | set(by_theory) | set(notes) | set(full_vocabulary) | set(by_formula):
