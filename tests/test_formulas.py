@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from flowsim import MarkovChain
 from flowsim.config import transition_override
 from prediction_accuracy import flow_config, measured_stages  # benchmarks/ is on the path (conftest)
 from theory.focus import attention_coupling
@@ -17,20 +18,18 @@ from theory.symbolic import MeanFieldTwin
 
 
 def general_chain(d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rows = np.random.default_rng(seed).dirichlet(np.ones(d), size=d)
-    P = np.maximum(rows, 0.1 / d)
-    P /= P.sum(axis=1, keepdims=True)
-    values, vectors = np.linalg.eig(P.T)
-    pi = np.real(vectors[:, np.argmin(np.abs(values - 1))])
-    return pi / pi.sum(), P
+    """(π, P): Dirichlet rows floored at 0.1/d, π stationary (``MarkovChain``)."""
+    rows = np.maximum(np.random.default_rng(seed).dirichlet(np.ones(d), size=d), 0.1 / d)
+    chain = MarkovChain(P=rows / rows.sum(axis=1, keepdims=True))
+    return chain.pi, chain.P
 
 
 def paper_chain(d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(π, P) of the paper family: π ~ Dirichlet(1) floored at 0.02, λ ~ U[0.2, 0.8]."""
     rng = np.random.default_rng(seed)
     pi = np.maximum(np.sort(rng.dirichlet(np.ones(d)))[::-1], 0.02)
-    pi /= pi.sum()
-    lam = rng.uniform(0.2, 0.8)
-    return pi, lam * np.eye(d) + (1 - lam) * np.outer(np.ones(d), pi)
+    chain = MarkovChain(pi=pi / pi.sum(), lam=rng.uniform(0.2, 0.8))
+    return chain.pi, chain.P
 
 
 @pytest.mark.parametrize("d", [2, 3, 4])
@@ -155,18 +154,30 @@ def test_linear_equivalent_logit_is_the_time_of_the_quadratic_growth(phi0):
     assert linear_equivalent_logit(mu2, 0.02, phi_half, phi0) == phi_half  # κ > 0: the linear growth is kept
 
 
-def test_first_focus_past_condensation_is_the_matched_line():
-    """Where μ2 ≪ μ1 the focus comes long after condensation, and t_f = t_½ + 1/(2μ1) + log(2φ_½/a_A²)/(2μ2)."""
+@pytest.mark.parametrize("a_attention", [2e-2, 1e-30])  # a focus during condensation, and long after it
+def test_first_focus_is_where_the_attentions_growth_reaches_the_half_focus_logit(a_attention):
+    """t_f against a quadrature of the growth it solves, G(t) = μ2 ∫ σ(2μ1(s - t_½))² ds = log((2 φ_lin)^½ / a_A), and
+    φ_½ against the entropy written out with scipy (H(softmax(φ_½ c + log π)) = H(π)/2)."""
+    from scipy.integrate import quad
+    from scipy.special import expit, softmax
+    from scipy.stats import entropy
+
     from theory.formulas import half_focus_logit, linear_equivalent_logit
 
     pi, P = paper_chain(4, seed=7)
     constants = chain_constants(pi, P)
-    a0, a_attention = 1e-3, 1e-30  # a tiny attention: the focus comes long after condensation
-    x0 = np.linalg.norm(pi) * a0**2 / 2
-    t_half = np.log(constants.ell_norm / x0 - 1) / (2 * constants.mu1)
-    phi_lin = linear_equivalent_logit(constants.mu2, constants.kappa, half_focus_logit(constants, pi), a_attention**2 / 2)
-    line = t_half + 1 / (2 * constants.mu1) + np.log(2 * phi_lin / a_attention**2) / (2 * constants.mu2)
-    assert first_focus(constants, pi, a0, a_attention) == pytest.approx(line, rel=1e-9)
+    phi_half = half_focus_logit(constants, pi)
+    c = constants.g_star**2 * pi[constants.query] * pi / (pi @ pi)
+    assert entropy(softmax(phi_half * c + np.log(pi))) == pytest.approx(entropy(pi) / 2, rel=1e-9)
+    a0 = 1e-3
+    t_half = np.log(constants.ell_norm / (np.linalg.norm(pi) * a0**2 / 2) - 1) / (2 * constants.mu1)
+    t_focus = first_focus(constants, pi, a0, a_attention)
+    y_squared = lambda s: expit(2 * constants.mu1 * (s - t_half)) ** 2  # noqa: E731
+    settled = min(t_focus, t_half + 40 / constants.mu1)  # past it y² = 1 to 1e-30
+    growth = constants.mu2 * (sum(quad(y_squared, lower, upper, epsabs=0, epsrel=1e-12, limit=200)[0]
+                                  for lower, upper in ((-np.inf, t_half), (t_half, settled))) + t_focus - settled)
+    phi_lin = linear_equivalent_logit(constants.mu2, constants.kappa, phi_half, a_attention**2 / 2)
+    assert growth == pytest.approx(np.log(np.sqrt(2 * phi_lin) / a_attention), rel=1e-8)
 
 
 def test_predict_tier_formula_prints_the_closed_forms_alone():
