@@ -6,8 +6,9 @@
 A seeded family drawn for this benchmark: per d, two chains of the paper family (π ~ Dirichlet(1) floored at 0.2/d,
 λ ~ U[0.2, 0.8]) and two general P (Dirichlet rows floored at 0.1/d), and the bigram surrogates of both corpora at
 ``--text-d``; m = k = 8, mean-field loss, seed-0 start. Each chain's exact flow (rtol 1e-8, 600 log-spaced saves)
-runs to twice the later of the two first-focus predictions (formula, Stage II's orbit), at most t = 20 000, and its
-detectors give the measured end of condensation and first focus of the most frequent query. The formula's seconds
+runs to twice the latest of the two first-focus predictions (formula, Stage II's orbit) and the formula's σ1 restart,
+at most t = 20 000, and its detectors give the measured end of condensation, first focus of the most frequent query
+and σ1's restart. The formula's seconds
 are its own evaluation after the run's set-up; h* is the attention coupling with its sign (h* > 0: no focus by the
 formula). The last line counts the formula's first foci that the flow does not show by twice their time. The
 table goes into RESULTS.md (section formula-accuracy-seed-S).
@@ -65,11 +66,14 @@ def accuracy(name: str, P: np.ndarray, eps: float) -> tuple[str, bool]:
     stage_two = predict_focus(MeanFieldChain(chain.pi, chain.P), prepared.params0, stage_one, prepared.model.k)
     query = formulas.constants.query
     orbit_focus = stage_two.t_onset.get(query)
-    later = max([t for t in (formulas.focus, orbit_focus) if t is not None], default=5 * (formulas.condensation or 10.0))
+    restart = None if formulas.restart is None else formulas.restart.time
+    later = max([t for t in (formulas.focus, orbit_focus, restart) if t is not None],
+                default=5 * (formulas.condensation or 10.0))
     horizon = min(2 * later, T_CAP)
     report = measured_stages(flow_config(overrides, eps, horizon, 600))
     condensed = next((i.t_end for i in report.intervals if i.stage == "condensation"), None)
     focused = next((i.t_start for i in report.intervals if i.stage == "focus" and i.query == query), None)
+    restarted = next((i.t_start for i in report.intervals if i.stage == "restart" and i.direction == 1), None)
     c = formulas.constants
 
     def pair(predicted: float | None, measured: float | None) -> str:
@@ -82,7 +86,8 @@ def accuracy(name: str, P: np.ndarray, eps: float) -> tuple[str, bool]:
     false_focus = formulas.focus is not None and 2 * formulas.focus <= horizon and focused is None
     return (f"| {name} | {eps:g} | {c.mu1:.3g} | {c.h_sign * c.mu2:+.3g} | {pair(formulas.condensation, condensed)} "
             f"| {pair(stage_one.t_end, condensed)} | {show(condensed)} | q{query} | {pair(formulas.focus, focused)} "
-            f"| {pair(orbit_focus, focused)} | {show(focused)} | {seconds:.3f} |"), false_focus
+            f"| {pair(orbit_focus, focused)} | {show(focused)} | {pair(restart, restarted)} | {show(restarted)} "
+            f"| {seconds:.3f} |"), false_focus
 
 
 def main() -> None:
@@ -97,8 +102,8 @@ def main() -> None:
     data = arguments.data
     started = time.perf_counter()
     lines = ["| chain | ε | μ1 | h* | condensation: formula | Stage I orbit | exact flow | query "
-             "| first focus: formula | Stage II orbit | exact flow | formula s |",
-             "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+             "| first focus: formula | Stage II orbit | exact flow | σ1 restart: formula | exact flow | formula s |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     false_foci = []
     for eps in arguments.eps or [1e-2, 1e-3]:
         for name, P in chains(arguments.seed, arguments.dims, arguments.text_d, data):

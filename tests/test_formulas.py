@@ -17,6 +17,9 @@ from theory.origin import predict_condensation
 from theory.symbolic import MeanFieldTwin
 
 
+RESTART_BOUND = 0.30  # σ1's restart: the formula's stated bound (docs/theory.md, RESULTS.md "The formula tier")
+
+
 def general_chain(d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(π, P): Dirichlet rows floored at 0.1/d, π stationary (``MarkovChain``)."""
     rows = np.maximum(np.random.default_rng(seed).dirichlet(np.ones(d), size=d), 0.1 / d)
@@ -79,8 +82,9 @@ def test_condensation_formula_approaches_stage_one_orbit_as_eps_shrinks():
 
 
 def test_formulas_against_the_exact_flow_on_a_seeded_family():
-    """Condensation within 6% and the first focus within 12% at ε = 1e-2, the bounds the formula tier states
-    (docs/theory.md; measured on a family of d = 4 to 64, RESULTS.md "The formula tier"), on chains drawn here."""
+    """Condensation within 6%, the first focus within 12% and σ1's restart within RESTART_BOUND at ε = 1e-2, the bounds
+    the formula tier states (docs/theory.md; measured on families of d = 4 to 64, RESULTS.md "The formula tier"), on
+    chains drawn here."""
     from flowsim.assemble import prepare
     from flowsim.config import load_config
 
@@ -91,12 +95,15 @@ def test_formulas_against_the_exact_flow_on_a_seeded_family():
         prepared = prepare(load_config(None, overrides))
         formulas = predict_formulas(prepared.chain.pi, prepared.chain.P, prepared.params0, eps)
         assert formulas.focus is not None
-        report = measured_stages(flow_config(overrides, eps, 2 * formulas.focus, 500))
+        assert formulas.restart is not None and formulas.restart.time is not None
+        report = measured_stages(flow_config(overrides, eps, 1.5 * formulas.restart.time, 500))
         condensed = [i.t_end for i in report.intervals if i.stage == "condensation"]
         focused = [i.t_start for i in report.intervals if i.stage == "focus" and i.query == formulas.constants.query]
-        assert condensed and focused
+        restarted = [i.t_start for i in report.intervals if i.stage == "restart" and i.direction == 1]
+        assert condensed and focused and restarted
         assert formulas.condensation == pytest.approx(condensed[0], rel=0.06), (pi, condensed[0])
         assert formulas.focus == pytest.approx(focused[0], rel=0.12), (pi, focused[0])
+        assert formulas.restart.time == pytest.approx(restarted[0], rel=RESTART_BOUND), (pi, restarted[0])
 
 
 def autodiff_curvature(pi: np.ndarray, P: np.ndarray, mu2: float) -> float:
@@ -191,7 +198,9 @@ def test_predict_tier_formula_prints_the_closed_forms_alone():
     assert lines[0].split() == ["stage", "q/dir", "formula", "reduced"]
     condensation = next(line for line in lines if line.startswith("condensation")).split()
     focus = next(line for line in lines if line.startswith("focus")).split()
+    restart = next(line for line in lines if line.startswith("restart")).split()
     assert condensation[-1] == "-" and focus[:2] == ["focus", "q0"]  # no reduced flow was run
+    assert restart[:2] == ["restart", "σ1"] and restart[-1] == "-" and float(restart[2]) > float(focus[2])
     assert "μ2 = |h*| = 0.0797847" in result.output  # the default chain's coupling, as the reduced tier's μ2
     bad = CliRunner().invoke(app, ["predict", "--tier", "fast"])
     assert bad.exit_code == 2 and "--tier must be 'both' or 'formula', got 'fast'" in bad.output
@@ -239,3 +248,74 @@ def test_predict_tier_formula_refuses_a_chain_outside_the_formulas_in_one_line(s
     result = CliRunner().invoke(app, ["predict", "--tier", "formula", "--set", setting])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_carried_transverse_part_is_what_condensation_leaves_off_its_direction():
+    """σ_max(U), U = (I - π̂π̂^T) W0(0) E, against σ1(W0) of the exact flow once condensed and before the focus: the
+    rows of W0 off π̂ and its columns off α stand still while it condenses."""
+    from flowsim.assemble import prepare
+    from flowsim.config import load_config
+    from flowsim.solve.solvers import solve_flow
+    from theory.formulas import carried_transverse_part
+    from theory.origin import unstable_projection
+
+    pi, P = paper_chain(5, seed=211)
+    overrides = [transition_override(P), "init.eps=1e-3", "init.seed=3"]
+    prepared = prepare(load_config(None, overrides))
+    formulas = predict_formulas(prepared.chain.pi, prepared.chain.P, prepared.params0, 1e-3)
+    assert 3 * formulas.condensation < 0.5 * formulas.focus  # the plateau between them is where U is read
+    config = flow_config(overrides, 1e-3, 3 * formulas.condensation, 50)
+    result = solve_flow(prepared.flow, prepared.params0, np.array([0.0, 3 * formulas.condensation]), rtol=1e-9,
+                        atol=config.solver.atol)
+    sigma = np.linalg.svd(result.trajectory.params["W0"][-1], compute_uv=False)
+    U, _ = carried_transverse_part(prepared.params0, prepared.chain.pi, unstable_projection(prepared.params0, pi)[1])
+    assert sigma[0] > 100 * sigma[1]  # condensed
+    assert np.linalg.svd(U, compute_uv=False)[0] == pytest.approx(sigma[1], rel=0.03)
+
+
+def test_focused_critical_point_is_critical_by_autodiff():
+    """The L-BFGS point's gradient by jax's autodiff of the rank-one loss (not the closed form it was found with)."""
+    import jax
+    import jax.numpy as jnp
+
+    from theory.formulas import _rank_one_loss, focused_critical_point, half_focus_logit
+
+    pi, P = general_chain(6, seed=212)
+    constants = chain_constants(pi, P)
+    assert constants.h_sign < 0
+    gamma, beta, phi = focused_critical_point(pi, P, half_focus_logit(constants, pi))
+    args = (jnp.asarray(pi), jnp.log(jnp.asarray(pi)), jnp.asarray(P))
+    x = jnp.concatenate([jnp.asarray(gamma), jnp.asarray(beta)])
+    d_x, d_phi = jax.grad(_rank_one_loss, argnums=(1, 2))(6, x, phi, *args)
+    assert np.max(np.abs(np.asarray(d_x))) < 1e-8 and abs(float(d_phi)) < 1e-8
+    assert phi > 0  # the attention of h* < 0, towards the frequent token
+
+
+def test_restart_formula_adds_an_order_one_time_to_the_first_focus():
+    """ℓ_1 and a_s both scale with the start, so t_R - t_f does not move when θ(0) is scaled, while t_f does (its
+    log(1/ε) terms)."""
+    from flowsim.assemble import prepare
+    from flowsim.config import load_config
+
+    pi, P = paper_chain(5, seed=213)
+    prepared = prepare(load_config(None, [transition_override(P), "init.eps=1e-2", "init.seed=1"]))
+    gaps, foci = [], []
+    for scale in (1.0, 1e-3):
+        params0 = {name: scale * np.asarray(value) for name, value in prepared.params0.items()}
+        formulas = predict_formulas(prepared.chain.pi, prepared.chain.P, params0, 1e-2 * scale)
+        gaps.append(formulas.restart.time - formulas.focus)
+        foci.append(formulas.focus)
+    assert gaps[0] > 0 and gaps[1] == pytest.approx(gaps[0], rel=1e-6)
+    assert foci[1] > foci[0] + 1.0
+
+
+def test_no_restart_formula_beyond_its_size_says_so(monkeypatch):
+    import theory.formulas as formulas_module
+    from flowsim.assemble import prepare
+    from flowsim.config import load_config
+
+    monkeypatch.setattr(formulas_module, "FOCUSED_UP_TO", 3)
+    prepared = prepare(load_config(None, []))
+    formulas = predict_formulas(prepared.chain.pi, prepared.chain.P, prepared.params0, 1e-3)
+    assert formulas.focus is not None and formulas.restart.time is None
+    assert "no formula beyond d = 3" in formulas.restart.note

@@ -2,9 +2,10 @@
 
 Nothing here integrates a flow: each time is an explicit expression in π, P, ε (through the amplitudes a0 and
 a_A of θ(0) along the origin's and the condensed point's unstable directions, a0 ≈ ε √m and a_A ≈ ε √k for a
-Gaussian start), m and k, two one-dimensional root finds, and one linear solve for the attention's curvature κ.
-Cost O(d²) for μ1, μ2 and the times; κ O(d³) up to d = 64 (milliseconds), O(d²) per conjugate-gradient step beyond
-(about 1 s at d = 1001, compilation included).
+Gaussian start), m and k, two one-dimensional root finds, one linear solve for the attention's curvature κ, and for
+σ1's restart one critical point (L-BFGS) and its transverse spectrum. Cost O(d²) for μ1, μ2 and the times; κ O(d³)
+up to d = 64 (milliseconds), O(d²) per conjugate-gradient step beyond (about 1 s at d = 1001, compilation included);
+the restart O(d²) per L-BFGS iteration (tens to hundreds; under 0.7 s at d = 64) and O(d³) for C's top triplet.
 
 **Condensation.** At θ = 0 the logits z = π^T M of every query grow along π - u at rate 2 μ1, μ1 = ‖π‖ ‖π - u‖, from
 |z(0)| = x0 = ‖π‖ a0² / 2 (W0 = g π̂ α^T and W1 = α β^T with g = |β| = a0/√2), and settle at the condensed logits
@@ -35,6 +36,17 @@ h = y² (-μ2 + κ φ) with κ = ∂²L/∂φ² - b^T (H + 2 μ2 I)^{-1} b (``at
         = t_½ + 1/(2 μ1) + log(2 φ_lin / a_A²) / (2 μ2)   once condensed
         = (1/μ1 + 1/μ2) log(1/ε)  +  O(1).
 
+**σ1's restart.** θ(0)'s part transverse to α (one column per direction of α^⊥) barely moves while W0 condenses
+(at the origin only W0's π̂ row and W1's (π - u)^ column move, and along α^⊥ their unstable combination is 0), so
+condensation leaves U = (I - π̂π̂^T) W0(0) E, Y = ((I - ŵŵ^T) W1(0)^T E; W_Q(0)^T E; W_K(0)^T E)
+(``carried_transverse_part``). Once the frequent query has focused, the rank-one point sits near a critical point
+of the rank-one loss, where the transverse equation dZ/dt = -H_T Z (``theory.transverse``) grows its fastest mode
+(ā, -b̄)/√2 at μ_R = σ_max(C). Found by L-BFGS from (γ*, β*, φ_½) (``focused_critical_point``, d ≤ FOCUSED_UP_TO),
+with c = (ā^T U - b̄^T Y)/√2 and a_s = ‖c‖ ‖(I - γ̂γ̂^T) ā‖/√2 the amplitude σ1(W0) sees,
+
+    t_R = t_f + log(ℓ_1 / a_s) / μ_R,   ℓ_1 = 10 σ1(W0(0)) (the detector's threshold)
+        = (1/μ1 + 1/μ2) log(1/ε) + O(1)   (ℓ_1 and a_s are both O(ε)).
+
 The logistic interpolates the orbit from 0 to ℓ (the logits also turn from π - u towards ℓ), and both times treat
 the attention as growing on top of a condensing map whose own course it does not change, so they miss where the
 attention grows during condensation (μ2 ≫ μ1) and moves σ0's condensed scale; the reduced-flow tier keeps that
@@ -49,13 +61,16 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy.optimize import brentq
+from scipy.linalg import null_space
+from scipy.optimize import brentq, minimize
 from scipy.sparse.linalg import LinearOperator, cg
 from scipy.special import softmax
 
 from flowsim.observe.stages import StageThresholds
 from theory.mean_field import MeanFieldChain, condensed_point, factored_maps
-from theory.origin import unstable_projection
+from theory.manifold import ReducedState
+from theory.origin import unstable_directions, unstable_projection
+from theory.transverse import TransverseCoupling
 
 
 ROUNDING = 1e-12  # |h*| below this × ‖ℓ‖ is rounding: no attention coupling at the condensed point
@@ -243,6 +258,116 @@ def first_focus(constants: ChainConstants, pi: np.ndarray, a0: float, a_attentio
     return t_half + u / (2 * constants.mu1)
 
 
+FOCUSED_GRADIENT = 1e-10  # L-BFGS's goal for the rank-one gradient (sup norm) at the focused critical point ...
+FOCUSED_ACCEPTED = 1e-6  # ... and what it accepts where its line search stalls first (1.7e-7 on one d = 4 chain)
+FOCUSED_ITERATIONS = 1000  # L-BFGS iterations at most (tens to a few hundred at d = 4-64) ...
+NEWTON_ITERATIONS = 200  # ... then trust-region Newton-CG's, where L-BFGS stopped short (34-97 at d = 64)
+# beyond this d the focused point is not sought: at d = 1001 (WikiText-2's surrogate) L-BFGS had the gradient at 0.012
+# after 1000 iterations and 46 s, against the formula tier's budget of seconds (benchmarks/MEASUREMENTS.md)
+FOCUSED_UP_TO = 64
+
+
+class NoFocusedPoint(RuntimeError):
+    """L-BFGS stopped short of a critical point of the rank-one loss."""
+
+
+def focused_critical_point(pi: np.ndarray, P: np.ndarray, phi_start: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """(γ, β, φ): a critical point of the rank-one loss L(γ, β, φ) (Φ = φ γ γ^T, M = γ β^T) reached by L-BFGS on the
+    closed-form gradient (``rank_one_gradient``) from the condensed point with the half-focused attention (γ*, β*, φ_½):
+    where Stage II leaves the flow. The rank-one critical points form a curve (``theory.transverse``), so this is one
+    point of it near that start, not necessarily the flow's own; no flow is integrated. Where L-BFGS crawls along
+    that curve (at d = 64 it can leave the gradient at 2e-5 after 1000 iterations), Newton-CG with trust region
+    (Hessian products by central differences of the gradient) finishes from where it stopped. O(d²) per iteration."""
+    chain = MeanFieldChain(pi, P)
+    d = len(pi)
+    gamma, beta = condensed_point(pi)
+
+    def loss(z: np.ndarray) -> float:
+        return chain.factored(z[:d, None], np.array([[z[2 * d]]]), z[d:2 * d, None]).loss
+
+    def gradient(z: np.ndarray) -> np.ndarray:
+        d_x, d_phi = rank_one_gradient(chain, z[:2 * d], z[2 * d])
+        return np.append(d_x, d_phi)
+
+    def hessian_product(z: np.ndarray, v: np.ndarray) -> np.ndarray:
+        size = np.linalg.norm(v)
+        if size == 0:
+            return np.zeros_like(v)
+        return (gradient(z + STEP * v / size) - gradient(z - STEP * v / size)) * size / (2 * STEP)
+
+    found = minimize(loss, np.concatenate([gamma, beta, [phi_start]]), jac=gradient, method="L-BFGS-B",
+                     options={"maxiter": FOCUSED_ITERATIONS, "gtol": FOCUSED_GRADIENT, "ftol": 1e-16})
+    if np.max(np.abs(gradient(found.x))) > FOCUSED_ACCEPTED:
+        found = minimize(loss, found.x, jac=gradient, hessp=hessian_product, method="trust-ncg",
+                         options={"maxiter": NEWTON_ITERATIONS, "gtol": FOCUSED_GRADIENT})
+    residual = float(np.max(np.abs(gradient(found.x))))
+    if residual > FOCUSED_ACCEPTED:
+        raise NoFocusedPoint(f"the focused critical point was not found ({found.message}; gradient {residual:.2g})")
+    return found.x[:d], found.x[d:2 * d], float(found.x[2 * d])
+
+
+def carried_transverse_part(params0, pi: np.ndarray, alpha: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(U, Y): θ(0)'s part transverse to α (E an orthonormal basis of α^⊥, one column per direction) as condensation
+    leaves it. At the origin only W0's π̂ row and W1's (π - u)^ column move (G_M = ∂L/∂M is rank one there); along
+    E their unstable combination is 0 by the choice of α and the stable one decays at rate μ1, the rest is still.
+    So U = (I - π̂π̂^T) W0(0) E and Y = ((I - ŵŵ^T) W1(0)^T E; W_Q(0)^T E; W_K(0)^T E): O(d m²)."""
+    pi_hat, w_hat = unstable_directions(pi)
+    E = null_space(alpha[None, :])
+    W0, W1 = np.asarray(params0["W0"]), np.asarray(params0["W1"])
+    U = W0 @ E - np.outer(pi_hat, pi_hat @ W0 @ E)
+    W1_part = W1.T @ E - np.outer(w_hat, w_hat @ W1.T @ E)
+    return U, np.vstack([W1_part, np.asarray(params0["W_Q"]).T @ E, np.asarray(params0["W_K"]).T @ E])
+
+
+@dataclass(frozen=True)
+class RestartFormula:
+    """σ1's restart by the formula tier: t_R = t_f + log(ℓ_1/a_s)/μ_R (``sigma1_restart``), with its ingredients."""
+
+    time: float | None  # None: no restart by the formula (``note``)
+    rate: float  # μ_R = σ_max(C) at the focused critical point
+    amplitude: float  # a_s: the carried transverse part along the fastest mode, as σ1(W0) sees it
+    threshold: float  # ℓ_1 = restart_factor × σ1(W0(0)), the detector's
+    focused_logit: float  # φ at the focused critical point
+    note: str = ""
+
+
+DEGENERATE_RATE = 1e-8  # μ_R below this × μ2: C = 0 at the focused point (symmetric rare tokens), nothing opens
+
+
+def sigma1_restart(constants: ChainConstants, pi: np.ndarray, P: np.ndarray, params0, alpha: np.ndarray,
+                   focus_time: float, phi_half: float, restart_factor: float) -> RestartFormula:
+    """σ1(W0)'s restart: t_R = t_f + log(ℓ_1/a_s)/μ_R, the leading term of ``theory.restart`` at the focused critical
+    point instead of the flow's settled one. μ_R = σ_max(C) there (``focused_critical_point``, C the transverse
+    coupling of ``theory.transverse``), with top singular vectors (ā, b̄); the transverse part carried from θ(0)
+    (``carried_transverse_part``) projects on the growing mode (ā, -b̄)/√2 with coefficients c = (ā^T U - b̄^T Y)/√2,
+    and σ1(W0) sees a_s = ‖c‖ ‖(I - γ̂γ̂^T) ā‖/√2 of it. ℓ_1 and a_s are both O(ε), so this adds O(1) to t_f: the next
+    order of t_R = (1/μ1 + 1/μ2) log(1/ε) + O(1). The mode is taken as still from the end of condensation to t_f
+    (its slow growth there, and the focus's own ramp of μ, are left out). O(d²) per L-BFGS iteration, O(d³) for C's
+    top triplet up to d = 400 (Lanczos beyond)."""
+    threshold = restart_factor * float(np.linalg.svd(np.asarray(params0["W0"]), compute_uv=False)[1])
+    if len(pi) > FOCUSED_UP_TO:
+        return RestartFormula(None, np.nan, np.nan, threshold, np.nan,
+                              note=f"no formula beyond d = {FOCUSED_UP_TO}: the focused critical point is not sought there")
+    try:
+        gamma, beta, phi = focused_critical_point(pi, P, phi_half)
+    except NoFocusedPoint as error:  # the rows before it stand; this one says why it has no time
+        return RestartFormula(None, np.nan, np.nan, threshold, np.nan, note=f"no formula: {error}")
+    xi = attention_part(params0, alpha, constants.h_sign)
+    direction = xi / np.linalg.norm(xi) if np.linalg.norm(xi) > 0 else np.eye(len(xi))[0]  # C's σ's do not depend on it
+    Q = np.sqrt(abs(phi)) * direction[:, None]
+    state = ReducedState(gamma[:, None], beta[:, None], Q, np.sign(phi) * Q)
+    rate, a_bar, b_bar = TransverseCoupling(MeanFieldChain(pi, P), state).top()
+    if rate < DEGENERATE_RATE * constants.mu2:
+        return RestartFormula(None, rate, 0.0, threshold, phi, note=f"no restart: C = 0 at the focused point (μ_R = {rate:.2g})")
+    U, Y = carried_transverse_part(params0, pi, alpha)
+    coefficients = (a_bar @ U - b_bar @ Y) / np.sqrt(2.0)
+    gamma_hat = gamma / np.linalg.norm(gamma)
+    amplitude = float(np.linalg.norm(coefficients) * np.linalg.norm(a_bar - gamma_hat * (gamma_hat @ a_bar)) / np.sqrt(2.0))
+    if amplitude <= 0:
+        return RestartFormula(None, rate, 0.0, threshold, phi, note="no restart: θ(0) has no part along the growing mode")
+    return RestartFormula(focus_time + max(0.0, np.log(threshold / amplitude)) / rate, rate, amplitude, threshold, phi)
+
+
 @dataclass(frozen=True)
 class FormulaPrediction:
     """The formula tier's times for one initial point, with the constants they came from."""
@@ -254,25 +379,29 @@ class FormulaPrediction:
     focus: float | None  # the most frequent query's first focus; None: no focus by these formulas
     leading_condensation: float  # log(1/ε)/μ1
     leading_focus: float  # (1/μ1 + 1/μ2) log(1/ε)
+    restart: RestartFormula | None = None  # σ1's restart; None where there is no first focus to start it from
 
 
-def attention_amplitude(params0, alpha: np.ndarray, h_sign: float) -> float:
-    """a_A = ‖(W_Q^T α - sign(h*) W_K^T α)/√2‖: θ(0)'s attention along the unstable vectors W_Q = α ξ^T,
-    W_K = -sign(h*) α ξ^T at the condensed point, α the direction W0 condenses along."""
-    xi = (np.asarray(params0["W_Q"]).T @ alpha - h_sign * np.asarray(params0["W_K"]).T @ alpha) / np.sqrt(2.0)
-    return float(np.linalg.norm(xi))
+def attention_part(params0, alpha: np.ndarray, h_sign: float) -> np.ndarray:
+    """ξ = (W_Q^T α - sign(h*) W_K^T α)/√2: θ(0)'s attention along the unstable vectors W_Q = α ξ^T,
+    W_K = -sign(h*) α ξ^T at the condensed point, α the direction W0 condenses along; a_A = ‖ξ‖."""
+    return (np.asarray(params0["W_Q"]).T @ alpha - h_sign * np.asarray(params0["W_K"]).T @ alpha) / np.sqrt(2.0)
 
 
 def predict_formulas(pi: np.ndarray, P: np.ndarray, params0, eps: float,
                      thresholds: StageThresholds | None = None) -> FormulaPrediction:
-    """Condensation's end and the first focus by the closed forms, for the initial point ``params0``: O(d² + d m)."""
+    """Condensation's end, the first focus and σ1's restart by the closed forms, for the initial point ``params0``:
+    O(d² + d m) besides κ and the restart's critical point (module docstring)."""
     th = StageThresholds() if thresholds is None else thresholds
     pi = np.asarray(pi, dtype=float)
     constants = chain_constants(pi, P)
     a0, alpha = unstable_projection(params0, pi)
-    a_attention = attention_amplitude(params0, alpha, constants.h_sign)
+    a_attention = float(np.linalg.norm(attention_part(params0, alpha, constants.h_sign)))
     leading = np.log(1.0 / eps)
+    focus = first_focus(constants, pi, a0, a_attention)
+    restart = None if focus is None else sigma1_restart(constants, pi, np.asarray(P, dtype=float), params0, alpha, focus,
+                                                        half_focus_logit(constants, pi), th.restart_factor)
     return FormulaPrediction(
-        constants, a0, a_attention, condensation_end(constants, pi, a0, th.condensation_level),
-        first_focus(constants, pi, a0, a_attention),
-        leading / constants.mu1, leading * (1 / constants.mu1 + 1 / constants.mu2) if constants.mu2 > 0 else np.inf)
+        constants, a0, a_attention, condensation_end(constants, pi, a0, th.condensation_level), focus,
+        leading / constants.mu1, leading * (1 / constants.mu1 + 1 / constants.mu2) if constants.mu2 > 0 else np.inf,
+        restart)

@@ -104,9 +104,14 @@ def formula_line(f: FormulaPrediction) -> str:
     c = f.constants
     focus = ("no focus by the formula" if f.focus is None else
              f"q{c.query}'s first focus t_f = {f.focus:.4g} (leading (1/μ1 + 1/μ2) log(1/ε) = {f.leading_focus:.4g})")
+    condensation = "the start is past condensation's level" if f.condensation is None else f"{f.condensation:.4g}"
+    r = f.restart
+    restart = ("" if r is None else f"; σ1 restart: {r.note}" if r.time is None else
+               f"; σ1 restart t_R = t_f + log(ℓ_1/a_s)/μ_R = {f.focus:.4g} + log({r.threshold:.3g}/{r.amplitude:.3g})/"
+               f"{r.rate:.4g} = {r.time:.4g} (μ_R = σ_max(C) at the focused critical point, φ = {r.focused_logit:.3g})")
     return (f"formula: μ1 = ‖π‖‖π - u‖ = {c.mu1:.6g}, μ2 = |h*| = {c.mu2:.6g}, ‖ℓ‖ = {c.ell_norm:.4g}, g* = {c.g_star:.4g}, "
-            f"a0 = {f.a0:.4g}, a_A = {f.a_attention:.4g}: condensation t_c = {f.condensation:.4g} (leading log(1/ε)/μ1 = "
-            f"{f.leading_condensation:.4g}); {focus}")
+            f"a0 = {f.a0:.4g}, a_A = {f.a_attention:.4g}: condensation t_c = {condensation} (leading log(1/ε)/μ1 = "
+            f"{f.leading_condensation:.4g}); {focus}{restart}")
 
 
 def restart_line(r: RestartPrediction) -> str:
@@ -209,8 +214,9 @@ def initial_scale(config: RunConfig, params0) -> float:
 
 
 def predict_formulas_only(config: RunConfig) -> tuple[list[Row], FormulaPrediction]:
-    """The formula tier alone (``flowsim predict --tier formula``): condensation's end and the first focus in closed
-    form, no flow integrated; O(d² + d m) after the run's set-up."""
+    """The formula tier alone (``flowsim predict --tier formula``): condensation's end, the first focus and σ1's restart
+    in closed form, no flow integrated; O(d² + d m) after the run's set-up, plus the focused critical point's L-BFGS
+    iterations (O(d²) each) and C's top singular triplet."""
     check_supported(config)
     prepared = prepare(config)
     eps = initial_scale(config, prepared.params0)
@@ -219,14 +225,24 @@ def predict_formulas_only(config: RunConfig) -> tuple[list[Row], FormulaPredicti
                 note="" if formulas.condensation is not None else "the start is past condensation's level already")]
     if formulas.focus is not None:
         rows.append(Row("focus", formulas.constants.query, None, None, formula=formulas.focus))
+    if formulas.restart is not None:
+        rows.append(Row("restart", None, 1, None, formula=formulas.restart.time, note=formulas.restart.note))
     return rows, formulas
 
 
 def with_formulas(rows: list[Row], formulas: FormulaPrediction) -> list[Row]:
-    """The formula tier's times on the rows it has a formula for: condensation's end and the first focus."""
+    """The formula tier's times on the rows it has a formula for: condensation's end, the first focus and σ1's
+    restart."""
     first_focus = next((row for row in rows if row.stage == "focus" and row.query == formulas.constants.query), None)
-    return [replace(row, formula=formulas.condensation if row.stage == "condensation"
-                    else formulas.focus if row is first_focus else None) for row in rows]
+    sigma1 = next((row for row in rows if row.stage == "restart" and row.direction == 1), None)
+    restart = None if formulas.restart is None else formulas.restart.time
+
+    def formula(row: Row) -> float | None:
+        if row.stage == "condensation":
+            return formulas.condensation
+        return formulas.focus if row is first_focus else restart if row is sigma1 else None
+
+    return [replace(row, formula=formula(row)) for row in rows]
 
 
 def confirmed_events(cycles: CyclePrediction, stage: str, query: int) -> list:
