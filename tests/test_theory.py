@@ -229,8 +229,9 @@ def test_predict_and_compare_commands(tmp_path):
     for row in rows:
         assert set(row) == {"stage", "query", "direction", "predicted", "measured", "rel_error", "note", "resolution",
                             "formula", "formula_error"}
-        # the formula tier has condensation's end and q0's first focus, each with its error against the run
-        assert (row["formula"] is not None) == ((row["stage"], row["query"]) in {("condensation", None), ("focus", 0)}), row
+        # the formula tier has condensation's end, q0's first focus and σ1's restart, each with its error against the run
+        has_formula = {("condensation", None, None), ("focus", 0, None), ("restart", None, 1)}
+        assert (row["formula"] is not None) == ((row["stage"], row["query"], row["direction"]) in has_formula), row
         if row["formula"] is not None and row["measured"] is not None:
             assert row["formula_error"] == pytest.approx(abs(row["formula"] - row["measured"]) / row["measured"])
         assert (row["resolution"] is None) == (row["measured"] is None) or row["measured"] >= 1000, row
