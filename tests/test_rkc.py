@@ -243,3 +243,18 @@ def test_steps_that_shrink_while_accepted_end_in_a_failure_not_a_stalled_clock(m
     solution = solve_ivp(None, (0.0, 1.0), y0, method=RKC, field=linear_field, field_args=(jnp.asarray(A),), rtol=1e-6)
     assert solution.status == -1 and "spacing of floating-point numbers" in solution.message
     assert np.all(np.diff(solution.t) > 0) and solution.t[-1] < 1.0
+
+
+def test_hermite_output_is_scipys_cubic_hermite_spline_either_way_in_time():
+    from scipy.interpolate import CubicHermiteSpline
+
+    from flowsim.solve.rkc import HermiteOutput
+
+    y0, y1, f0, f1 = np.random.default_rng(0).standard_normal((4, 5))
+    for t_old, t_new in ((0.3, 1.7), (2.0, 0.5)):
+        forward = t_old < t_new
+        spline = CubicHermiteSpline(sorted([t_old, t_new]), np.stack([y0, y1] if forward else [y1, y0], axis=1),
+                                    np.stack([f0, f1] if forward else [f1, f0], axis=1), axis=1)
+        output = HermiteOutput(t_old, t_new, y0, y1, f0, f1)
+        for t in (t_old, t_new, 0.9, np.array([0.6, 1.1, 1.5])):
+            np.testing.assert_allclose(output(t), spline(t), rtol=1e-13, atol=1e-13)
