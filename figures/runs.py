@@ -27,7 +27,7 @@ from flowsim.observe.stages import StageReport, detect_stages
 from flowsim.solve.status import Status
 
 TINY = ("time.t_end=150.0", "time.n_linear=16", "time.n_log=30")  # condensation and the first focus
-ONSET_TIMES = ("time.t_end=400.0", "time.n_linear=41", "time.n_log=200")  # past the first focus for ε >= 1e-6
+ONSET_TIMES = ("time.t_end=400.0", "time.n_linear=41", "time.n_log=200")  # past the first focus and σ1 for ε >= 1e-6
 
 
 class FigureInputError(RuntimeError):

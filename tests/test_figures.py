@@ -3,6 +3,7 @@ run directory's arrays, cached runs reused, corrupt inputs refused clearly."""
 
 import importlib
 import json
+import re
 import shutil
 
 import numpy as np
@@ -93,8 +94,9 @@ def check_stage_times(run_dir, column, value):
     """Figure 9's (formula, reduced, measured) against compare.json; figure 15's onsets against stages.json."""
     if column.startswith("compare."):
         rows = json.loads((run_dir / "compare.json").read_text())["rows"]
-        stage = column.split(".", 1)[1]
-        row = next(r for r in rows if r["stage"] == stage and r["query"] in (None, 0))
+        stage, direction = re.fullmatch(r"([a-z]+)(\d*)", column.split(".", 1)[1]).groups()  # e.g. restart1: σ1's
+        row = next(r for r in rows if r["stage"] == stage and r["query"] in (None, 0)
+                   and r["direction"] == (int(direction) if direction else None))
         number = lambda x: np.nan if x is None else x  # noqa: E731
         np.testing.assert_array_equal(value, [number(row["formula"]), number(row["predicted"]), number(row["measured"])])
         return
