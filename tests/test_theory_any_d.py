@@ -110,7 +110,11 @@ def test_compiled_reduced_flow_and_its_jacobian_against_the_closed_form_and_fini
 
 def test_a_stiff_rank_flow_starts_with_rkc_and_a_soft_one_with_lsoda(monkeypatch):
     """The spectral radius is the dense Jacobian's (from below); a state whose ρ × FIRST_SPAN exceeds STIFF_START takes
-    RKC from its first span, while one near the origin takes LSODA."""
+    RKC from its first span, while one near the origin takes LSODA (the route beyond EXACT_JACOBIAN_UP_TO equations,
+    lowered here to take this small flow)."""
+    import theory.restart
+
+    monkeypatch.setattr(theory.restart, "EXACT_JACOBIAN_UP_TO", 0)
     d, k, rank = 10, 3, 2
     chain = random_chain(d, seed=3)
     flow = ReducedFlow(MeanFieldChain(chain.pi, chain.P), k, rank)
@@ -129,7 +133,11 @@ def test_a_stiff_rank_flow_starts_with_rkc_and_a_soft_one_with_lsoda(monkeypatch
 
 def test_lsoda_hands_the_piece_where_the_flow_turns_stiff_to_rkc_without_forming_a_jacobian(monkeypatch):
     """A soft start takes LSODA until it asks for a Jacobian; that piece is solved again by RKC from its start, and
-    the path agrees with LSODA run with the exact Jacobian throughout."""
+    the path agrees with LSODA run with the exact Jacobian throughout (the route beyond EXACT_JACOBIAN_UP_TO
+    equations, lowered here to take this small flow)."""
+    import theory.restart
+
+    monkeypatch.setattr(theory.restart, "EXACT_JACOBIAN_UP_TO", 0)
     d, k, rank = 10, 3, 2
     chain = random_chain(d, seed=3)
     flow = ReducedFlow(MeanFieldChain(chain.pi, chain.P), k, rank)
@@ -142,6 +150,26 @@ def test_lsoda_hands_the_piece_where_the_flow_turns_stiff_to_rkc_without_forming
     with pytest.raises(FlowTurnedStiff):
         solve(flow, ReducedState.unpack(path.y(calls[handed[0]][1]), d, k), [2 * 1024.0], t_start=calls[handed[0]][1],
               rtol=1e-6, atol=1e-12, until_stiff=True)
+    exact = solve(flow, state, [path.t_reach], rtol=1e-10, atol=1e-14).y[:, -1]
+    np.testing.assert_allclose(path.y(path.t_reach), exact, rtol=0, atol=1e-4 * np.abs(exact).max())
+
+
+def test_a_small_rank_flow_takes_lsoda_with_its_exact_jacobian_throughout(monkeypatch):
+    """Up to EXACT_JACOBIAN_UP_TO equations: LSODA forms the Jacobian where it asks for one (no hand-over to RKC, no
+    spectral radius), on the stiff start that takes RKC beyond it, and the path is LSODA's at a tight tolerance."""
+    from theory.restart import EXACT_JACOBIAN_UP_TO
+
+    d, k, rank = 10, 3, 2
+    assert (2 * d + 2 * k) * rank <= EXACT_JACOBIAN_UP_TO
+    chain = random_chain(d, seed=3)
+    flow = ReducedFlow(MeanFieldChain(chain.pi, chain.P), k, rank)
+    state = random_state(d, k, rank, seed=3, scale=2.0)  # ρ × FIRST_SPAN > STIFF_START (the test above)
+    calls, solve = [], ReducedFlow.solve
+    monkeypatch.setattr(ReducedFlow, "solve", lambda self, *a, **kw: calls.append((kw["method"], kw["until_stiff"]))
+                        or solve(self, *a, **kw))
+    monkeypatch.setattr(ReducedFlow, "spectral_radius", lambda self, state: pytest.fail("no spectral radius is needed"))
+    path = follow_reduced_flow(flow, state, 0.0, lambda y: 1.0, until=256.0)
+    assert calls and set(calls) == {("LSODA", False)}, calls
     exact = solve(flow, state, [path.t_reach], rtol=1e-10, atol=1e-14).y[:, -1]
     np.testing.assert_allclose(path.y(path.t_reach), exact, rtol=0, atol=1e-4 * np.abs(exact).max())
 

@@ -78,6 +78,10 @@ NONSTIFF_METHOD, STIFF_METHOD = "LSODA", "RKC"
 # a flow whose Hessian's largest eigenvalue ρ gives ρ × FIRST_SPAN above this starts stiff (a later rank starts where
 # the last one turned stiff) and takes RKC at once: at d = 64 LSODA's first span of ranks 3-8 cost 11-45 Jacobians
 STIFF_START = 1000.0
+# up to this many equations LSODA forms the exact Jacobian (n Hessian-vector products) wherever it asks for one, and
+# neither RKC nor its spectral-radius estimates are used: compiling RKC's step and power iteration for each rank cost
+# more than the whole integration at d = 4 (benchmarks/MEASUREMENTS.md)
+EXACT_JACOBIAN_UP_TO = 200
 # the transverse equation is not stiff (H_T's spectrum is ±σ_i(C), growth as fast as decay), and its coefficients follow
 # the reduced flow's piecewise-cubic dense output: at d = 64 DOP853 at rtol 1e-8 took 2.6-4.6x the evaluations of RK45
 # at rtol 1e-9, and its crossings were further from a rtol 1e-10 reference (benchmarks/MEASUREMENTS.md)
@@ -184,7 +188,8 @@ def follow_reduced_flow(reduced_flow: ReducedFlow, state0: ReducedState, t_start
     flow starts stiff: ρ × FIRST_SPAN > STIFF_START).
     Cost: (2d + 2k) r equations at O(d² r) per evaluation, and SAMPLES_PER_SPAN couplings per span."""
     segments, ends, times, rates, span_ends = [], [], [float(t_start)], [rate_of(state0.pack())], []
-    stiff = reduced_flow.spectral_radius(state0) * FIRST_SPAN > STIFF_START
+    exact_jacobian = state0.pack().size <= EXACT_JACOBIAN_UP_TO
+    stiff = not exact_jacobian and reduced_flow.spectral_radius(state0) * FIRST_SPAN > STIFF_START
     y0, t0, span, converged, method = state0.pack(), float(t_start), FIRST_SPAN, False, STIFF_METHOD if stiff else NONSTIFF_METHOD
     until = min(until, REACH_LIMIT)
 
@@ -200,7 +205,7 @@ def follow_reduced_flow(reduced_flow: ReducedFlow, state0: ReducedState, t_start
             start = ReducedState.unpack(y, reduced_flow.d, reduced_flow.k)
             try:
                 solution = reduced_flow.solve(start, part, t_start=t_piece, rtol=rtol, atol=REDUCED_ATOL, method=method,
-                                              until_stiff=method == NONSTIFF_METHOD)
+                                              until_stiff=method == NONSTIFF_METHOD and not exact_jacobian)
             except FlowTurnedStiff:  # the piece again, by RKC (as every later one): no Jacobian is formed
                 method = STIFF_METHOD
                 solution = reduced_flow.solve(start, part, t_start=t_piece, rtol=rtol, atol=REDUCED_ATOL, method=method)
