@@ -319,3 +319,29 @@ def test_no_restart_formula_beyond_its_size_says_so(monkeypatch):
     formulas = predict_formulas(prepared.chain.pi, prepared.chain.P, prepared.params0, 1e-3)
     assert formulas.focus is not None and formulas.restart.time is None
     assert "no formula beyond d = 3" in formulas.restart.note
+
+
+def test_what_condensation_leaves_is_the_kernel_of_sympys_origin_block():
+    """carried_transverse_part keeps W0's rows off π̂ and W1's columns off ŵ = (π - u)^: by sympy's G_0 (d = 3) these
+    are the kernel of the per-column block [[0, G_0], [G_0^T, 0]], and what they drop is spanned by its ±μ1
+    eigenvectors (π̂, ±ŵ)/√2."""
+    import sympy as sp
+
+    from theory.origin import mu1_expression, origin_gradient, unstable_directions
+
+    d = 3
+    G = origin_gradient(d)
+    pi_values = np.array([0.6, 0.3, 0.1])
+    at = dict(zip(sp.symbols(f"pi0:{d - 1}", positive=True), pi_values[:-1]))
+    G_numeric = np.array(G.subs(at).evalf(), dtype=float)
+    block = np.block([[np.zeros((d, d)), G_numeric], [G_numeric.T, np.zeros((d, d))]])
+    pi_hat, w_hat = unstable_directions(pi_values)
+    keep_u, keep_w = np.eye(d) - np.outer(pi_hat, pi_hat), np.eye(d) - np.outer(w_hat, w_hat)
+    kept = np.block([[keep_u, np.zeros((d, d))], [np.zeros((d, d)), keep_w]])
+    np.testing.assert_allclose(block @ kept, 0, atol=1e-14)  # the kept parts stand still at the origin
+    mu1 = float(mu1_expression(d).subs(at))
+    for sign in (1, -1):  # Hessian eigenvalues -μ1 (π̂, ŵ)/√2: the flow grows it; +μ1 (π̂, -ŵ)/√2: it decays
+        vector = np.concatenate([pi_hat, sign * w_hat]) / np.sqrt(2)
+        np.testing.assert_allclose(block @ vector, -sign * mu1 * vector, atol=1e-12)
+    dropped = np.eye(2 * d) - kept
+    assert np.linalg.matrix_rank(dropped, tol=1e-12) == 2  # exactly the span of those two eigenvectors
