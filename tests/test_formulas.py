@@ -345,3 +345,19 @@ def test_what_condensation_leaves_is_the_kernel_of_sympys_origin_block():
         np.testing.assert_allclose(block @ vector, -sign * mu1 * vector, atol=1e-12)
     dropped = np.eye(2 * d) - kept
     assert np.linalg.matrix_rank(dropped, tol=1e-12) == 2  # exactly the span of those two eigenvectors
+
+
+def test_no_restart_formula_where_symmetric_rare_tokens_leave_no_transverse_coupling():
+    """π = (0.7, 0.1, 0.1, 0.1): C = 0 at the focused point (``theory.transverse``, the degenerate point), so the formula
+    gives no σ1 restart and says why, and the exact flow shows none by four times the first focus."""
+    from flowsim.assemble import prepare
+    from flowsim.config import load_config
+
+    overrides = ["chain.pi=[0.7, 0.1, 0.1, 0.1]", "init.eps=1e-3"]
+    prepared = prepare(load_config(None, overrides))
+    formulas = predict_formulas(prepared.chain.pi, prepared.chain.P, prepared.params0, 1e-3)
+    assert formulas.focus is not None and formulas.restart.time is None
+    assert "no restart: C = 0 at the focused point" in formulas.restart.note
+    report = measured_stages(flow_config(overrides, 1e-3, 4 * formulas.focus, 300))
+    assert [i for i in report.intervals if i.stage == "focus" and i.query == 0]
+    assert not [i for i in report.intervals if i.stage == "restart" and i.direction == 1]

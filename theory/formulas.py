@@ -268,7 +268,7 @@ FOCUSED_UP_TO = 64
 
 
 class NoFocusedPoint(RuntimeError):
-    """L-BFGS stopped short of a critical point of the rank-one loss."""
+    """L-BFGS, then Newton-CG, stopped short of a critical point of the rank-one loss."""
 
 
 def focused_critical_point(pi: np.ndarray, P: np.ndarray, phi_start: float) -> tuple[np.ndarray, np.ndarray, float]:
@@ -343,7 +343,7 @@ def sigma1_restart(constants: ChainConstants, pi: np.ndarray, P: np.ndarray, par
     and σ1(W0) sees a_s = ‖c‖ ‖(I - γ̂γ̂^T) ā‖/√2 of it. ℓ_1 and a_s are both O(ε), so this adds O(1) to t_f: the next
     order of t_R = (1/μ1 + 1/μ2) log(1/ε) + O(1). The mode is taken as still from the end of condensation to t_f
     (its slow growth there, and the focus's own ramp of μ, are left out). O(d²) per L-BFGS iteration, O(d³) for C's
-    top triplet up to d = 400 (Lanczos beyond)."""
+    top triplet."""
     threshold = restart_factor * float(np.linalg.svd(np.asarray(params0["W0"]), compute_uv=False)[1])
     if len(pi) > FOCUSED_UP_TO:
         return RestartFormula(None, np.nan, np.nan, threshold, np.nan,
