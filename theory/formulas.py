@@ -3,9 +3,10 @@
 Nothing here integrates a flow: each time is an explicit expression in π, P, ε (through the amplitudes a0 and
 a_A of θ(0) along the origin's and the condensed point's unstable directions, a0 ≈ ε √m and a_A ≈ ε √k for a
 Gaussian start), m and k, two one-dimensional root finds, one linear solve for the attention's curvature κ, and for
-σ1's restart one critical point (L-BFGS) and its transverse spectrum. Cost O(d²) for μ1, μ2 and the times; κ O(d³)
-up to d = 64 (milliseconds), O(d²) per conjugate-gradient step beyond (about 1 s at d = 1001, compilation included);
-the restart O(d²) per L-BFGS iteration (tens to hundreds; under 0.7 s at d = 64) and O(d³) for C's top triplet.
+σ1's restart one critical point (L-BFGS, then Newton-CG) and its transverse spectrum. Cost O(d²) for μ1, μ2 and the
+times; κ O(d³) up to d = 64 (milliseconds), O(d²) per conjugate-gradient step beyond (about 1 s at d = 1001,
+compilation included); the restart O(d²) per iteration (tens to a thousand: 0.01-1.7 s at d = 4-16 and 0.2-6.9 s at
+d = 64 with another job beside it, benchmarks/MEASUREMENTS.md) and O(d³) for C's top triplet.
 
 **Condensation.** At θ = 0 the logits z = π^T M of every query grow along π - u at rate 2 μ1, μ1 = ‖π‖ ‖π - u‖, from
 |z(0)| = x0 = ‖π‖ a0² / 2 (W0 = g π̂ α^T and W1 = α β^T with g = |β| = a0/√2), and settle at the condensed logits
@@ -41,7 +42,8 @@ h = y² (-μ2 + κ φ) with κ = ∂²L/∂φ² - b^T (H + 2 μ2 I)^{-1} b (``at
 condensation leaves U = (I - π̂π̂^T) W0(0) E, Y = ((I - ŵŵ^T) W1(0)^T E; W_Q(0)^T E; W_K(0)^T E)
 (``carried_transverse_part``). Once the frequent query has focused, the rank-one point sits near a critical point
 of the rank-one loss, where the transverse equation dZ/dt = -H_T Z (``theory.transverse``) grows its fastest mode
-(ā, -b̄)/√2 at μ_R = σ_max(C). Found by L-BFGS from (γ*, β*, φ_½) (``focused_critical_point``, d ≤ FOCUSED_UP_TO),
+(ā, -b̄)/√2 at μ_R = σ_max(C). Found by L-BFGS (then Newton-CG where it stops short) from (γ*, β*, φ_½)
+(``focused_critical_point``, d ≤ FOCUSED_UP_TO),
 with c = (ā^T U - b̄^T Y)/√2 and a_s = ‖c‖ ‖(I - γ̂γ̂^T) ā‖/√2 the amplitude σ1(W0) sees,
 
     t_R = t_f + log(ℓ_1 / a_s) / μ_R,   ℓ_1 = 10 σ1(W0(0)) (the detector's threshold)
@@ -259,9 +261,9 @@ def first_focus(constants: ChainConstants, pi: np.ndarray, a0: float, a_attentio
 
 
 FOCUSED_GRADIENT = 1e-10  # L-BFGS's goal for the rank-one gradient (sup norm) at the focused critical point ...
-FOCUSED_ACCEPTED = 1e-6  # ... and what it accepts where its line search stalls first (1.7e-7 on one d = 4 chain)
+FOCUSED_ACCEPTED = 1e-6  # ... and what it accepts wherever it stops (its line search stalled at 1.7e-7 on a d = 4 chain)
 FOCUSED_ITERATIONS = 1000  # L-BFGS iterations at most (tens to a few hundred at d = 4-64) ...
-NEWTON_ITERATIONS = 200  # ... then trust-region Newton-CG's, where L-BFGS stopped short (34-97 at d = 64)
+NEWTON_ITERATIONS = 200  # ... then trust-region Newton-CG's, where L-BFGS stopped short
 # beyond this d the focused point is not sought: at d = 1001 (WikiText-2's surrogate) L-BFGS had the gradient at 0.012
 # after 1000 iterations and 46 s, against the formula tier's budget of seconds (benchmarks/MEASUREMENTS.md)
 FOCUSED_UP_TO = 64
@@ -275,9 +277,11 @@ def focused_critical_point(pi: np.ndarray, P: np.ndarray, phi_start: float) -> t
     """(γ, β, φ): a critical point of the rank-one loss L(γ, β, φ) (Φ = φ γ γ^T, M = γ β^T) reached by L-BFGS on the
     closed-form gradient (``rank_one_gradient``) from the condensed point with the half-focused attention (γ*, β*, φ_½):
     where Stage II leaves the flow. The rank-one critical points form a curve (``theory.transverse``), so this is one
-    point of it near that start, not necessarily the flow's own; no flow is integrated. Where L-BFGS crawls along
-    that curve (at d = 64 it can leave the gradient at 2e-5 after 1000 iterations), Newton-CG with trust region
-    (Hessian products by central differences of the gradient) finishes from where it stopped. O(d²) per iteration."""
+    point of it near that start, not necessarily the flow's own; no flow is integrated. Where L-BFGS stops with the
+    gradient above FOCUSED_ACCEPTED (it crawls along that curve: at d = 64 it can leave 2e-5 after 1000 iterations),
+    Newton-CG with trust region (Hessian products by central differences of the gradient) goes on from there; where
+    that stops short too (three d = 64 chains with μ2 ≈ 1e-6 in the benchmark families), ``NoFocusedPoint``.
+    O(d²) per iteration."""
     chain = MeanFieldChain(pi, P)
     d = len(pi)
     gamma, beta = condensed_point(pi)
@@ -297,11 +301,11 @@ def focused_critical_point(pi: np.ndarray, P: np.ndarray, phi_start: float) -> t
 
     found = minimize(loss, np.concatenate([gamma, beta, [phi_start]]), jac=gradient, method="L-BFGS-B",
                      options={"maxiter": FOCUSED_ITERATIONS, "gtol": FOCUSED_GRADIENT, "ftol": 1e-16})
-    if np.max(np.abs(gradient(found.x))) > FOCUSED_ACCEPTED:
+    if not np.max(np.abs(gradient(found.x))) <= FOCUSED_ACCEPTED:  # not: a NaN gradient is no critical point either
         found = minimize(loss, found.x, jac=gradient, hessp=hessian_product, method="trust-ncg",
                          options={"maxiter": NEWTON_ITERATIONS, "gtol": FOCUSED_GRADIENT})
     residual = float(np.max(np.abs(gradient(found.x))))
-    if residual > FOCUSED_ACCEPTED:
+    if not (residual <= FOCUSED_ACCEPTED and np.all(np.isfinite(found.x))):
         raise NoFocusedPoint(f"the focused critical point was not found ({found.message}; gradient {residual:.2g})")
     return found.x[:d], found.x[d:2 * d], float(found.x[2 * d])
 
@@ -324,14 +328,22 @@ class RestartFormula:
     """σ1's restart by the formula tier: t_R = t_f + log(ℓ_1/a_s)/μ_R (``sigma1_restart``), with its ingredients."""
 
     time: float | None  # None: no restart by the formula (``note``)
-    rate: float  # μ_R = σ_max(C) at the focused critical point
-    amplitude: float  # a_s: the carried transverse part along the fastest mode, as σ1(W0) sees it
+    rate: float | None  # μ_R = σ_max(C) at the focused critical point; None where it was not found or not sought
+    amplitude: float | None  # a_s: the carried transverse part along the fastest mode, as σ1(W0) sees it
     threshold: float  # ℓ_1 = restart_factor × σ1(W0(0)), the detector's
-    focused_logit: float  # φ at the focused critical point
+    focused_logit: float | None  # φ at the focused critical point
     note: str = ""
 
 
 DEGENERATE_RATE = 1e-8  # μ_R below this × μ2: C = 0 at the focused point (symmetric rare tokens), nothing opens
+
+
+def focused_state(gamma: np.ndarray, beta: np.ndarray, phi: float, xi: np.ndarray) -> ReducedState:
+    """The focused critical point as a rank-one manifold point: Γ = γ, B = β, Q = |φ|^½ ξ̂, R = sign(φ) Q (Q^T R = φ),
+    ξ̂ the direction of θ(0)'s attention (``attention_part``; C's singular values do not depend on it)."""
+    direction = xi / np.linalg.norm(xi) if np.linalg.norm(xi) > 0 else np.eye(len(xi))[0]
+    Q = np.sqrt(abs(phi)) * direction[:, None]
+    return ReducedState(gamma[:, None], beta[:, None], Q, np.sign(phi) * Q)
 
 
 def sigma1_restart(constants: ChainConstants, pi: np.ndarray, P: np.ndarray, params0, alpha: np.ndarray,
@@ -346,26 +358,26 @@ def sigma1_restart(constants: ChainConstants, pi: np.ndarray, P: np.ndarray, par
     top triplet."""
     threshold = restart_factor * float(np.linalg.svd(np.asarray(params0["W0"]), compute_uv=False)[1])
     if len(pi) > FOCUSED_UP_TO:
-        return RestartFormula(None, np.nan, np.nan, threshold, np.nan,
+        return RestartFormula(None, None, None, threshold, None,
                               note=f"no formula beyond d = {FOCUSED_UP_TO}: the focused critical point is not sought there")
     try:
         gamma, beta, phi = focused_critical_point(pi, P, phi_half)
     except NoFocusedPoint as error:  # the rows before it stand; this one says why it has no time
-        return RestartFormula(None, np.nan, np.nan, threshold, np.nan, note=f"no formula: {error}")
-    xi = attention_part(params0, alpha, constants.h_sign)
-    direction = xi / np.linalg.norm(xi) if np.linalg.norm(xi) > 0 else np.eye(len(xi))[0]  # C's σ's do not depend on it
-    Q = np.sqrt(abs(phi)) * direction[:, None]
-    state = ReducedState(gamma[:, None], beta[:, None], Q, np.sign(phi) * Q)
+        return RestartFormula(None, None, None, threshold, None, note=f"no formula: {error}")
+    state = focused_state(gamma, beta, phi, attention_part(params0, alpha, constants.h_sign))
     rate, a_bar, b_bar = TransverseCoupling(MeanFieldChain(pi, P), state).top()
     if rate < DEGENERATE_RATE * constants.mu2:
-        return RestartFormula(None, rate, 0.0, threshold, phi, note=f"no restart: C = 0 at the focused point (μ_R = {rate:.2g})")
+        return RestartFormula(None, rate, None, threshold, phi, note=f"no restart: C = 0 at the focused point (μ_R = {rate:.2g})")
     U, Y = carried_transverse_part(params0, pi, alpha)
     coefficients = (a_bar @ U - b_bar @ Y) / np.sqrt(2.0)
     gamma_hat = gamma / np.linalg.norm(gamma)
     amplitude = float(np.linalg.norm(coefficients) * np.linalg.norm(a_bar - gamma_hat * (gamma_hat @ a_bar)) / np.sqrt(2.0))
     if amplitude <= 0:
-        return RestartFormula(None, rate, 0.0, threshold, phi, note="no restart: θ(0) has no part along the growing mode")
-    return RestartFormula(focus_time + max(0.0, np.log(threshold / amplitude)) / rate, rate, amplitude, threshold, phi)
+        return RestartFormula(None, rate, amplitude, threshold, phi, note="no restart: θ(0) has no part along the growing mode")
+    if amplitude >= threshold:  # θ(0) is past the threshold along the mode already: the restart comes with the focus
+        return RestartFormula(focus_time, rate, amplitude, threshold, phi,
+                              note=f"a_s = {amplitude:.3g} is past ℓ_1 = {threshold:.3g} already: t_R = t_f")
+    return RestartFormula(focus_time + np.log(threshold / amplitude) / rate, rate, amplitude, threshold, phi)
 
 
 @dataclass(frozen=True)

@@ -71,9 +71,9 @@ FULL_RANK_RTOL = 1e-4
 # a rank-r flow that can cross is solved in this many pieces per doubling, so that it stops soon after the rule for its
 # crossing is known (at d = 64 ranks 2-7 were followed 1.0-1.6x as far as their rules needed, in whole doublings)
 PIECES_PER_SPAN = 4
-# LSODA (Adams) while the rank-r flow is not stiff; where LSODA asks for a Jacobian the flow has turned stiff, with a
-# Hessian that changes every few steps, and that piece and every later one take RKC, which needs none (flowsim.solve.rkc):
-# at d = 1001 one Jacobian costs n = 2064 Hessian-vector products at rank 1
+# beyond EXACT_JACOBIAN_UP_TO equations: LSODA (Adams) while the rank-r flow is not stiff; where LSODA asks for a
+# Jacobian the flow has turned stiff, with a Hessian that changes every few steps, and that piece and every later one
+# take RKC, which needs none (flowsim.solve.rkc): at d = 1001 one Jacobian costs n = 2064 Hessian-vector products at rank 1
 NONSTIFF_METHOD, STIFF_METHOD = "LSODA", "RKC"
 # a flow whose Hessian's largest eigenvalue ρ gives ρ × FIRST_SPAN above this starts stiff (a later rank starts where
 # the last one turned stiff) and takes RKC at once: at d = 64 LSODA's first span of ranks 3-8 cost 11-45 Jacobians
@@ -183,7 +183,8 @@ def follow_reduced_flow(reduced_flow: ReducedFlow, state0: ReducedState, t_start
     moved less than CONVERGED relative to its size), σ_max(C) has
     fallen to zero (degenerate), ``enough(the path so far)`` says so, or ``until`` (at most REACH_LIMIT) is reached.
     Each doubling is solved in ``pieces`` segments, ``enough`` asked after each (a crossing's rule is often known
-    a fraction of a span after it). Pieces are integrated by LSODA until it asks for a Jacobian (n = (2d + 2k) r
+    a fraction of a span after it). Up to EXACT_JACOBIAN_UP_TO equations the pieces are LSODA's with the exact
+    Jacobian throughout. Beyond, they are integrated by LSODA until it asks for a Jacobian (n = (2d + 2k) r
     Hessian-vector products, not formed), then that piece and the later ones by RKC (from the first span where the
     flow starts stiff: ρ × FIRST_SPAN > STIFF_START).
     Cost: (2d + 2k) r equations at O(d² r) per evaluation, and SAMPLES_PER_SPAN couplings per span."""
