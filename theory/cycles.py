@@ -209,8 +209,8 @@ def rank_two_from_start(chain: MeanFieldChain, params0, A: np.ndarray, reach: fl
     horizon and the detectors a little past it, so it is only shown, to ``reach`` unless σ2 passes ``threshold``
     first; its own restart is not looked for (``propagate_rank`` with a confirmation that never comes). Like every
     flow that is only shown it runs at FULL_RANK_RTOL: on TinyStories' surrogate (d = 1001) its rows moved by at most
-    7e-5 (relative) against the rank-r flows' REDUCED_RTOL, and the prediction took 171 s instead of 227 s
-    (benchmarks/MEASUREMENTS.md)."""
+    7e-5 (relative) against the rank-r flows' REDUCED_RTOL and the prediction took 171 s instead of 227 s; on
+    WikiText-2's, 4e-4 and 553 s instead of 602 s (benchmarks/MEASUREMENTS.md)."""
     return propagate_rank(chain, params0, A, 0.0, reach, threshold, grid, confirmed=lambda t, thetas: False,
                           confirm_from=reach, rtol=FULL_RANK_RTOL)
 
