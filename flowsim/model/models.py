@@ -54,6 +54,16 @@ def small_matmul(a: jax.Array, b: jax.Array, fused: bool = False) -> jax.Array:
     return jnp.sum(a[..., :, :, None] * b[..., None, :, :], axis=-2)
 
 
+def check_sizes(model, names: tuple[str, ...]) -> None:
+    """Each named size of ``model`` a positive integer, and d >= 2: one ValueError naming the bad value."""
+    for name in names:
+        value = getattr(model, name)
+        if not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
+    if model.d < 2:
+        raise ValueError(f"model.d must be >= 2, got {model.d}")
+
+
 @dataclass(frozen=True)
 class OneLayerTransformer:
     """Shapes and options of the one-layer model (static: the parameters live in a dict)."""
@@ -68,12 +78,7 @@ class OneLayerTransformer:
     fused_products: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("d", "m", "k"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
-        if self.d < 2:
-            raise ValueError(f"model.d must be >= 2, got {self.d}")
+        check_sizes(self, ("d", "m", "k"))
         if self.logit_scale not in get_args(LogitScale):
             raise ValueError(f"model.logit_scale must be 'one' or 'inv_sqrt_k', got {self.logit_scale!r}")
 
@@ -214,12 +219,7 @@ class TwoLayerTransformer:
     fused_products: bool = False  # as for the one-layer model
 
     def __post_init__(self) -> None:
-        for name in ("d", "m", "k", "ffn_width"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
-        if self.d < 2:
-            raise ValueError(f"model.d must be >= 2, got {self.d}")
+        check_sizes(self, ("d", "m", "k", "ffn_width"))
         if self.ffn not in get_args(FFNKind):
             raise ValueError(f"model.ffn must be 'none', 'mlp' or 'glu', got {self.ffn!r}")
 
