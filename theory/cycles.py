@@ -208,9 +208,8 @@ def rank_two_from_start(chain: MeanFieldChain, params0, A: np.ndarray, reach: fl
     """The rank-two flow with direction 1 open from θ(0) (``A``: α and α2), for the rows: they read it up to the
     horizon and the detectors a little past it, so it is only shown, to ``reach`` unless σ2 passes ``threshold``
     first; its own restart is not looked for (``propagate_rank`` with a confirmation that never comes). Like every
-    flow that is only shown it runs at FULL_RANK_RTOL: on TinyStories' surrogate (d = 1001) its rows moved by at most
-    7e-5 (relative) against the rank-r flows' REDUCED_RTOL and the prediction took 171 s instead of 227 s; on
-    WikiText-2's, 4e-4 and 553 s instead of 602 s (benchmarks/MEASUREMENTS.md)."""
+    flow that is only shown it runs at FULL_RANK_RTOL: on the d = 1001 surrogates its rows moved by at most 4e-4
+    (relative) against the rank-r flows' REDUCED_RTOL, for a good part of the cost (benchmarks/MEASUREMENTS.md)."""
     return propagate_rank(chain, params0, A, 0.0, reach, threshold, grid, confirmed=lambda t, thetas: False,
                           confirm_from=reach, rtol=FULL_RANK_RTOL)
 

@@ -4,9 +4,8 @@ Nothing here integrates a flow: each time is an explicit expression in π, P, ε
 a_A of θ(0) along the origin's and the condensed point's unstable directions, a0 ≈ ε √m and a_A ≈ ε √k for a
 Gaussian start), m and k, two one-dimensional root finds, one linear solve for the attention's curvature κ, and for
 σ1's restart one critical point (L-BFGS, then Newton-CG) and its transverse spectrum. Cost O(d²) for μ1, μ2 and the
-times; κ O(d³) up to d = 64 (milliseconds), O(d²) per conjugate-gradient step beyond (about 1 s at d = 1001,
-compilation included); the restart O(d²) per iteration (tens to a thousand: 0.01-1.7 s at d = 4-16 and 0.2-6.9 s at
-d = 64 with another job beside it, benchmarks/MEASUREMENTS.md) and O(d³) for C's top triplet.
+times; κ O(d³) up to d = 64, O(d²) per conjugate-gradient step beyond; the restart O(d²) per iteration (tens to a
+thousand) and O(d³) for C's top triplet. Measured times: benchmarks/MEASUREMENTS.md.
 
 **Condensation.** At θ = 0 the logits z = π^T M of every query grow along π - u at rate 2 μ1, μ1 = ‖π‖ ‖π - u‖, from
 |z(0)| = x0 = ‖π‖ a0² / 2 (W0 = g π̂ α^T and W1 = α β^T with g = |β| = a0/√2), and settle at the condensed logits
@@ -168,8 +167,8 @@ def _hessian_product(d: int, x, v, pi, log_pi, P):
 
 
 DENSE_UP_TO = 64  # up to this d the (2d x 2d) Hessian is formed from the closed-form gradient; beyond, conjugate
-# gradients on compiled Hessian-vector products (whose compilation, about 1 s, costs more than the whole dense route
-# at small d)
+# gradients on compiled Hessian-vector products (whose compilation costs more than the whole dense route at small d:
+# benchmarks/MEASUREMENTS.md)
 SHIFT_FLOOR = 1e-8  # the dense Hessian's rounding (about -2e-12 in its least eigenvalue) must not decide the solve
 STEP = 1e-5  # central differences of the closed-form gradient: truncation O(STEP²) ≈ 1e-10, rounding ≈ 1e-11
 
@@ -265,7 +264,7 @@ FOCUSED_ACCEPTED = 1e-6  # ... and what it accepts wherever it stops (its line s
 FOCUSED_ITERATIONS = 1000  # L-BFGS iterations at most (tens to a few hundred at d = 4-64) ...
 NEWTON_ITERATIONS = 200  # ... then trust-region Newton-CG's, where L-BFGS stopped short
 # beyond this d the focused point is not sought: at d = 1001 (WikiText-2's surrogate) L-BFGS had the gradient at 0.012
-# after 1000 iterations and 46 s, against the formula tier's budget of seconds (benchmarks/MEASUREMENTS.md)
+# after 1000 iterations, far past the formula tier's budget (benchmarks/MEASUREMENTS.md)
 FOCUSED_UP_TO = 64
 
 

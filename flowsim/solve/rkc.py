@@ -207,7 +207,7 @@ def power_iteration(field: Callable) -> Callable:
 class HermiteOutput(DenseOutput):
     """The cubic through (y0, f0) at t_old and (y1, f1) at t: third-order accurate, as the method is second. Its
     Hermite basis in s = (t - t_old)/h is evaluated when called: solve_ivp makes one per step, most never called (a
-    scipy spline built per step cost 0.6 s of a 9 s prediction)."""
+    scipy spline built per step was a measurable part of a prediction: benchmarks/MEASUREMENTS.md)."""
 
     def __init__(self, t_old: float, t: float, y0, y1, f0, f1):
         super().__init__(t_old, t)
