@@ -421,7 +421,9 @@ def test_bridge_validate_puts_theory_ode_and_sgd_side_by_side_and_reuses_every_p
     # the formula tier's column: condensation by the closed form, its error against the ODE on the vocabulary
     assert condensation["formula"] is not None and condensation["formula_vs_ode"] == pytest.approx(
         abs(condensation["formula"] - condensation["ode_full_vocabulary"]) / condensation["ode_full_vocabulary"])
-    assert payload["seconds"]["formula"] < payload["seconds"]["theory"]
+    # each part's time is recorded (which is faster is measured in benchmarks/, not asserted by a test)
+    assert {"sgd", "ode", "formula", "theory"} <= set(payload["seconds"])
+    assert all(np.isfinite(value) and value > 0 for value in payload["seconds"].values())
     table = (out / "validate.md").read_text()
     assert "| event | token | formula | theory |" in table and f"| condensation - #1 | - | {condensation['formula']:.4g} |" in table
     assert (out / "sgd" / "overlay.png").is_file()
