@@ -187,8 +187,8 @@ def validation_table(payload: dict) -> str:
              "The theory and the ODE's first column read the mean-field attention over the whole vocabulary; the ODE's "
              "second column and SGD read the run's probe set (its queries' windows, types folded), as `flowsim bridge "
              "compare` does.", "",
-             "The theory has two tiers: the formula (closed forms, no flow integrated; condensation and the first "
-             "focus) and the reduced flows (`theory`)." + (f" {payload['formula_failure']}." if payload.get("formula_failure")
+             "The theory has two tiers: the formula (closed forms, no flow integrated; condensation, the first "
+             "focus and σ1's restart up to d = 64) and the reduced flows (`theory`)." + (f" {payload['formula_failure']}." if payload.get("formula_failure")
                                                             else ""), "",
              "| event | token | formula | theory | ODE (vocabulary) | ODE (probe set) | SGD | formula vs ODE | theory vs ODE "
              "| theory vs SGD | ODE vs SGD | note |",
