@@ -111,10 +111,11 @@ def test_compiled_reduced_flow_and_its_jacobian_against_the_closed_form_and_fini
 def test_a_stiff_rank_flow_starts_with_rkc_and_a_soft_one_with_lsoda(monkeypatch):
     """The spectral radius is the dense Jacobian's (from below); a state whose ρ × FIRST_SPAN exceeds STIFF_START takes
     RKC from its first span, while one near the origin takes LSODA (the route beyond EXACT_JACOBIAN_UP_TO equations,
-    lowered here to take this small flow)."""
+    lowered here to take this small flow, on the former route kept for comparison: LARGE_METHOD = "RKC")."""
     import theory.restart
 
     monkeypatch.setattr(theory.restart, "EXACT_JACOBIAN_UP_TO", 0)
+    monkeypatch.setattr(theory.restart, "LARGE_METHOD", "RKC")
     d, k, rank = 10, 3, 2
     chain = random_chain(d, seed=3)
     flow = ReducedFlow(MeanFieldChain(chain.pi, chain.P), k, rank)
@@ -134,10 +135,11 @@ def test_a_stiff_rank_flow_starts_with_rkc_and_a_soft_one_with_lsoda(monkeypatch
 def test_lsoda_hands_the_piece_where_the_flow_turns_stiff_to_rkc_without_forming_a_jacobian(monkeypatch):
     """A soft start takes LSODA until it asks for a Jacobian; that piece is solved again by RKC from its start, and
     the path agrees with LSODA run with the exact Jacobian throughout (the route beyond EXACT_JACOBIAN_UP_TO
-    equations, lowered here to take this small flow)."""
+    equations, lowered here to take this small flow, on the former route kept for comparison: LARGE_METHOD = "RKC")."""
     import theory.restart
 
     monkeypatch.setattr(theory.restart, "EXACT_JACOBIAN_UP_TO", 0)
+    monkeypatch.setattr(theory.restart, "LARGE_METHOD", "RKC")
     d, k, rank = 10, 3, 2
     chain = random_chain(d, seed=3)
     flow = ReducedFlow(MeanFieldChain(chain.pi, chain.P), k, rank)
@@ -152,6 +154,43 @@ def test_lsoda_hands_the_piece_where_the_flow_turns_stiff_to_rkc_without_forming
               rtol=1e-6, atol=1e-12, until_stiff=True)
     exact = solve(flow, state, [path.t_reach], rtol=1e-10, atol=1e-14).y[:, -1]
     np.testing.assert_allclose(path.y(path.t_reach), exact, rtol=0, atol=1e-4 * np.abs(exact).max())
+
+
+def test_the_rank_r_flow_is_the_exact_flow_of_the_model_with_m_equal_to_r():
+    """``ReducedFlow.exact_flow`` (flowsim's one-layer model with m = r, mean-field loss) has the reduced flow's field
+    at any point, through ``to_model``, and ``from_model`` undoes ``to_model``."""
+    d, k, rank = 9, 3, 2
+    chain = random_chain(d, seed=5)
+    flow = ReducedFlow(MeanFieldChain(chain.pi, chain.P), k, rank)
+    y = random_state(d, k, rank, seed=5, scale=0.7).pack()
+    params = flow.to_model(y)
+    exact = flow.exact_flow
+    field = np.asarray(exact.vector_field(0.0, exact.flatten(params)))
+    velocity = flow.from_model(exact.unflatten_batch(field[None]))[0]
+    np.testing.assert_allclose(velocity, flow.vector_field(0.0, y), rtol=1e-10, atol=1e-13)
+    np.testing.assert_array_equal(flow.from_model({name: value[None] for name, value in params.items()})[0], y)
+
+
+def test_a_large_rank_flow_takes_the_exact_flows_solver_and_its_spline_follows_lsoda(monkeypatch):
+    """Beyond EXACT_JACOBIAN_UP_TO equations (lowered here to take this small flow) every piece is "FLOW": the m = r
+    model's exact flow by flowsim's stiff solver, no spectral radius; its saved points and its spline between them
+    agree with LSODA's exact-Jacobian path at a tight tolerance, on a stiff start (ρ × FIRST_SPAN > STIFF_START)."""
+    import theory.restart
+
+    monkeypatch.setattr(theory.restart, "EXACT_JACOBIAN_UP_TO", 0)
+    d, k, rank = 10, 3, 2
+    chain = random_chain(d, seed=3)
+    flow = ReducedFlow(MeanFieldChain(chain.pi, chain.P), k, rank)
+    state = random_state(d, k, rank, seed=3, scale=2.0)
+    calls, solve = [], ReducedFlow.solve
+    monkeypatch.setattr(ReducedFlow, "solve", lambda self, *a, **kw: calls.append(kw["method"]) or solve(self, *a, **kw))
+    monkeypatch.setattr(ReducedFlow, "spectral_radius", lambda self, state: pytest.fail("no spectral radius is needed"))
+    path = follow_reduced_flow(flow, state, 0.0, lambda y: 1.0, until=256.0)
+    assert calls and set(calls) == {"FLOW"}, calls
+    between = (path.t[1:] + path.t[:-1]) / 2
+    exact = solve(flow, state, between, rtol=1e-11, atol=1e-14, method="LSODA")
+    scale = np.abs(exact.y).max()
+    np.testing.assert_allclose(np.stack([path.y(t) for t in between], axis=1), exact.y, rtol=0, atol=1e-4 * scale)
 
 
 def test_a_small_rank_flow_takes_lsoda_with_its_exact_jacobian_throughout(monkeypatch):

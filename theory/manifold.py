@@ -27,7 +27,12 @@ import numpy as np
 import sympy as sp
 from scipy.integrate import solve_ivp
 
+from flowsim.model.chains import MarkovChain
+from flowsim.model.flow import GradientFlow
+from flowsim.model.losses import make_loss_function
+from flowsim.model.models import OneLayerTransformer
 from flowsim.solve.rkc import RKC, power_iteration
+from flowsim.solve.solvers import solve_flow
 from theory.mean_field import FactoredGradients, MeanFieldChain
 
 BLOCKS = ("Gamma", "B", "Q", "R")  # the coordinate blocks of a rank-r manifold point, in packing order
@@ -125,6 +130,15 @@ def compiled_reduced_flow(d: int, k: int, rank: int) -> CompiledReducedFlow:
     return CompiledReducedFlow(jax.jit(lambda *a: -gradient(*a)), jax.jit(lambda *a: -hessian(*a)))
 
 
+class ParametersOnly(GradientFlow):
+    """A gradient flow whose solves save its parameters only: the loss along the saved points, which ``solve_flow``
+    evaluates for its trajectory (a d x d softmax per point: at d = 1001 a third of the reduced tier's time), is
+    not (NaN)."""
+
+    def loss_along(self, thetas: np.ndarray) -> np.ndarray:
+        return np.full(len(np.asarray(thetas).reshape(-1, self.size)), np.nan)
+
+
 class FlowTurnedStiff(Exception):
     """LSODA asked for a Jacobian (``ReducedFlow.solve(..., until_stiff=True)``): the flow has turned stiff."""
 
@@ -175,19 +189,46 @@ class ReducedFlow:
         start = np.random.default_rng(0).standard_normal(len(y))
         return float(np.linalg.norm(power_iteration(compiled.field)(y, compiled.field(y, *self._arrays), start, self._arrays)[1]))
 
+    @functools.cached_property
+    def exact_flow(self) -> GradientFlow:
+        """The rank-r flow as flowsim's exact flow of the one-layer model with m = r: on the manifold of A the loss is
+        ℓ(Γ, B, Q, R) = L(W0 = Γ, W1 = B^T, W_Q = Q^T, W_K = R^T) of that model, and A's orthonormal columns make the
+        metric Euclidean, so the two gradient flows are one (``to_model``)."""
+        model = OneLayerTransformer(d=self.d, m=self.rank, k=self.k)
+        chain = MarkovChain(P=self.chain.P, pi=self.chain.pi)
+        return ParametersOnly(make_loss_function(model, chain, "mean_field"), self.to_model(np.zeros(self.size)))
+
+    @property
+    def size(self) -> int:
+        return (2 * self.d + 2 * self.k) * self.rank
+
+    def to_model(self, y: np.ndarray) -> dict[str, np.ndarray]:
+        """The m = r model's parameters at the packed coordinates y: W0 = Γ, W1 = B^T, W_Q = Q^T, W_K = R^T."""
+        state = ReducedState.unpack(y, self.d, self.k)
+        return {"W0": state.Gamma, "W1": state.B.T, "W_Q": state.Q.T, "W_K": state.R.T}
+
+    def from_model(self, params: dict[str, np.ndarray]) -> np.ndarray:
+        """``to_model``'s inverse, on a leading time axis: (T, n) packed coordinates."""
+        parts = [np.asarray(params["W0"]), np.swapaxes(params["W1"], 1, 2), np.swapaxes(params["W_Q"], 1, 2),
+                 np.swapaxes(params["W_K"], 1, 2)]
+        return np.concatenate([part.reshape(len(part), -1) for part in parts], axis=1)
+
     def solve(self, state0: ReducedState, t_eval: np.ndarray, *, t_start: float = 0.0,
               rtol: float = 1e-10, atol: float = 1e-14, method: str = "LSODA", until_stiff: bool = False):
         """Integrate from ``state0`` at ``t_start``; the scipy result (dense output on).
 
         ``method``: "LSODA" with the exact Jacobian (n Hessian-vector products, O(d² r n), per refresh: for
-        small n and tight tolerances), or "RKC" (``flowsim.solve.rkc``: field evaluations only, O(d² r) each, about
-        √(h ρ) per step: for large n, where the Jacobian must be refreshed every few steps). ``until_stiff``:
+        small n and tight tolerances), "FLOW" (``solve_flow``'s default stiff method on ``exact_flow``, compiled once
+        per shape, its dense output a C¹ piecewise cubic through saved points: for large n), or "RKC"
+        (``flowsim.solve.rkc``: field evaluations only, O(d² r) each, about √(h ρ) per step). ``until_stiff``:
         LSODA raises ``FlowTurnedStiff`` where it would first need the Jacobian instead of forming it."""
         t_eval = np.asarray(t_eval, dtype=float)
         y0 = state0.pack()
         compiled = compiled_reduced_flow(self.d, self.k, len(y0) // (2 * self.d + 2 * self.k))
         span = (t_start, float(t_eval[-1]))
-        if method == "RKC":
+        if method == "FLOW":
+            solution = self._solve_exact(y0, t_eval, t_start, rtol, atol)
+        elif method == "RKC":
             solution = solve_ivp(None, span, y0, method=RKC, field=compiled.field, field_args=self._arrays, t_eval=t_eval,
                                  rtol=rtol, atol=atol, dense_output=True)
         elif method == "LSODA":
@@ -196,13 +237,117 @@ class ReducedFlow:
                                  jac=stiff_signal if until_stiff else lambda t, y: np.asarray(
                                      compiled.jacobian(y, *self._arrays)))
         else:
-            raise ValueError(f"method = {method!r} is not one of 'LSODA', 'RKC'")
+            raise ValueError(f"method = {method!r} is not one of 'LSODA', 'FLOW', 'RKC'")
         if solution.status != 0:
             reached = solution.t[-1] if len(solution.t) else t_start
             size = np.linalg.norm(solution.y[:, -1]) if solution.y.size else np.linalg.norm(y0)
             raise RuntimeError(f"the rank-{len(y0) // (2 * self.d + 2 * self.k)} reduced flow failed at t ≈ {reached:.6g}, "
                                f"where its coordinates have norm {size:.4g}: {solution.message}")
         return solution
+
+
+    def _solve_exact(self, y0: np.ndarray, t_eval: np.ndarray, t_start: float, rtol: float, atol: float) -> "FlowSolution":
+        """``solve``'s "FLOW": ``exact_flow`` saved at ``t_eval``, at FLOW_SAVES evenly spaced times and at as many
+        log-spaced ones from FLOW_FIRST_SAVE × the span on (saving adds no step), its dense output a C¹ piecewise
+        cubic through them (``LocalCubic``). Where its error estimate (``interpolation_error``) is above ``rtol`` the
+        call is solved again with those intervals split evenly, as many times as its h³ error needs (FLOW_REFINEMENTS
+        times at most: a sharp front first met between two saved points is only seen once a refinement brackets it)."""
+        if len(y0) != self.size:
+            raise ValueError(f"a rank-{self.rank} flow needs {self.size} coordinates, got {len(y0)}")
+        length = t_eval[-1] - t_start
+        saved = apart(np.concatenate([np.linspace(t_start, t_eval[-1], FLOW_SAVES), t_eval[t_eval > t_start],
+                                      t_start + np.geomspace(FLOW_FIRST_SAVE * length, length, FLOW_SAVES)]), t_eval)
+        for attempt in range(FLOW_REFINEMENTS + 1):
+            result = solve_flow(self.exact_flow, self.to_model(y0), saved - t_start, rtol=rtol, atol=atol)
+            y = self.from_model(result.trajectory.params)
+            if not result.success:
+                return FlowSolution(np.array([t_start + float(result.trajectory.t[-1])]), y[-1:].T, None, 1, result.message)
+            error = self.interpolation_error(saved, y)
+            if attempt == FLOW_REFINEMENTS or error.max() <= rtol:
+                break
+            splits = np.ceil(np.maximum(error / rtol, 1.0) ** (1 / 3)).astype(int)
+            saved = apart(np.concatenate([np.linspace(a, b, n + 1) for a, b, n in zip(saved[:-1], saved[1:], splits)]), t_eval)
+        dense = LocalCubic(saved, y)
+        return FlowSolution(t_eval, np.stack([dense(t) for t in t_eval], axis=1), dense, 0, result.message)
+
+    def interpolation_error(self, t: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Per interval of t, an estimate of ``LocalCubic``'s error through (t, y): the one through every other point
+        misses the points left out by about 2³ times the full one's error there (its step is twice as long), each
+        block (Γ, B, Q, R) measured against its largest norm along y. O(T n)."""
+        error = np.zeros(len(t) - 1)
+        if len(t) < 5:
+            return error
+        kept = np.union1d(np.arange(0, len(t), 2), [len(t) - 1])
+        left_out = np.arange(1, len(t) - 1, 2)
+        coarse = LocalCubic(t[kept], y[kept])
+        missed = np.abs(np.stack([coarse(x) for x in t[left_out]]) - y[left_out]) / 8
+        sizes = np.cumsum([self.d * self.rank, self.d * self.rank, self.k * self.rank])
+        scales = [max(np.linalg.norm(block, axis=1).max(), np.finfo(float).tiny) for block in np.split(y, sizes, axis=1)]
+        at = np.max([part.max(axis=1) / scale for part, scale in zip(np.split(missed, sizes, axis=1), scales)], axis=0)
+        error[left_out - 1] = at  # a left-out point j lies between intervals j - 1 and j
+        error[left_out] = np.maximum(error[left_out], at)
+        return error
+
+
+# the exact flow's saved points per ``ReducedFlow.solve`` call ("FLOW"), evenly spaced and as many log-spaced from
+# FLOW_FIRST_SAVE × the call's span, refined where the error estimate of their interpolation is above the call's rtol (its error
+# against LSODA's dense output, and how often a call is solved again: benchmarks/MEASUREMENTS.md)
+FLOW_SAVES, FLOW_FIRST_SAVE, FLOW_REFINEMENTS, FLOW_SAVE_GAP = 129, 1e-7, 3, 1e-9
+
+
+def apart(times: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """The sorted times with those closer than FLOW_SAVE_GAP × their range to a kept neighbour dropped (``keep``'s
+    stay): near-equal nodes would make the interpolating cubic's weights cancel."""
+    times = np.unique(times)
+    gap = FLOW_SAVE_GAP * (times[-1] - times[0])
+    kept = [times[0]]
+    for t in times[1:]:
+        if t - kept[-1] > gap:
+            kept.append(t)
+        elif np.isin(t, keep):  # a time asked for replaces the near one before it (never the first, the start)
+            kept[-1] = t if len(kept) > 1 else kept[-1]
+    return np.array(kept)
+
+
+class LocalCubic:
+    """A C¹ piecewise cubic through saved points: on each interval the cubic Hermite whose slopes at its two ends are
+    those of the parabola through each end and its two neighbours (one-sided at the first and last point). O(h³)
+    accurate; it keeps only the saved points (a global spline would keep four times as much), and its slope is
+    continuous, so an adaptive integrator reading it (the transverse equation) is not stopped at every point.
+    O(n) per call."""
+
+    def __init__(self, t: np.ndarray, y: np.ndarray):
+        self.t, self.y = np.asarray(t, dtype=float), np.asarray(y, dtype=float)
+        self.t_min, self.t_max = float(self.t[0]), float(self.t[-1])  # as scipy's OdeSolution names its span
+
+    def slope(self, i: int) -> np.ndarray:
+        """dy/dt at point i from the parabola through i and its two neighbours (or the two nearest, at an end)."""
+        if len(self.t) == 2:
+            return (self.y[1] - self.y[0]) / (self.t[1] - self.t[0])
+        centre = int(np.clip(i, 1, len(self.t) - 2))
+        (a, b, c), x = self.t[centre - 1:centre + 2], self.t[i]
+        weights = ((2 * x - b - c) / ((a - b) * (a - c)), (2 * x - a - c) / ((b - a) * (b - c)),
+                   (2 * x - a - b) / ((c - a) * (c - b)))
+        return weights[0] * self.y[centre - 1] + weights[1] * self.y[centre] + weights[2] * self.y[centre + 1]
+
+    def __call__(self, x: float) -> np.ndarray:
+        i = int(np.clip(np.searchsorted(self.t, x) - 1, 0, len(self.t) - 2))
+        h = self.t[i + 1] - self.t[i]
+        s = (x - self.t[i]) / h
+        return ((2 * s**3 - 3 * s**2 + 1) * self.y[i] + h * (s**3 - 2 * s**2 + s) * self.slope(i)
+                + (-2 * s**3 + 3 * s**2) * self.y[i + 1] + h * (s**3 - s**2) * self.slope(i + 1))
+
+
+@dataclass(frozen=True)
+class FlowSolution:
+    """``ReducedFlow.solve``'s result by "FLOW", in the shape of scipy's: t, y (n × len(t)), sol (the dense output,
+    None where the solve failed), status (0: reached t[-1]) and message."""
+
+    t: np.ndarray
+    y: np.ndarray
+    sol: Callable | None
+    status: int
+    message: str
 
 
 def stiff_signal(t: float, y: np.ndarray) -> NoReturn:

@@ -34,8 +34,9 @@ span, or less where its rate still moves: ``TransverseAlongPath``, asked after e
 the crossing are properties of the flow. The one exception is a rank that starts past the horizon
 (``theory.cycles``): its restart is past the horizon whatever its time, and its flow is followed only until
 the detectors have confirmed the events before the horizon, unless it crosses first. Cost per direction:
-the reduced flow, (2d + 2k) r equations at O(d² r) per evaluation (LSODA until the flow turns stiff, then
-RKC, which needs no Jacobian), and the linear transverse equation, (2d + 2k)(m - r) equations at
+the reduced flow, (2d + 2k) r equations at O(d² r) per evaluation (LSODA with its exact Jacobian up to
+EXACT_JACOBIAN_UP_TO equations, beyond them the exact flow of the model with m = r by flowsim's own stiff solver,
+whose Newton-Krylov steps form no Jacobian), and the linear transverse equation, (2d + 2k)(m - r) equations at
 O(d² (m - r)) per evaluation (C kept factored, ``TransverseCoupling``).
 """
 
@@ -71,9 +72,11 @@ FULL_RANK_RTOL = 1e-4
 # a rank-r flow that can cross is solved in this many pieces per doubling, so that it stops soon after the rule for its
 # crossing is known (at d = 64 ranks 2-7 were followed 1.0-1.6x as far as their rules needed, in whole doublings)
 PIECES_PER_SPAN = 4
-# beyond EXACT_JACOBIAN_UP_TO equations: LSODA (Adams) while the rank-r flow is not stiff; where LSODA asks for a
-# Jacobian the flow has turned stiff, with a Hessian that changes every few steps, and that piece and every later one
-# take RKC, which needs none (flowsim.solve.rkc): at d = 1001 one Jacobian costs n = 2064 Hessian-vector products at rank 1
+# beyond EXACT_JACOBIAN_UP_TO equations a rank-r flow is the exact flow of the m = r model, solved by flowsim's own stiff
+# solver ("FLOW", ``ReducedFlow.exact_flow``; its cost against RKC's: benchmarks/MEASUREMENTS.md). "RKC" keeps the
+# former route for comparison (benchmarks/reduced_flow_route.py): LSODA (Adams) while the flow is not stiff; where
+# LSODA asks for a Jacobian the flow has turned stiff, and that piece and every later one take RKC
+LARGE_METHOD = "FLOW"
 NONSTIFF_METHOD, STIFF_METHOD = "LSODA", "RKC"
 # a flow whose Hessian's largest eigenvalue ρ gives ρ × FIRST_SPAN above this starts stiff (a later rank starts where
 # the last one turned stiff) and takes RKC at once: at d = 64 LSODA's first span of ranks 3-8 cost 11-45 Jacobians
@@ -184,14 +187,20 @@ def follow_reduced_flow(reduced_flow: ReducedFlow, state0: ReducedState, t_start
     fallen to zero (degenerate), ``enough(the path so far)`` says so, or ``until`` (at most REACH_LIMIT) is reached.
     Each doubling is solved in ``pieces`` segments, ``enough`` asked after each (a crossing's rule is often known
     a fraction of a span after it). Up to EXACT_JACOBIAN_UP_TO equations the pieces are LSODA's with the exact
-    Jacobian throughout. Beyond, they are integrated by LSODA until it asks for a Jacobian (n = (2d + 2k) r
-    Hessian-vector products, not formed), then that piece and the later ones by RKC (from the first span where the
-    flow starts stiff: ρ × FIRST_SPAN > STIFF_START).
+    Jacobian throughout. Beyond, they are the exact flow of the model with m = r (``ReducedFlow.solve``'s "FLOW");
+    with LARGE_METHOD = "RKC", the former route, LSODA until it asks for a Jacobian (n = (2d + 2k) r Hessian-vector
+    products, not formed), then that piece and the later ones by RKC (from the first span where the flow starts
+    stiff: ρ × FIRST_SPAN > STIFF_START).
     Cost: (2d + 2k) r equations at O(d² r) per evaluation, and SAMPLES_PER_SPAN couplings per span."""
     segments, ends, times, rates, span_ends = [], [], [float(t_start)], [rate_of(state0.pack())], []
     exact_jacobian = state0.pack().size <= EXACT_JACOBIAN_UP_TO
-    stiff = not exact_jacobian and reduced_flow.spectral_radius(state0) * FIRST_SPAN > STIFF_START
-    y0, t0, span, converged, method = state0.pack(), float(t_start), FIRST_SPAN, False, STIFF_METHOD if stiff else NONSTIFF_METHOD
+    if exact_jacobian:
+        method = NONSTIFF_METHOD
+    elif LARGE_METHOD == "FLOW":
+        method = "FLOW"
+    else:
+        method = STIFF_METHOD if reduced_flow.spectral_radius(state0) * FIRST_SPAN > STIFF_START else NONSTIFF_METHOD
+    y0, t0, span, converged = state0.pack(), float(t_start), FIRST_SPAN, False
     until = min(until, REACH_LIMIT)
 
     def path_so_far() -> ReducedPath:
