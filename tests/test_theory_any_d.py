@@ -454,3 +454,11 @@ def test_a_failed_later_rank_keeps_every_row_before_it(monkeypatch, default_pred
     assert sigma2.predicted is None and sigma2.note.startswith("not predicted: the rank-2 flow from t = ")
     assert "(the transverse equation failed at t = 321 (|z| = inf)); the rows before it stand" in sigma2.note
     assert failed.cycles.failure[0] == 2
+
+
+def test_the_exact_flows_route_refuses_save_times_that_end_before_it_starts():
+    d, k = 6, 2
+    chain = random_chain(d, seed=4)
+    flow = ReducedFlow(MeanFieldChain(chain.pi, chain.P), k, 1)
+    with pytest.raises(ValueError, match="must end after t_start = 5"):
+        flow.solve(random_state(d, k, 1, seed=4, scale=0.1), np.array([5.0]), t_start=5.0, method="FLOW")

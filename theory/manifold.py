@@ -254,6 +254,8 @@ class ReducedFlow:
         times at most: a sharp front first met between two saved points is only seen once a refinement brackets it)."""
         if len(y0) != self.size:
             raise ValueError(f"a rank-{self.rank} flow needs {self.size} coordinates, got {len(y0)}")
+        if not t_eval[-1] > t_start:
+            raise ValueError(f"the save times must end after t_start = {t_start:g}, got a last one of {t_eval[-1]:g}")
         length = t_eval[-1] - t_start
         saved = apart(np.concatenate([np.linspace(t_start, t_eval[-1], FLOW_SAVES), t_eval[t_eval > t_start],
                                       t_start + np.geomspace(FLOW_FIRST_SAVE * length, length, FLOW_SAVES)]), t_eval)
