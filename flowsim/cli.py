@@ -562,6 +562,10 @@ def main() -> None:
         if stop.code == EXIT_INTERRUPTED and not _interrupt_reported:
             typer.echo(INTERRUPTED_STARTING, err=True)
         raise
+    except KeyboardInterrupt:  # a Ctrl-C while typer builds the command line, before click could turn it into 130
+        if not _interrupt_reported:
+            typer.echo(INTERRUPTED_STARTING, err=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
     except OSError as error:  # a path the file system cannot even look up, wherever a command met it
         if error.errno not in (errno.ENAMETOOLONG, errno.ELOOP):
             raise
