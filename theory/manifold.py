@@ -245,7 +245,6 @@ class ReducedFlow:
                                f"where its coordinates have norm {size:.4g}: {solution.message}")
         return solution
 
-
     def _solve_exact(self, y0: np.ndarray, t_eval: np.ndarray, t_start: float, rtol: float, atol: float) -> "FlowSolution":
         """``solve``'s "FLOW": ``exact_flow`` saved at ``t_eval``, at FLOW_SAVES evenly spaced times and at as many
         log-spaced ones from FLOW_FIRST_SAVE × the span on (saving adds no step), its dense output a C¹ piecewise
@@ -300,14 +299,14 @@ FLOW_SAVES, FLOW_FIRST_SAVE, FLOW_REFINEMENTS, FLOW_SAVE_GAP = 129, 1e-7, 3, 1e-
 def apart(times: np.ndarray, keep: np.ndarray) -> np.ndarray:
     """The sorted times with those closer than FLOW_SAVE_GAP × their range to a kept neighbour dropped (``keep``'s
     stay): near-equal nodes would make the interpolating cubic's weights cancel."""
-    times = np.unique(times)
+    times, asked = np.unique(times), set(np.asarray(keep).tolist())
     gap = FLOW_SAVE_GAP * (times[-1] - times[0])
     kept = [times[0]]
     for t in times[1:]:
         if t - kept[-1] > gap:
             kept.append(t)
-        elif np.isin(t, keep):  # a time asked for replaces the near one before it (never the first, the start)
-            kept[-1] = t if len(kept) > 1 else kept[-1]
+        elif t in asked and len(kept) > 1:  # a time asked for replaces the near one before it (never the start)
+            kept[-1] = t
     return np.array(kept)
 
 
