@@ -33,6 +33,21 @@ def test_qk_gram_difference_is_conserved(default_run):
     assert np.max(np.abs(gram - gram[0])) < 1e-6 * scale
 
 
+def test_embedding_balance_is_conserved(default_run):
+    """L is invariant under W0 → W0 G, W1 → G⁻¹W1, W_Q → G⁻¹W_Q, W_K → G⁻¹W_K (Φ and M do not move), so with one rate
+    for every group W0^T W0 - W1 W1^T - W_Q W_Q^T - W_K W_K^T (m × m) is a constant of motion: a check on W0's and
+    W1's gradients that the W_Q/W_K law cannot see."""
+    params = default_run.trajectory.params
+    gram = lambda name, pattern: np.einsum(pattern, params[name], params[name])  # noqa: E731
+    balance = (gram("W0", "tda,tdb->tab") - gram("W1", "tad,tbd->tab")
+               - gram("W_Q", "tak,tbk->tab") - gram("W_K", "tak,tbk->tab"))
+    scale = np.max(np.abs(gram("W0", "tda,tdb->tab")))
+    assert scale > 1.0  # W0 condensed, so its Gram moved by far more than the tolerance below
+    assert np.max(np.abs(balance - balance[0])) < 1e-6 * scale
+    loose = gram("W0", "tda,tdb->tab") - gram("W1", "tad,tbd->tab")  # without the attention's part it is not conserved
+    assert np.max(np.abs(loose - loose[0])) > 1e-2 * scale
+
+
 def test_rates_scale_each_group_and_slow_window_ramps(default_flow, paper_chain, paper_model):
     flow, params0 = default_flow
     theta = flow.flatten({name: 3e2 * value for name, value in params0.items()})  # off the origin
