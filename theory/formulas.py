@@ -275,8 +275,10 @@ class NoFocusedPoint(RuntimeError):
 def focused_critical_point(pi: np.ndarray, P: np.ndarray, phi_start: float) -> tuple[np.ndarray, np.ndarray, float]:
     """(γ, β, φ): a critical point of the rank-one loss L(γ, β, φ) (Φ = φ γ γ^T, M = γ β^T) reached by L-BFGS on the
     closed-form gradient (``rank_one_gradient``) from the condensed point with the half-focused attention (γ*, β*, φ_½):
-    where Stage II leaves the flow. The rank-one critical points form a curve (``theory.transverse``), so this is one
-    point of it near that start, not necessarily the flow's own; no flow is integrated. Where L-BFGS stops with the
+    where Stage II leaves the flow. The rank-one critical points are not isolated: besides two symmetries (β along 1,
+    and (γ, β, φ) → (cγ, β/c, φ/c²)) the Hessian is flat along one or two directions that no conservation law fixes and
+    along which σ_max(C) moves (docs/theory.md), so this is one point near that start, not necessarily the flow's
+    own; no flow is integrated. Where L-BFGS stops with the
     gradient above FOCUSED_ACCEPTED (it crawls along that curve: at d = 64 it can leave 2e-5 after 1000 iterations),
     Newton-CG with trust region (Hessian products by central differences of the gradient) goes on from there; where
     that stops short too (three d = 64 chains with μ2 ≈ 1e-6 in the benchmark families), ``NoFocusedPoint``.
