@@ -190,8 +190,10 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     rows += [restart_row(restart, t_end) for restart in restarts]
     if cycles.failure is not None:
         rank, t_from, why = cycles.failure
+        short = (f"; the flows end at t = {float(cycles.trajectory.t[-1]):.4g}, so foci and dilutions are confirmed to "
+                 f"t = {cycles.confirmed_through:.4g} only" if cycles.confirmed_through < t_end else "")
         rows.append(Row("restart", None, rank, None, note=f"not predicted: the rank-{rank} flow from t = {t_from:.4g} failed "
-                                                           f"({why}); the rows before it stand"))
+                                                           f"({why}); the rows before it stand{short}"))
     on_run = {query: events_on_save_times(cycles.observables, prepared.times, query) for query in focus.order}
     for stage in ("focus", "dilution"):
         for query in focus.order:
@@ -289,8 +291,13 @@ def first_focus_row(focus: FocusPrediction, cycles: CyclePrediction, read: Obser
     else:
         drop = focus.orbit.entropy[0] - focus.orbit.entropy.min()
         falls = f"falls only {drop:.3g} nats" if drop > 0 else "never falls below its start"
-        row = Row("focus", first, None, None, note=f"no focus: on the focus orbit the entropy {falls} "
-                                                   f"(a focus needs {StageThresholds().focus_drop:g})")
+        orbit = f"on the focus orbit the entropy {falls} (a focus needs {StageThresholds().focus_drop:g})"
+        seen_to = max(float(read.t[-1]), cycles.confirmed_through)
+        # flows that end before the horizon (a later rank failed, or σ2 stopped the rows' flow) have not ruled it out
+        row = Row("focus", first, None, None, note=f"no focus: {orbit}" if seen_to >= t_end else
+                  f"not predicted: no focus on the reduced flows as far as they reach, t = {seen_to:.4g} of {t_end:g} "
+                  f"(the rows' flow to {float(read.t[-1]):.4g}, the chain's events confirmed to "
+                  f"{cycles.confirmed_through:.4g}), and {orbit}")
     return noting_unsettled(row, unsettled)
 
 
