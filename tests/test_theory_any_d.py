@@ -454,10 +454,9 @@ def test_a_failed_later_rank_keeps_every_row_before_it(monkeypatch, default_pred
     assert sigma2.predicted is None and sigma2.note.startswith("not predicted: the rank-2 flow from t = ")
     assert "(the transverse equation failed at t = 321 (|z| = inf)); the rows before it stand" in sigma2.note
     assert failed.cycles.failure[0] == 2
-    # the chain ends at σ1's crossing, so it confirms foci and dilutions short of the horizon, and the row says so
+    # the chain ends at σ1's crossing, so its detectors place foci and dilutions short of the horizon: the row says so
     assert failed.cycles.confirmed_through < 500
-    assert f"so foci and dilutions are confirmed to t = {failed.cycles.confirmed_through:.4g} only" in sigma2.note
-    assert "confirmed to" not in whole[("restart", None, 2)].note
+    assert f"so its detectors place foci and dilutions only to t = {failed.cycles.confirmed_through:.4g}" in sigma2.note
 
 
 def test_a_first_focus_beyond_the_flows_reach_is_not_predicted_and_not_ruled_out(default_prediction_to_500):
@@ -466,23 +465,28 @@ def test_a_first_focus_beyond_the_flows_reach_is_not_predicted_and_not_ruled_out
     flow ends at 57 148, the chain confirms to 39 811, the exact flow focuses at 62 761)."""
     from dataclasses import replace
 
-    from theory.cycles import Confirmation
+    from flowsim.observe.stages import StageThresholds
+    from theory.cycles import Confirmation, confirmation_reach
     from theory.predict import first_focus_row
 
     prediction = default_prediction_to_500
     found = next(row for row in prediction.rows if row.stage == "focus" and row.query == 0)
     assert found.predicted is not None and 50.0 < found.predicted < 500
     read = observables_until(prediction.cycles.observables, 50.0)  # a rows' flow that ends before the focus
-    cycles = replace(prediction.cycles, confirmation=Confirmation(40.0, {}), report=replace(prediction.cycles.report, intervals=[]))
+    cycles = replace(prediction.cycles, confirmation=Confirmation(20.0, {}), report=replace(prediction.cycles.report, intervals=[]))
     focus = replace(prediction.focus, t_onset={})
     times = np.geomspace(1.0, 500.0, 200)
     row = first_focus_row(focus, cycles, read, times, 500.0)
     assert row.predicted is None
-    assert row.note.startswith(f"not predicted: no focus on the reduced flows as far as they reach, t = {read.t[-1]:.4g} of 500 ")
-    assert "the chain's events confirmed to 40" in row.note and "on the focus orbit the entropy" in row.note
-    # with flows that reach the horizon, the same absence is the focus orbit's verdict
-    whole = first_focus_row(focus, replace(cycles, confirmation=Confirmation(600.0, {})), read, times, 500.0)
-    assert whole.note.startswith("no focus: on the focus orbit the entropy")
+    placed_to = read.t[-1] / confirmation_reach(StageThresholds())  # a lookahead short of the flow's end
+    assert row.note.startswith("not predicted: no focus where the reduced flows let the detectors place one, up to "
+                               f"t = {placed_to:.4g} of 500 ")
+    assert "the chain's foci are placed to 20" in row.note and "on the focus orbit the entropy" in row.note
+    # with flows that let the detectors place events up to the horizon, the same absence is the focus orbit's verdict
+    placed = lambda through: first_focus_row(focus, replace(cycles, confirmation=Confirmation(through, {})), read,  # noqa: E731
+                                             times, 500.0).note
+    assert placed(500.0).startswith("no focus: on the focus orbit the entropy")
+    assert placed(499.9).startswith("not predicted: ")
 
 
 def test_the_exact_flows_route_refuses_save_times_that_end_before_it_starts():

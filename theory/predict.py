@@ -47,7 +47,7 @@ from flowsim.observe.observables import Observables, stage_observables
 from flowsim.solve.trajectory import Trajectory
 from flowsim.observe.stages import (StageReport, StageThresholds, detect_condensation, detect_focus_and_dilution, detect_restarts,
                             smooth_in_log_time, subject_label)
-from theory.cycles import CyclePrediction, dilution_mechanisms, predict_cycles
+from theory.cycles import CyclePrediction, confirmation_reach, dilution_mechanisms, predict_cycles
 from theory.focus import FocusPrediction, predict_focus
 from theory.formulas import FormulaPrediction, predict_formulas
 from theory.origin import CondensationPrediction, predict_condensation
@@ -190,10 +190,10 @@ def predict_run(config: RunConfig, progress: Callable[[str], None] = _quiet) -> 
     rows += [restart_row(restart, t_end) for restart in restarts]
     if cycles.failure is not None:
         rank, t_from, why = cycles.failure
-        short = (f"; the flows end at t = {float(cycles.trajectory.t[-1]):.4g}, so foci and dilutions are confirmed to "
-                 f"t = {cycles.confirmed_through:.4g} only" if cycles.confirmed_through < t_end else "")
+        placed_short = (f"; the chain's flows end at t = {float(cycles.trajectory.t[-1]):.4g}, so its detectors place foci "
+                        f"and dilutions only to t = {cycles.confirmed_through:.4g}" if cycles.confirmed_through < t_end else "")
         rows.append(Row("restart", None, rank, None, note=f"not predicted: the rank-{rank} flow from t = {t_from:.4g} failed "
-                                                           f"({why}); the rows before it stand{short}"))
+                                                           f"({why}); the rows before it stand{placed_short}"))
     on_run = {query: events_on_save_times(cycles.observables, prepared.times, query) for query in focus.order}
     for stage in ("focus", "dilution"):
         for query in focus.order:
@@ -291,13 +291,16 @@ def first_focus_row(focus: FocusPrediction, cycles: CyclePrediction, read: Obser
     else:
         drop = focus.orbit.entropy[0] - focus.orbit.entropy.min()
         falls = f"falls only {drop:.3g} nats" if drop > 0 else "never falls below its start"
-        orbit = f"on the focus orbit the entropy {falls} (a focus needs {StageThresholds().focus_drop:g})"
-        seen_to = max(float(read.t[-1]), cycles.confirmed_through)
+        th = StageThresholds() if thresholds is None else thresholds
+        orbit = f"on the focus orbit the entropy {falls} (a focus needs {th.focus_drop:g})"
+        # the detectors place an event only a lookahead before a trajectory's end, on either flow
+        rows_flow_places_to = float(read.t[-1]) / confirmation_reach(th)
+        placed_to = max(rows_flow_places_to, cycles.confirmed_through)
         # flows that end before the horizon (a later rank failed, or σ2 stopped the rows' flow) have not ruled it out
-        row = Row("focus", first, None, None, note=f"no focus: {orbit}" if seen_to >= t_end else
-                  f"not predicted: no focus on the reduced flows as far as they reach, t = {seen_to:.4g} of {t_end:g} "
-                  f"(the rows' flow to {float(read.t[-1]):.4g}, the chain's events confirmed to "
-                  f"{cycles.confirmed_through:.4g}), and {orbit}")
+        row = Row("focus", first, None, None, note=f"no focus: {orbit}" if placed_to >= t_end else
+                  f"not predicted: no focus where the reduced flows let the detectors place one, up to t = "
+                  f"{placed_to:.4g} of {t_end:g} (the rows' flow ends at {float(read.t[-1]):.4g}, the chain's foci are "
+                  f"placed to {cycles.confirmed_through:.4g}), and {orbit}")
     return noting_unsettled(row, unsettled)
 
 
