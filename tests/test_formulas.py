@@ -318,7 +318,7 @@ def test_focused_points_flat_directions_are_two_symmetries_that_keep_mu_and_othe
     assert np.linalg.norm(symmetries - null @ (null.T @ symmetries)) < 1e-6  # both lie in the flat space
     others = np.linalg.svd(null - symmetries @ (symmetries.T @ null))[0][:, :null.shape[1] - 2]
 
-    xi = np.random.default_rng(0).standard_normal(4)  # C's spectrum does not depend on the attention's direction
+    xi = np.random.default_rng(0).standard_normal(4)  # any direction in k = 4: C's spectrum does not depend on it
 
     def slope(v, h=1e-3):
         rate = lambda point: TransverseCoupling(chain, focused_state(point[:d], point[d:2 * d], point[2 * d], xi)).top()[0]  # noqa: E731
