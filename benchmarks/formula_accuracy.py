@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from prediction_accuracy import flow_config, measured_stages, random_family
-from report import write_section
+from report import published
 from theory_accuracy import random_transition_matrix, text_chain
 
 T_CAP = 20_000.0
@@ -116,10 +116,7 @@ def main() -> None:
     command = (f"python benchmarks/formula_accuracy.py --seed {arguments.seed}"
                + "".join(f" --eps {eps:g}" for eps in arguments.eps or [1e-2, 1e-3])
                + f" --dims {' '.join(map(str, arguments.dims))} --text-d {' '.join(map(str, arguments.text_d))}")
-    text = "\n".join([f"`{command}` ({time.perf_counter() - started:.0f} s on a 2-core CPU)", "", *lines])
-    print(text)
-    if arguments.out is not None:
-        write_section(arguments.out, f"formula-accuracy-seed-{arguments.seed}", text)
+    published(command, started, lines, arguments.out, f"formula-accuracy-seed-{arguments.seed}")
 
 
 if __name__ == "__main__":

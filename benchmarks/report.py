@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,16 @@ def write_section(path: Path, marker: str, text: str) -> None:
     else:
         new = old.rstrip() + ("\n\n" if old else "") + block + "\n"
     path.write_text(new)
+
+
+def published(command: str, started: float, lines: list[str], out: Path | None, marker: str) -> str:
+    """A benchmark's table under its command line and wall time (``started``: its ``time.perf_counter()`` at the start),
+    printed, and written into section ``marker`` of ``out`` when given."""
+    text = "\n".join([f"`{command}` ({time.perf_counter() - started:.0f} s on a 2-core CPU)", "", *lines])
+    print(text)
+    if out is not None:
+        write_section(out, marker, text)
+    return text
 
 
 def spread(values: list) -> str:

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from formula_accuracy import chains
-from report import write_section
+from report import published
 
 
 def diagnosis(name: str, P: np.ndarray, eps: float) -> str | None:
@@ -43,8 +43,8 @@ def diagnosis(name: str, P: np.ndarray, eps: float) -> str | None:
     from flowsim.assemble import prepare
     from flowsim.config import load_config, transition_override
     from theory.cycles import prediction_grid
-    from theory.formulas import (STEP, attention_part, focused_critical_point, focused_state, half_focus_logit,
-                                 predict_formulas, rank_one_gradient)
+    from theory.formulas import (attention_part, focused_critical_point, focused_state, half_focus_logit,
+                                 predict_formulas, rank_one_hessian, symmetry_directions)
     from theory.manifold import project
     from theory.mean_field import MeanFieldChain, condensed_point
     from theory.origin import unstable_projection
@@ -84,18 +84,12 @@ def diagnosis(name: str, P: np.ndarray, eps: float) -> str | None:
     d = len(chain.pi)
     gamma, beta, phi = focused_critical_point(chain.pi, chain.P, half_focus_logit(formulas.constants, chain.pi))
     z = np.concatenate([gamma, beta, [phi]])
-
-    def gradient(point: np.ndarray) -> np.ndarray:
-        d_x, d_phi = rank_one_gradient(chain, point[:2 * d], point[2 * d])
-        return np.append(d_x, d_phi)
-
-    hessian = np.column_stack([(gradient(z + STEP * e) - gradient(z - STEP * e)) / (2 * STEP) for e in np.eye(len(z))])
-    values, vectors = np.linalg.eigh((hessian + hessian.T) / 2)
+    hessian = rank_one_hessian(chain, gamma, beta, phi)
+    values, vectors = np.linalg.eigh(hessian)
     flat = np.abs(values) < 1e-6 * np.abs(values).max()
     gap = np.log10(np.abs(values[~flat]).min() / np.abs(values[flat]).max())
     attention = attention_part(prepared.params0, alpha, formulas.constants.h_sign)
-    symmetries = np.linalg.qr(np.column_stack([np.concatenate([np.zeros(d), np.ones(d), [0.0]]),
-                                               np.concatenate([gamma, -beta, [-2 * phi]])]))[0]
+    symmetries = symmetry_directions(gamma, beta, phi)
     null = vectors[:, flat]
     others = np.linalg.svd(null - symmetries @ (symmetries.T @ null))[0][:, :null.shape[1] - 2]
 
@@ -109,7 +103,7 @@ def diagnosis(name: str, P: np.ndarray, eps: float) -> str | None:
     # (2|φ| on φ, where ‖q‖ = ‖r‖), which subtracts (μ_½ - μ_R)/λ_s e-folds from log(ℓ_1/a_s)
     metric = np.ones(len(z))
     metric[-1] = np.sqrt(2 * abs(phi))
-    weighted = np.abs(np.linalg.eigvalsh(metric[:, None] * (hessian + hessian.T) / 2 * metric[None, :]))
+    weighted = np.abs(np.linalg.eigvalsh(metric[:, None] * hessian * metric[None, :]))
     slowest = weighted[weighted > 1e-6 * weighted.max()].min()
     gamma_star, beta_star = condensed_point(chain.pi)
     half_focused_rate = TransverseCoupling(chain, focused_state(gamma_star, beta_star, half_focus_logit(
@@ -152,10 +146,7 @@ def main() -> None:
             print(line, flush=True)
     command = (f"python benchmarks/restart_formula_diagnosis.py --seed {arguments.seed} --eps {arguments.eps:g} "
                f"--dims {' '.join(map(str, arguments.dims))}")
-    text = "\n".join([f"`{command}` ({time.perf_counter() - started:.0f} s on a 2-core CPU)", "", *lines])
-    print(text)
-    if arguments.out is not None:
-        write_section(arguments.out, f"restart-formula-diagnosis-seed-{arguments.seed}", text)
+    published(command, started, lines, arguments.out, f"restart-formula-diagnosis-seed-{arguments.seed}")
 
 
 if __name__ == "__main__":

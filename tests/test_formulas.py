@@ -296,24 +296,18 @@ def test_focused_points_flat_directions_are_two_symmetries_that_keep_mu_and_othe
     """At the focused critical point the rank-one Hessian over (γ, β, φ) is flat along β → β + c1 and the rescaling
     (γ, β, φ) → (cγ, β/c, φ/c²), which leave σ_max(C) as it is, and along others that are no symmetry, some of
     which move it: why no conservation law fixes the flow's point, nor μ_R (docs/theory.md, "Why σ1's restart misses")."""
-    from theory.formulas import STEP, focused_critical_point, focused_state, half_focus_logit, rank_one_gradient
+    from theory.formulas import (focused_critical_point, focused_state, half_focus_logit, rank_one_hessian,
+                                 symmetry_directions)
     from theory.transverse import TransverseCoupling
 
     pi, P = general_chain(5, seed=214)
     d, chain, constants = 5, MeanFieldChain(pi, P), chain_constants(pi, P)
     gamma, beta, phi = focused_critical_point(pi, P, half_focus_logit(constants, pi))
     z = np.concatenate([gamma, beta, [phi]])
-
-    def gradient(point):
-        d_x, d_phi = rank_one_gradient(chain, point[:2 * d], point[2 * d])
-        return np.append(d_x, d_phi)
-
-    hessian = np.column_stack([(gradient(z + STEP * e) - gradient(z - STEP * e)) / (2 * STEP) for e in np.eye(2 * d + 1)])
-    values, vectors = np.linalg.eigh((hessian + hessian.T) / 2)
+    values, vectors = np.linalg.eigh(rank_one_hessian(chain, gamma, beta, phi))
     flat = np.abs(values) < 1e-6 * np.abs(values).max()
     assert flat.sum() >= 3  # 4 on this chain; 3 on the paper family (benchmarks/restart_formula_diagnosis.py)
-    symmetries = np.linalg.qr(np.column_stack([np.concatenate([np.zeros(d), np.ones(d), [0.0]]),
-                                               np.concatenate([gamma, -beta, [-2 * phi]])]))[0]
+    symmetries = symmetry_directions(gamma, beta, phi)
     null = vectors[:, flat]
     assert np.linalg.norm(symmetries - null @ (null.T @ symmetries)) < 1e-6  # both lie in the flat space
     others = np.linalg.svd(null - symmetries @ (symmetries.T @ null))[0][:, :null.shape[1] - 2]

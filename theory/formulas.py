@@ -185,6 +185,29 @@ def rank_one_gradient(chain: MeanFieldChain, x: np.ndarray, phi: float) -> tuple
     return np.concatenate([d_gamma, d_beta]), float(gamma @ G_Phi_gamma)
 
 
+def rank_one_hessian(chain: MeanFieldChain, gamma: np.ndarray, beta: np.ndarray, phi: float) -> np.ndarray:
+    """The rank-one loss's Hessian over z = (γ, β, φ), symmetrised, by central differences of ``rank_one_gradient``:
+    4d + 2 gradients, O(d³)."""
+    d = chain.d
+    z = np.concatenate([gamma, beta, [phi]])
+
+    def gradient(point: np.ndarray) -> np.ndarray:
+        d_x, d_phi = rank_one_gradient(chain, point[:2 * d], point[2 * d])
+        return np.append(d_x, d_phi)
+
+    hessian = np.column_stack([(gradient(z + STEP * e) - gradient(z - STEP * e)) / (2 * STEP) for e in np.eye(len(z))])
+    return 0.5 * (hessian + hessian.T)
+
+
+def symmetry_directions(gamma: np.ndarray, beta: np.ndarray, phi: float) -> np.ndarray:
+    """An orthonormal basis ((2d + 1) × 2) of the rank-one loss's two symmetries at (γ, β, φ): β → β + c1 (softmax
+    ignores a shift of every logit) and (γ, β, φ) → (cγ, β/c, φ/c²), whose conservation law is the flow's GL(m)
+    balance (docs/model.md). O(d)."""
+    d = len(gamma)
+    return np.linalg.qr(np.column_stack([np.concatenate([np.zeros(d), np.ones(d), [0.0]]),
+                                         np.concatenate([gamma, -beta, [-2 * phi]])]))[0]
+
+
 def dense_curvature_parts(pi: np.ndarray, P: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
     """(∂²L/∂φ², b, H) at the condensed point by central differences of ``rank_one_gradient``: 4d + 2 gradients,
     O(d³)."""
