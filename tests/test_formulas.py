@@ -10,7 +10,7 @@ from flowsim import MarkovChain
 from flowsim.config import transition_override
 from prediction_accuracy import flow_config, measured_stages  # benchmarks/ is on the path (conftest)
 from theory.focus import attention_coupling
-from theory.formulas import (chain_constants, condensation_end, first_focus, logistic_square_integral,
+from theory.formulas import (chain_constants, condensation_end, first_focus, half_focus_logit, logistic_square_integral,
                              predict_formulas)
 from theory.mean_field import MeanFieldChain, condensed_point
 from theory.origin import predict_condensation
@@ -97,7 +97,9 @@ def test_formulas_against_the_exact_flow_on_a_seeded_family():
         formulas = predict_formulas(prepared.chain.pi, prepared.chain.P, prepared.params0, eps)
         assert formulas.focus is not None
         assert formulas.restart is not None and formulas.restart.time is not None
-        report = measured_stages(flow_config(overrides, eps, 1.5 * formulas.restart.time, 500))
+        # to 2 × the predicted restart: the detectors date an event once they have read 10^0.15 past it (docs/stages.md),
+        # and general chain 203's first focus comes just after its restart
+        report = measured_stages(flow_config(overrides, eps, 2.0 * formulas.restart.time, 500))
         condensed = [i.t_end for i in report.intervals if i.stage == "condensation"]
         focused = [i.t_start for i in report.intervals if i.stage == "focus" and i.query == formulas.constants.query]
         restarted = [i.t_start for i in report.intervals if i.stage == "restart" and i.direction == 1]
@@ -179,7 +181,7 @@ def test_first_focus_is_where_the_attentions_growth_reaches_the_half_focus_logit
     assert entropy(softmax(phi_half * c + np.log(pi))) == pytest.approx(entropy(pi) / 2, rel=1e-9)
     a0 = 1e-3
     t_half = np.log(constants.ell_norm / (np.linalg.norm(pi) * a0**2 / 2) - 1) / (2 * constants.mu1)
-    t_focus = first_focus(constants, pi, a0, a_attention)
+    t_focus = first_focus(constants, pi, a0, a_attention, phi_half)
     y_squared = lambda s: expit(2 * constants.mu1 * (s - t_half)) ** 2  # noqa: E731
     settled = min(t_focus, t_half + 40 / constants.mu1)  # past it y² = 1 to 1e-30
     growth = constants.mu2 * (sum(quad(y_squared, lower, upper, epsabs=0, epsrel=1e-12, limit=200)[0]
@@ -222,10 +224,10 @@ def test_no_focus_where_the_attention_turns_away_from_the_frequent_token_or_has_
     pi, P = general_chain(4, seed=162)
     constants = chain_constants(pi, P)
     assert constants.h_sign > 0 and constants.mu2 > 0
-    assert first_focus(constants, pi, 1e-2, 1e-2) is None
+    assert first_focus(constants, pi, 1e-2, 1e-2, half_focus_logit(constants, pi)) is None
     iid = np.outer(np.ones(4), pi)
     flat = chain_constants(pi, iid)
-    assert flat.mu2 == 0 and flat.kappa == 0 and first_focus(flat, pi, 1e-2, 1e-2) is None
+    assert flat.mu2 == 0 and flat.kappa == 0 and first_focus(flat, pi, 1e-2, 1e-2, half_focus_logit(flat, pi)) is None
 
 
 def test_a_start_past_condensations_level_has_no_condensation_time():
@@ -323,7 +325,7 @@ def test_focused_points_flat_directions_are_two_symmetries_that_keep_mu_and_othe
 
 
 def test_restart_formula_adds_an_order_one_time_to_the_first_focus():
-    """ℓ_1 and a_s both scale with the start, so t_R - t_f does not move when θ(0) is scaled, while t_f does (its
+    """ℓ_1 and a_s both scale with the start, so t_R - t_½ does not move when θ(0) is scaled, while the focus does (its
     log(1/ε) terms)."""
     from flowsim.assemble import prepare
     from flowsim.config import load_config
@@ -334,7 +336,7 @@ def test_restart_formula_adds_an_order_one_time_to_the_first_focus():
     for scale in (1.0, 1e-3):
         params0 = {name: scale * np.asarray(value) for name, value in prepared.params0.items()}
         formulas = predict_formulas(prepared.chain.pi, prepared.chain.P, params0, 1e-2 * scale)
-        gaps.append(formulas.restart.time - formulas.focus)
+        gaps.append(formulas.restart.time - formulas.focus_half)
         foci.append(formulas.focus)
     assert gaps[0] > 0 and gaps[1] == pytest.approx(gaps[0], rel=1e-6)
     assert foci[1] > foci[0] + 1.0
@@ -437,5 +439,5 @@ def test_a_start_past_the_restart_threshold_along_the_mode_restarts_with_the_foc
     params0 = {name: np.asarray(value) * (1.0 if name == "W0" else 300.0) for name, value in prepared.params0.items()}
     formulas = predict_formulas(prepared.chain.pi, prepared.chain.P, params0, 1e-3)
     assert formulas.restart.amplitude >= formulas.restart.threshold
-    assert formulas.restart.time == formulas.focus and "past ℓ_1" in formulas.restart.note
+    assert formulas.restart.time == formulas.focus_half and "past ℓ_1" in formulas.restart.note
     assert f"σ1 restart: {formulas.restart.note}" in formula_line(formulas)

@@ -8,7 +8,7 @@ from flowsim.assemble import prepare
 from flowsim.observe.families import compute_observables
 from flowsim.observe.observables import Observables
 from flowsim.solve.solvers import solve_flow
-from flowsim.observe.stages import STAGES_JSON, StageThresholds, detect_stages
+from flowsim.observe.stages import STAGES_JSON, StageThresholds, detect_stages, settled_count
 
 MU1 = np.linalg.norm([0.75, 0.19, 0.05, 0.01]) * np.linalg.norm(np.array([0.75, 0.19, 0.05, 0.01]) - 0.25)
 
@@ -94,17 +94,22 @@ def test_reported_times_agree_with_the_observables_they_cite(default_observables
         measured = crossing_time(observables, "sv_W0", th.restart_factor * floor, (restart.direction,), after=10.0)
         assert close(restart.t_start, measured), (restart, measured)
     for focus in default_report.of("focus"):
-        # halfway between the maximum before the fall and the minimum, both cited
-        high, low = (float(v.split(" ")[0]) for v in focus.evidence.split("fell from ")[1].split(" to ")[:2])
+        # where the entropy first falls the cited drop below the cited running maximum, after that maximum
+        drop, high = (float(v.split(" ")[0]) for v in focus.evidence.split("fell ")[1].split(" below its running maximum ")[:2])
         peak_time = float(focus.evidence.split("(t=")[1].split(")")[0])
-        measured = crossing_time(observables, "attention_entropy", (high + low) / 2, (focus.query,), after=peak_time)
+        measured = crossing_time(observables, "attention_entropy", high - drop, (focus.query,), after=peak_time)
         assert close(focus.t_start, measured), (focus, measured)
+        assert focus.depth_times[0] == (pytest.approx(drop), focus.t_start) and focus.depth >= drop
+    read_to = observables.t[observables.t > 0][settled_count(observables.t[observables.t > 0], th) - 1]
     for dilution in default_report.of("dilution"):
-        # the cited motion of the frequent token's embedding over the dilution
+        rise, low = (float(v.split(" ")[0]) for v in dilution.evidence.split("rose ")[1].split(" above its running minimum ")[:2])
+        trough_time = float(dilution.evidence.split("(t=")[1].split(")")[0])
+        measured = crossing_time(observables, "attention_entropy", low + rise, (dilution.query,), after=trough_time)
+        assert close(dilution.t_start, measured), (dilution, measured)
+        # the cited motion of the frequent token's embedding over the dilution (to the end of the read log if open)
+        end = read_to if dilution.t_end is None else dilution.t_end
         cited = float(dilution.evidence.split("token 0 ")[1].split(",")[0])
-        raw = value_at(observables, "embedding_norm", dilution.t_end, (0,)) - value_at(
-            observables, "embedding_norm", dilution.t_start, (0,)
-        )
+        raw = value_at(observables, "embedding_norm", end, (0,)) - value_at(observables, "embedding_norm", dilution.t_start, (0,))
         assert cited == pytest.approx(raw, rel=0.1, abs=0.01)
     # the first dilution of query 0 moves frequent and rare embeddings in opposite directions (docs/model.md)
     assert "opposite directions" in default_report.of("dilution", query=0)[0].evidence
@@ -180,8 +185,9 @@ def test_labels_survive_noise_and_subsampling(default_observables, default_repor
 def synthetic_observables(t: np.ndarray) -> Observables:
     """Series with known boundaries: σ0(W0) crosses 2x floor at t=1+ln2/0.4 and 1/3 max at
     t=1+ln(1/(3 floor))/0.4;
-    σ1(W0) leaves 2x floor at t=200 and passes 10x floor at t=1000; query 0's entropy is halfway down at t=100 and
-    halfway back up at t=700 (then the restart: one cycle); the loss and σ0's are flat after t=2000."""
+    σ1(W0) leaves 2x floor at t=200 and passes 10x floor at t=1000; query 0's entropy falls from 0.8 to 0 about t=100 and
+    rises back to 0.7 about t=700 (logistic in log t, ``ramp_time``; then the restart: one cycle); the loss and σ0's
+    are flat after t=2000."""
     logt = np.log10(t)
 
     def ramp(low, high, t_mid, width=0.05):
@@ -206,6 +212,12 @@ def synthetic_observables(t: np.ndarray) -> Observables:
     return Observables(t=t, columns=columns, constants={"pi": np.array([0.8, 0.2])})
 
 
+def ramp_time(low: float, high: float, t_mid: float, level: float, width: float = 0.05) -> float:
+    """When the logistic ramp (in log10 t) from ``low`` to ``high`` centred at ``t_mid`` passes ``level``."""
+    fraction = (level - low) / (high - low)
+    return float(t_mid * 10 ** (width * np.log(fraction / (1 - fraction))))
+
+
 def test_synthetic_series_are_labelled_at_their_boundaries():
     t = np.geomspace(0.1, 1e5, 1500)
     report = detect_stages(synthetic_observables(t))
@@ -214,8 +226,13 @@ def test_synthetic_series_are_labelled_at_their_boundaries():
     assert condensation.t_end == pytest.approx(1 + np.log(1 / (3 * 1e-3)) / 0.4, rel=0.03)
     (focus,) = report.of("focus", query=0)
     (dilution,) = report.of("dilution", query=0)
-    assert focus.t_start == pytest.approx(100.0, rel=0.03)
-    assert dilution.t_start == pytest.approx(700.0, rel=0.03) and focus.t_end == dilution.t_start
+    th = report.thresholds  # the focus: 0.35 below the maximum 0.8; the dilution: 0.2 above the minimum 0
+    assert focus.t_start == pytest.approx(ramp_time(0.8, 0.0, 100, 0.8 - th.focus_drop), rel=0.01)
+    assert focus.depth_times[1] == (pytest.approx(0.4), pytest.approx(ramp_time(0.8, 0.0, 100, 0.4), rel=0.01))
+    held_to = float(focus.evidence.split("below it by t=")[1].split(";")[0])  # the end of its hold: its depth then
+    assert focus.depth == pytest.approx(0.8 / (1 + np.exp(-np.log10(held_to / 100) / 0.05)), abs=0.01)
+    assert dilution.t_start == pytest.approx(ramp_time(0.0, 0.7, 700, th.dilution_rise), rel=0.01)
+    assert focus.t_end == dilution.t_start and dilution.t_end is None  # no focus after it: still open
     (restart,) = report.of("restart")
     assert restart.direction == 1 and restart.t_start == pytest.approx(1000.0, rel=0.03)
     assert "left 2× floor at t=200" in restart.evidence
@@ -235,7 +252,7 @@ def test_stages_json_schema(tmp_path, default_report):
     data = json.loads((tmp_path / STAGES_JSON).read_text())
     assert set(data) == {"intervals", "cycles"} and data["cycles"] == default_report.cycles
     for entry in data["intervals"]:
-        assert set(entry) == {"stage", "query", "direction", "t_start", "t_end", "evidence"}
+        assert set(entry) == {"stage", "query", "direction", "t_start", "t_end", "evidence", "depth", "depth_times"}
         assert entry["stage"] in ("condensation", "focus", "dilution", "restart", "plateau")
     assert [e["t_start"] for e in data["intervals"]] == sorted(e["t_start"] for e in data["intervals"])
     assert "cycles" in (tmp_path / "stages.txt").read_text()
@@ -323,43 +340,60 @@ def log_ramp(t, low, high, t_mid, width=0.05):
 
 
 def test_a_dilution_on_a_noisy_log_is_labelled_near_its_known_time():
-    """Focus at t = 270, dilution halfway up at t = 1800 (0.9 nats), noise of the SGD log's size: in every seed one
-    focus and one dilution of that query, the dilution within 15% of 1800 (the spread the noise itself gives)."""
+    """A fall of 1.3 nats about t = 270, a rise of 0.9 about t = 1800, noise of the SGD log's size: in every seed one
+    focus and one dilution of that query, each within 10% and 15% of where the noise-free ramp crosses its level (the
+    drop and rise, or 3 × the noise where the noise raised them: between the two; benchmarks/noisy_log_detectors.py
+    measures the spread over 200 seeds)."""
     t = np.geomspace(0.5, 3000, 228)
     entropy = np.where(t < 900, log_ramp(t, 1.6, 0.3, 270), log_ramp(t, 0.3, 1.2, 1800))
+    th, raised = StageThresholds(), 3 * SGD_LOG_NOISE
+    focus_range = sorted(ramp_time(1.6, 0.3, 270, 1.6 - drop) for drop in (th.focus_drop, raised))
+    dilution_range = sorted(ramp_time(0.3, 1.2, 1800, 0.3 + rise) for rise in (th.dilution_rise, raised))
     for seed in range(20):
         report = detect_stages(noisy_entropy_log(entropy, t, SGD_LOG_NOISE, seed))
         (focus,) = report.of("focus", query=1)
         (dilution,) = report.of("dilution", query=1)
-        assert focus.t_start == pytest.approx(270, rel=0.1) and dilution.t_start == pytest.approx(1800, rel=0.15), seed
+        assert 0.9 * focus_range[0] < focus.t_start < 1.1 * focus_range[1], (seed, focus)
+        assert 0.85 * dilution_range[0] < dilution.t_start < 1.15 * dilution_range[1], (seed, dilution)
 
 
 @pytest.mark.parametrize("noise", [SGD_LOG_NOISE, 0.3])
 def test_noise_alone_after_a_focus_is_not_labelled_a_dilution(noise):
-    """A focus that stays low, with noise only after it: no seed of 50 labels a dilution. The plain thresholds
-    (noise_factor = 0, as before the noise was read) label one in some seed, so the test can fail."""
+    """A focus that stays low, with noise only after it. At the SGD log's noise no seed of 50 labels a dilution; at
+    0.3 (2.3 × it) at most 2 do (measured: 1, seed 42 at t = 390, where the noise has run only 0.3 decades and the
+    noise read up to the hold is still partial; 4 of 200 in benchmarks/noisy_log_detectors.py), where the plain
+    thresholds (noise_factor = 0) label one in 5 or more, so the test can fail."""
     t = np.geomspace(0.5, 3000, 228)
     entropy = log_ramp(t, 1.6, 0.3, 270)
     logs = [noisy_entropy_log(entropy, t, noise, seed) for seed in range(50)]
-    assert not any(detect_stages(log).of("dilution") for log in logs)
-    if noise == SGD_LOG_NOISE:  # at 0.3 the raised focus threshold misses the focus itself in a few seeds
-        assert all(detect_stages(log).of("focus", query=1) for log in logs)
+    diluted = sum(bool(detect_stages(log).of("dilution")) for log in logs)
+    assert diluted == 0 if noise == SGD_LOG_NOISE else diluted <= 2, diluted
+    assert all(detect_stages(log).of("focus", query=1) for log in logs)
     plain = StageThresholds(noise_factor=0.0)
-    assert any(detect_stages(log, plain).of("dilution") for log in logs)
+    assert sum(bool(detect_stages(log, plain).of("dilution")) for log in logs) >= 5
 
 
-def test_the_noise_of_a_log_is_read_where_it_is_noisy_and_a_flows_series_has_none():
-    """series_noise: a smooth series with fast transitions (a flow's) reads below 1e-3; noise of SD 0.13 from t = 200
-    on (flat before) reads between 0.4 and 2 times it, though half the log is still."""
+def test_the_noise_of_a_log_is_read_up_to_each_time_and_a_flows_series_has_none():
+    """series_noise: a smooth series with fast transitions (a flow's) reads below 1e-3 throughout; noise of SD 0.13 from
+    t = 200 on (flat before) reads 0 before it, and between 0.4 and 2 times it by the end, though half the log is
+    still; a late noisy stretch (SD 0.3 from t = 1000) raises no reading before t = 1000 / 10^0.15, where the first
+    window that reaches it can be read, and raises the last."""
     from flowsim.observe.stages import series_noise, smooth_in_log_time
 
     t = np.geomspace(0.5, 3000, 228)
+    th = StageThresholds()
     smooth = np.where(t < 900, log_ramp(t, 1.6, 0.0, 270, width=0.01), log_ramp(t, 0.0, 1.2, 1800, width=0.01))
     logs = np.column_stack([smooth] + [noisy_entropy_log(smooth, t, SGD_LOG_NOISE, seed)["attention_entropy"][:, 1]
                                        for seed in range(10)])
-    noise = series_noise(t, logs, smooth_in_log_time(t, logs, 0.05), 0.25)
-    assert noise[0] < 1e-3
-    assert np.all((noise[1:] > 0.4 * SGD_LOG_NOISE) & (noise[1:] < 2 * SGD_LOG_NOISE)), noise
+    noise = series_noise(t, logs, smooth_in_log_time(t, logs, 0.05), th)
+    assert noise.shape == logs.shape and np.all(np.diff(noise, axis=0) >= 0)
+    assert noise[:, 0].max() < 1e-3 and np.all(noise[t < 200, 1:] == 0)
+    assert np.all((noise[-1, 1:] > 0.4 * SGD_LOG_NOISE) & (noise[-1, 1:] < 2 * SGD_LOG_NOISE)), noise[-1]
+    late = logs[:, 1:] + 0.3 * np.random.default_rng(1).standard_normal(logs[:, 1:].shape) * (t >= 1000)[:, None]
+    raised = series_noise(t, late, smooth_in_log_time(t, late, 0.05), th)
+    early = t < 1000 / 10 ** (th.min_duration_decades + 0.05)
+    np.testing.assert_array_equal(raised[early], noise[early, 1:])
+    assert np.all(raised[-1] >= noise[-1, 1:]) and np.mean(raised[-1] / noise[-1, 1:]) > 1.5
 
 
 def test_stage_times_do_not_move_with_the_save_grid(default_observables, default_report):
@@ -397,3 +431,74 @@ def test_the_running_median_weighs_each_sample_by_its_share_of_log_time():
     np.testing.assert_array_equal(smooth_in_log_time(np.array([1, 10, 10, 10, 100.0]), np.array([0, 1, 2, 3, 0.0]), 0.1),
                                   [0, 2, 2, 2, 0])
     np.testing.assert_array_equal(smooth_in_log_time(np.ones(3), np.array([1, 2, 3.0]), 0.1), [2, 2, 2])
+
+
+def assert_a_longer_run_keeps_every_event(observables: Observables, cut: float) -> dict:
+    """Label the trajectory whole and cut at ``cut``: every event the whole dates up to the cut's last save / 10^lookahead
+    (and two save intervals, as a crossing and a hold end on saves) is in the cut, at the same time to the last bit,
+    with the same depth; and the cut has no event the whole dates otherwise. Returns those events."""
+    shorter = observables.until(cut)
+    whole_report, cut_report = detect_stages(observables), detect_stages(shorter)
+    whole, early = whole_report.events(), cut_report.events()
+    t = shorter.t[shorter.t > 0]
+    reach = t[-1] / 10 ** (whole_report.thresholds.lookahead_decades + 2 * np.diff(np.log10(t)).max())
+    dated = {key: time for key, time in whole.items() if time <= reach}
+    assert {key: early.get(key) for key in dated} == dated
+    assert all(whole.get(key) == time for key, time in early.items()), {k: (v, whole.get(k)) for k, v in early.items()}
+    depth = lambda report: {(i.query, i.t_start): i.depth for i in report.of("focus")}  # noqa: E731
+    assert all(depth(whole_report)[key] == value for key, value in depth(cut_report).items())
+    return dated
+
+
+@pytest.mark.parametrize("cut", [1500.0, 3000.0])
+def test_a_longer_default_flow_moves_no_event(default_observables, cut):
+    """The default flow to t = 6000 and its cuts at 1500 and 3000 (the halfway rule moved query 1's focus from 694 on
+    the cut at 1500 to 710, and query 0's dilution from 715.3 to 715.2)."""
+    dated = assert_a_longer_run_keeps_every_event(default_observables, cut)
+    assert len(dated) >= (5 if cut == 1500.0 else 6), dated
+
+
+def test_a_longer_noisy_log_moves_no_event():
+    """An SGD-like log to t = 6000 (a focus about 270 and a dilution about 1800, noise of SD 0.13 from t = 200) with a
+    late noisy stretch (SD 0.5 from t = 2500): cut at 1000 and 3000, no event moves, in 10 seeds. The noise read over
+    the whole log let the late stretch raise the thresholds of events long before it: the whole log lost the
+    dilution (seed 0) or both events (seeds 1 and 2) that its cut at 3000 had."""
+    t = np.geomspace(0.5, 6000, 250)
+    entropy = np.where(t < 900, log_ramp(t, 1.6, 0.3, 270), log_ramp(t, 0.3, 1.2, 1800))
+    for seed in range(10):
+        log = noisy_entropy_log(entropy, t, SGD_LOG_NOISE, seed)
+        log.columns["attention_entropy"][:, 1] += 0.5 * (t >= 2500) * np.random.default_rng(100 + seed).standard_normal(len(t))
+        assert ("focus", 1, None, 1) in assert_a_longer_run_keeps_every_event(log, 1000.0)
+        assert ("dilution", 1, None, 1) in assert_a_longer_run_keeps_every_event(log, 3000.0)
+
+
+@pytest.fixture(scope="module")
+def surrogate_observables():
+    """The TinyStories d = 64 example's bigram surrogate (bridge/tinystories-d64.toml), its mean-field flow from
+    flowsim's own draw (m = k = 16, ε = 1e-2, seed 0) to t = 5125 on 400 log-spaced saves."""
+    pytest.importorskip("torch")
+    from flowsim.bridge.config import load_bridge_config
+    from flowsim.bridge.surrogate import text_surrogate
+    from flowsim.bridge.train import build_data
+    from flowsim.config import RunConfig, find_config
+
+    config = load_bridge_config(find_config("bridge/tinystories-d64.toml"), [])
+    chain, _ = text_surrogate(build_data(config).corpus, config.compare)
+    run = RunConfig.model_validate({"chain": {"P": chain.P.tolist()}, "model": {"m": 16, "k": 16},
+                                    "init": {"eps": 1e-2, "seed": 0}, "time": {"t_end": 5125.0, "n_linear": 2, "n_log": 400}})
+    prepared = prepare(run)
+    result = solve_flow(prepared.flow, prepared.params0, prepared.times, rtol=run.solver.rtol, atol=run.solver.atol)
+    assert result.success, result.message
+    return compute_observables(result.trajectory, prepared.model, prepared.chain.pi, prepared.flow)
+
+
+@pytest.mark.parametrize("cut", [1500.0, 2483.0])
+def test_a_longer_text_surrogate_flow_moves_no_event(surrogate_observables, cut):
+    """The text surrogate's flow cut at 1500 and 2483 (the halfway rule moved 3 and 14 first foci, up to 5-fold: query
+    53's from 216 on the cut at 2483 to 1112). Its slow two-step foci are described as such: some query's entropy is
+    0.35 nats below its maximum at least 5 × earlier than it is half its initial entropy below it."""
+    dated = assert_a_longer_run_keeps_every_event(surrogate_observables, cut)
+    assert sum(key[0] == "focus" for key in dated) >= (10 if cut == 1500.0 else 30), dated
+    two_step = [focus for focus in detect_stages(surrogate_observables).of("focus")
+                if focus.depth_times[1][1] is not None and focus.depth_times[1][1] > 5 * focus.t_start]
+    assert two_step and all(focus.depth < focus.depth_times[1][0] for focus in two_step)

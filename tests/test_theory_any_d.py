@@ -15,7 +15,7 @@ from flowsim.observe.families import compute_observables
 from flowsim.observe.observables import stage_observables
 from flowsim.solve.trajectory import Trajectory
 from theory.focus import condensed_point_expressions
-from theory.cycles import dilution_rates, focused_token, observables_until
+from theory.cycles import dilution_rates, focused_token
 from theory.manifold import FlowTurnedStiff, ReducedFlow, ReducedState, compiled_reduced_flow
 from theory.mean_field import MeanFieldChain, condensed_point, origin_rate
 from theory.origin import mu1_expression
@@ -298,7 +298,7 @@ def test_stage_observables_equal_the_full_observables():
     # each column is a function of its own time: the cut trajectory's are the whole's first rows (the confirmation's cut)
     keep = trajectory.t <= 2.0
     cut = Trajectory(t=trajectory.t[keep], loss=trajectory.loss[keep], params={n: p[keep] for n, p in params.items()})
-    sliced, direct = observables_until(light, 2.0), stage_observables(cut, chain.pi)
+    sliced, direct = light.until(2.0), stage_observables(cut, chain.pi)
     np.testing.assert_array_equal(sliced.t, direct.t)
     assert sliced.columns.keys() == direct.columns.keys()
     for name, column in direct.columns.items():
@@ -472,7 +472,7 @@ def test_a_first_focus_beyond_the_flows_reach_is_not_predicted_and_not_ruled_out
     prediction = default_prediction_to_500
     found = next(row for row in prediction.rows if row.stage == "focus" and row.query == 0)
     assert found.predicted is not None and 50.0 < found.predicted < 500
-    read = observables_until(prediction.cycles.observables, 50.0)  # a rows' flow that ends before the focus
+    read = prediction.cycles.observables.until(50.0)  # a rows' flow that ends before the focus
     cycles = replace(prediction.cycles, confirmation=Confirmation(20.0, {}), report=replace(prediction.cycles.report, intervals=[]))
     focus = replace(prediction.focus, t_onset={})
     times = np.geomspace(1.0, 500.0, 200)

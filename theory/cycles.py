@@ -82,8 +82,8 @@ GRID_START = 0.1
 # The chained prediction is followed past the horizon until the detectors can confirm every event before it: to
 # T >= 10^(lookahead + CONFIRM_DECADES) × the horizon, where each event up to T / 10^(lookahead + CONFIRM_DECADES)
 # is placed on the trajectory and on its cut CONFIRM_DECADES (of log t) earlier, which still reaches the detectors'
-# lookahead (their smoothing and hold, ``lookahead_decades``) past it. An event the two place differently is
-# unsettled: its onset depends on the far future (a dilution's onset lies halfway to the maximum that follows).
+# lookahead (their smoothing and hold, ``lookahead_decades``) past it. An event the two place differently would be
+# unsettled; the detectors are causal (docs/stages.md), so none is: the check guards that claim on every prediction.
 CONFIRM_DECADES = 0.1
 CONFIRM_RTOL = 1e-3  # onsets that move less than this between the two cuts are settled (the rows print 4 digits)
 MAX_REACH = 4.0  # a rank-r flow that does not restart is saved this far (× the horizon), holding its settled state
@@ -114,9 +114,9 @@ def placed_events(report: StageReport, until: float) -> dict[tuple, list[float]]
 
 
 def lookahead_decades(thresholds: StageThresholds) -> float:
-    """How far past a time (decades of log t) the detectors read to place an event there: the running median's
-    half-width and the hold a focus or dilution needs; a confirmation cut reaches CONFIRM_DECADES further."""
-    return thresholds.smoothing_decades + thresholds.min_duration_decades
+    """How far past a time (decades of log t) the detectors read to place an event there
+    (``StageThresholds.lookahead_decades``); a confirmation cut reaches CONFIRM_DECADES further."""
+    return thresholds.lookahead_decades
 
 
 def confirmation_reach(thresholds: StageThresholds) -> float:
@@ -151,14 +151,6 @@ def differences(longer: dict[tuple, list[float]], cut: dict[tuple, list[float]],
     return moved
 
 
-def observables_until(observables: Observables, end: float) -> Observables:
-    """``stage_observables`` of the trajectory cut at ``end``: each of their columns is a function of its own time
-    alone, so the cut's are the whole's first rows."""
-    keep = observables.t <= end
-    return Observables(observables.t[keep], {name: column[keep] for name, column in observables.columns.items()},
-                       observables.constants)
-
-
 def check_confirmation(observables: Observables, thresholds: StageThresholds) -> Confirmation:
     """Every focus and dilution up to t[-1] / 10^(lookahead + CONFIRM_DECADES), placed on the trajectory to t[-1]
     and on the one cut CONFIRM_DECADES earlier (which still reads the detectors' lookahead past them), from the
@@ -166,7 +158,7 @@ def check_confirmation(observables: Observables, thresholds: StageThresholds) ->
     t_end = float(observables.t[-1])
     t_cut = t_end / 10.0 ** CONFIRM_DECADES
     through = t_end / confirmation_reach(thresholds)
-    whole, earlier = detect_stages(observables, thresholds), detect_stages(observables_until(observables, t_cut), thresholds)
+    whole, earlier = detect_stages(observables, thresholds), detect_stages(observables.until(t_cut), thresholds)
     return Confirmation(through, differences(placed_events(whole, through), placed_events(earlier, through), t_cut, t_end))
 
 

@@ -29,8 +29,8 @@ the two clocks match where a(t) = δ:
 
 for any T at which condensation has settled and the attention is still linear; the
 result does not depend on δ as δ → 0. The first query's focus onset is then the
-detector's own (``detect_focus_and_dilution``: halfway from the entropy's peak to the
-trough that follows) read on the orbit's entropy on that clock.
+detector's own (``detect_focus_and_dilution``: where the entropy first falls the focus drop
+below its running maximum) read on the orbit's entropy on that clock.
 """
 
 from __future__ import annotations

@@ -26,8 +26,9 @@ At the condensed point
 
 (paper family: π·ℓ - (P ℓ)_i = λ (π·ℓ - ℓ_i)). The attention logits of the most frequent query q are
 Φ[q, j] = φ c_j, c_j = g*² π_q π_j / ‖π‖², with φ = -sign(h*) a_A² / 2. Their entropy H(φ) of
-softmax(φ c + log π) falls from H(π) towards 0 as the query focuses on the most frequent token, and the detector
-times the focus halfway down, H(φ_½) = H(π)/2. As φ grows the rank-one map answers and the coupling moves,
+softmax(φ c + log π) falls from H(π) towards 0 as the query focuses on the most frequent token; the detector
+dates the focus where it is 0.35 nats below its running maximum, H(φ_f) = H(π) - 0.35 (``onset_focus_logit``), and
+σ1's restart below starts from half focus, H(φ_½) = H(π)/2. With φ_½ for φ_f: As φ grows the rank-one map answers and the coupling moves,
 h = y² (-μ2 + κ φ) with κ = ∂²L/∂φ² - b^T (H + 2 μ2 I)^{-1} b (``attention_curvature``), so dφ/dG = 2 φ (1 - κ φ/μ2):
 1/φ obeys a linear equation, and φ reaches φ_½ when the linear growth φ0 e^{2G} reaches
 φ_lin = φ_½ (μ2 - κ φ0)/(μ2 - κ φ_½) (κ < 0; φ_lin = φ_½ for κ ≥ 0, ``linear_equivalent_logit``), φ0 = a_A²/2:
@@ -45,7 +46,7 @@ of the rank-one loss, where the transverse equation dZ/dt = -H_T Z (``theory.tra
 (``focused_critical_point``, d ≤ FOCUSED_UP_TO),
 with c = (ā^T U - b̄^T Y)/√2 and a_s = ‖c‖ ‖(I - γ̂γ̂^T) ā‖/√2 the amplitude σ1(W0) sees,
 
-    t_R = t_f + log(ℓ_1 / a_s) / μ_R,   ℓ_1 = 10 σ1(W0(0)) (the detector's threshold)
+    t_R = t_½ + log(ℓ_1 / a_s) / μ_R,   ℓ_1 = 10 σ1(W0(0)) (the detector's threshold; t_½ = t_f at φ_½)
         = (1/μ1 + 1/μ2) log(1/ε) + O(1)   (ℓ_1 and a_s are both O(ε)).
 
 The logistic interpolates the orbit from 0 to ℓ (the logits also turn from π - u towards ℓ), and both times treat
@@ -128,7 +129,20 @@ def focus_entropy(constants: ChainConstants, pi: np.ndarray, phi: float) -> floa
 def half_focus_logit(constants: ChainConstants, pi: np.ndarray) -> float | None:
     """φ_½ > 0 where the frequent query's entropy is half H(π) (φ > 0: the attention of h* < 0, towards the frequent
     token); None where it never is (ties at the top of π)."""
-    target = focus_entropy(constants, pi, 0.0) / 2
+    return focus_logit(constants, pi, focus_entropy(constants, pi, 0.0) / 2)
+
+
+def onset_focus_logit(constants: ChainConstants, pi: np.ndarray, drop: float) -> float | None:
+    """φ_f > 0 where the frequent query's entropy is ``drop`` nats below H(π), where the detectors date a focus onset
+    (``StageThresholds.focus_drop``, below the running maximum, H(π) at the start); None where it never is."""
+    return focus_logit(constants, pi, focus_entropy(constants, pi, 0.0) - drop)
+
+
+def focus_logit(constants: ChainConstants, pi: np.ndarray, target: float) -> float | None:
+    """φ > 0 where the frequent query's entropy falls to ``target``, by bracketing and Brent's method; None where it
+    never does."""
+    if target <= 0:
+        return None
     far = 1.0
     while focus_entropy(constants, pi, far) > target:
         far *= 2
@@ -258,19 +272,18 @@ def linear_equivalent_logit(mu2: float, kappa: float, phi_half: float, phi0: flo
     return phi_half * (mu2 - kappa * phi0) / (mu2 - kappa * phi_half) if kappa < 0 else phi_half
 
 
-def first_focus(constants: ChainConstants, pi: np.ndarray, a0: float, a_attention: float) -> float | None:
+def first_focus(constants: ChainConstants, pi: np.ndarray, a0: float, a_attention: float,
+                phi_target: float | None) -> float | None:
     """t_f = t_½ + U/(2 μ1), where (μ2/(2 μ1)) I(U) = log((2 φ_lin)^½ / a_A): the attention's growth G(t) = μ2 ∫ y² on the
-    logistic y = σ(2 μ1 (t - t_½)) reaches the half-focus logit from φ0 = a_A²/2, its nonlinear growth folded into φ_lin
+    logistic y = σ(2 μ1 (t - t_½)) reaches the focus logit ``phi_target`` (the detectors' onset, ``onset_focus_logit``, or
+    half focus, ``half_focus_logit``) from φ0 = a_A²/2, its nonlinear growth folded into φ_lin
     (``linear_equivalent_logit``). Past condensation (U ≫ 1) this is t_½ + 1/(2 μ1) + log(2 φ_lin/a_A²)/(2 μ2).
     None where μ2 = 0, where h* > 0 (the unstable attention, φ < 0, turns the frequent query away from the frequent
-    token: not the focus of Stage II, whose mass goes to that token), or where the attention never halves the
-    entropy."""
-    if constants.mu2 <= 0 or constants.h_sign > 0 or a_attention <= 0:
+    token: not the focus of Stage II, whose mass goes to that token), or where the attention never reaches that
+    logit's entropy (``phi_target`` None)."""
+    if constants.mu2 <= 0 or constants.h_sign > 0 or a_attention <= 0 or phi_target is None:
         return None
-    phi_half = half_focus_logit(constants, pi)
-    if phi_half is None:
-        return None
-    phi_lin = linear_equivalent_logit(constants.mu2, constants.kappa, phi_half, a_attention**2 / 2)
+    phi_lin = linear_equivalent_logit(constants.mu2, constants.kappa, phi_target, a_attention**2 / 2)
     x0 = float(np.linalg.norm(pi)) * a0**2 / 2
     t_half = np.log(constants.ell_norm / x0 - 1.0) / (2 * constants.mu1)
     growth = 0.5 * np.log(2 * phi_lin / a_attention**2)  # G needed: a_A e^G = (2 φ_lin)^½
@@ -349,7 +362,7 @@ def carried_transverse_part(params0, pi: np.ndarray, alpha: np.ndarray) -> tuple
 
 @dataclass(frozen=True)
 class RestartFormula:
-    """σ1's restart by the formula tier: t_R = t_f + log(ℓ_1/a_s)/μ_R (``sigma1_restart``), with its ingredients."""
+    """σ1's restart by the formula tier: t_R = t_½ + log(ℓ_1/a_s)/μ_R (``sigma1_restart``), with its ingredients."""
 
     time: float | None  # None: no restart by the formula (``note``)
     rate: float | None  # μ_R = σ_max(C) at the focused critical point; None where it was not found or not sought
@@ -359,7 +372,9 @@ class RestartFormula:
     note: str = ""
 
 
-DEGENERATE_RATE = 1e-8  # μ_R below this × μ2: C = 0 at the focused point (symmetric rare tokens), nothing opens
+# μ_R below this × μ2: C = 0 at the focused point (symmetric rare tokens), nothing opens; L-BFGS's point leaves
+# μ_R ≈ 1.2e-8 μ2 of rounding on π = (0.7, 0.1, 0.1, 0.1) with this scipy, and such a rate restarts past t = 1e7 / μ2 anyway
+DEGENERATE_RATE = 1e-6
 
 
 def focused_state(gamma: np.ndarray, beta: np.ndarray, phi: float, xi: np.ndarray) -> ReducedState:
@@ -372,7 +387,7 @@ def focused_state(gamma: np.ndarray, beta: np.ndarray, phi: float, xi: np.ndarra
 
 def sigma1_restart(constants: ChainConstants, pi: np.ndarray, P: np.ndarray, params0, alpha: np.ndarray,
                    focus_time: float, phi_half: float, restart_factor: float) -> RestartFormula:
-    """σ1(W0)'s restart: t_R = t_f + log(ℓ_1/a_s)/μ_R, the leading term of ``theory.restart`` at the focused critical
+    """σ1(W0)'s restart: t_R = t_½ + log(ℓ_1/a_s)/μ_R, the leading term of ``theory.restart`` at the focused critical
     point instead of the flow's settled one. μ_R = σ_max(C) there (``focused_critical_point``, C the transverse
     coupling of ``theory.transverse``), with top singular vectors (ā, b̄); the transverse part carried from θ(0)
     (``carried_transverse_part``) projects on the growing mode (ā, -b̄)/√2 with coefficients c = (ā^T U - b̄^T Y)/√2,
@@ -400,7 +415,7 @@ def sigma1_restart(constants: ChainConstants, pi: np.ndarray, P: np.ndarray, par
         return RestartFormula(None, rate, amplitude, threshold, phi, note="no restart: θ(0) has no part along the growing mode")
     if amplitude >= threshold:  # θ(0) is past the threshold along the mode already: the restart comes with the focus
         return RestartFormula(focus_time, rate, amplitude, threshold, phi,
-                              note=f"a_s = {amplitude:.3g} is past ℓ_1 = {threshold:.3g} already: t_R = t_f")
+                              note=f"a_s = {amplitude:.3g} is past ℓ_1 = {threshold:.3g} already: t_R = t_½")
     return RestartFormula(focus_time + np.log(threshold / amplitude) / rate, rate, amplitude, threshold, phi)
 
 
@@ -412,10 +427,11 @@ class FormulaPrediction:
     a0: float  # θ(0)'s amplitude along the origin's unstable directions
     a_attention: float  # (W_Q, W_K)'s along the condensed point's
     condensation: float | None  # None: the start is already past condensation's level
-    focus: float | None  # the most frequent query's first focus; None: no focus by these formulas
+    focus: float | None  # the most frequent query's first focus, as the detectors date it; None: no focus by these formulas
     leading_condensation: float  # log(1/ε)/μ1
     leading_focus: float  # (1/μ1 + 1/μ2) log(1/ε)
     restart: RestartFormula | None = None  # σ1's restart; None where there is no first focus to start it from
+    focus_half: float | None = None  # when its entropy is half H(π): where σ1's restart formula starts from
 
 
 def attention_part(params0, alpha: np.ndarray, h_sign: float) -> np.ndarray:
@@ -434,10 +450,12 @@ def predict_formulas(pi: np.ndarray, P: np.ndarray, params0, eps: float,
     a0, alpha = unstable_projection(params0, pi)
     a_attention = float(np.linalg.norm(attention_part(params0, alpha, constants.h_sign)))
     leading = np.log(1.0 / eps)
-    focus = first_focus(constants, pi, a0, a_attention)
-    restart = None if focus is None else sigma1_restart(constants, pi, np.asarray(P, dtype=float), params0, alpha, focus,
-                                                        half_focus_logit(constants, pi), th.restart_factor)
+    phi_half = half_focus_logit(constants, pi)
+    focus = first_focus(constants, pi, a0, a_attention, onset_focus_logit(constants, pi, th.focus_drop))
+    focus_half = first_focus(constants, pi, a0, a_attention, phi_half)
+    restart = None if focus_half is None else sigma1_restart(constants, pi, np.asarray(P, dtype=float), params0, alpha,
+                                                             focus_half, phi_half, th.restart_factor)
     return FormulaPrediction(
         constants, a0, a_attention, condensation_end(constants, pi, a0, th.condensation_level), focus,
         leading / constants.mu1, leading * (1 / constants.mu1 + 1 / constants.mu2) if constants.mu2 > 0 else np.inf,
-        restart)
+        restart, focus_half)

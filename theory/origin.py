@@ -204,7 +204,7 @@ def predict_condensation(pi: np.ndarray, P: np.ndarray, params0, eps: float,
     t_real = orbit.t + shift
     keep = t_real > 0
     interval = detect_condensation(t_real[keep], orbit.sigma0[keep], th)
-    if interval is None:
+    if interval is None or interval.t_end is None:
         raise RuntimeError("the condensation orbit does not condense; is the chain degenerate?")
     leading = np.log(1.0 / eps) / orbit.mu1
     return CondensationPrediction(

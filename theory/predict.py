@@ -107,7 +107,7 @@ def formula_line(f: FormulaPrediction) -> str:
     condensation = "the start is past condensation's level" if f.condensation is None else f"{f.condensation:.4g}"
     r = f.restart
     restart = ("" if r is None else f"; σ1 restart: {r.note}" if r.time is None or r.note else
-               f"; σ1 restart t_R = t_f + log(ℓ_1/a_s)/μ_R = {f.focus:.4g} + log({r.threshold:.3g}/{r.amplitude:.3g})/"
+               f"; σ1 restart t_R = t_½ + log(ℓ_1/a_s)/μ_R = {f.focus_half:.4g} + log({r.threshold:.3g}/{r.amplitude:.3g})/"
                f"{r.rate:.4g} = {r.time:.4g} (μ_R = σ_max(C) at the focused critical point, φ = {r.focused_logit:.3g})")
     return (f"formula: μ1 = ‖π‖‖π - u‖ = {c.mu1:.6g}, μ2 = |h*| = {c.mu2:.6g}, ‖ℓ‖ = {c.ell_norm:.4g}, g* = {c.g_star:.4g}, "
             f"a0 = {f.a0:.4g}, a_A = {f.a_attention:.4g}: condensation t_c = {condensation} (leading log(1/ε)/μ1 = "
@@ -267,7 +267,7 @@ def condensation_row(condensation: CondensationPrediction, read: Observables, ti
     t = t[t > 0]
     on_run = np.exp(on_save_times(t, read, np.log(read["sv_W0"][:, 0])))
     found = detect_condensation(t, smooth_in_log_time(t, on_run, th.smoothing_decades), th) if len(t) >= 3 else None
-    if found is not None:
+    if found is not None and found.t_end is not None:
         return Row("condensation", None, None, found.t_end)
     return Row("condensation", None, None, condensation.t_end, note="Stage I's orbit (the rank-one flow does not "
                                                                        "condense on the run's save times)")
@@ -277,7 +277,7 @@ def first_focus_row(focus: FocusPrediction, cycles: CyclePrediction, read: Obser
                     t_end: float, thresholds: StageThresholds | None = None) -> Row:
     """The first query's focus onset as the detectors will read it on the run's save ``times``: its attention
     entropy on the rows' flow from θ(0) (``read``), interpolated in log t onto them (the detectors time a focus
-    halfway between the entropy's turning points, and the run's last one lies within its horizon); where it shows
+    where the entropy first falls its drop below its running maximum); where it shows
     none there (past the run's last save time, or not on the rows' flow at all), as the chain's detectors read it
     once confirmed; Stage II's focus orbit where neither shows a focus; a row saying why where nothing does."""
     first = focus.order[0]

@@ -83,6 +83,12 @@ class Observables:
     def __getitem__(self, name: str) -> np.ndarray:
         return self.columns[name]
 
+    def until(self, end: float) -> "Observables":
+        """The observables of the trajectory cut at ``end``: each column is a function of its own time alone, so the
+        cut's are the whole's first rows."""
+        keep = self.t <= end
+        return Observables(self.t[keep], {name: column[keep] for name, column in self.columns.items()}, self.constants)
+
     def scalar_columns(self) -> dict[str, np.ndarray]:
         """Every column split into 1-d series named ``name`` or ``name[i]`` / ``name[i,j]``."""
         table = {"t": self.t}

@@ -5,18 +5,25 @@ flows and on noisy, irregularly sampled training logs alike: every series is fir
 smoothed by a running median over a window in log-time, and every decision uses
 hysteresis (a threshold to enter a state and a different one to leave it).
 
+Every event is causal with a bounded lookahead: its time depends on the trajectory up to
+``StageThresholds.lookahead_decades`` (0.15 decades of log t) past it, so extending a run never
+moves or removes an event already dated. The detectors read only the saves whose running median a
+longer run would not change (``settled_count``), and date an event only once its hold is read.
+
 Stages and their rules (thresholds are fields of ``StageThresholds``):
 
 * condensation: σ0(W0) leaves its floor (its value at the first sample) by
   ``departure``× (start) and reaches ``condensation_level`` × its condensed scale (end):
   σ0 where its growth first flattens (log-log slope over ``flat_window_decades`` below
-  ``flat_slope``), so that later stages do not move the end.
-* focus (per query i with π_i > 0): the attention entropy H_i falls ``focus_drop`` nats
-  below its running maximum. Start: H_i crosses halfway from that maximum to the
-  minimum that follows; end: the start of the dilution after it, or None.
+  ``flat_slope``), so that later stages do not move the end. Dated once it has flattened (open before:
+  its end reads 0.15 decades past the flattening, which comes 0.4 decades after the end on the default flow).
+* focus (per query i with π_i > 0): the smoothed attention entropy H_i falls ``focus_drop`` nats
+  below its running maximum and stays there for ``min_duration_decades``. Start: where it crosses
+  that level; end: the start of the dilution after it, or None. It records its depth by the end of
+  the hold and the first time H_i is ``focus_depth_fraction`` × its initial value below the maximum.
 * dilution (per query): after a focus, H_i rises ``dilution_rise`` nats above its running
-  minimum. Start: H_i crosses halfway from the minimum to the next maximum; end: that
-  maximum (fixed when a new focus starts, or the series ends).
+  minimum and stays there for ``min_duration_decades``. Start: where it crosses that level;
+  end: the maximum before the next focus (None until that focus is dated).
 * restart (per direction r >= 1, 0-based): σ_r(W0) grows ``restart_factor``× above its
   floor (its value at the first sample). Start: that time (the evidence also gives the
   last time before it with σ_r <= departure × floor); end: the first time σ_r reaches
@@ -24,15 +31,16 @@ Stages and their rules (thresholds are fields of ``StageThresholds``):
 * plateau: after condensation, a stretch of at least ``plateau_min_decades`` decades of
   log-time over which the loss changes by less than ``plateau_loss_tol`` and log σ0 of
   W0, W1, W_Q, W_K by less than ``plateau_log_sv_tol`` within every window of
-  ``plateau_window_decades``.
+  ``plateau_window_decades`` (a property, not an event: an open plateau's end is where the log ends).
 
-A focus or dilution counts only once it has held for ``min_duration_decades``. A cycle
-is focus -> dilution -> restart, counted greedily in time order. Singular values are indexed from 0 (σ0 the largest).
+On a noisy log the focus and dilution thresholds are at least ``noise_factor`` × the entropy's noise
+read from the log up to the event's hold (``series_noise``). A cycle is focus -> dilution -> restart,
+counted greedily in time order. Singular values are indexed from 0 (σ0 the largest).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal, NamedTuple
 
@@ -79,8 +87,10 @@ CYCLE = tuple(stage.name for stage in STAGES if stage.cycle_step)
 
 
 class Detection(NamedTuple):
-    """What a registered stage's detector reads: the saved times t > 0, each observable smoothed in log-time
-    (``smoothed(name)``), the observables themselves, the thresholds, and the intervals found before it."""
+    """What a registered stage's detector reads: the settled saved times t > 0 (``settled_count``), each observable
+    smoothed in log-time on them (``smoothed(name)``), the observables themselves (every save), the thresholds, and
+    the intervals found before it. A detector that reads only ``t`` and ``smoothed`` up to a bounded lookahead past
+    its events keeps them fixed as the run goes on."""
 
     t: np.ndarray
     smoothed: Callable[[str], np.ndarray]
@@ -113,6 +123,7 @@ class StageThresholds:
     flat_slope: float = 0.1  # σ0(W0) has condensed where d log σ0 / d log t falls below this
     flat_window_decades: float = 0.1  # ... over this window of log10 t
     focus_drop: float = 0.35  # nats below the running maximum of a query's entropy
+    focus_depth_fraction: float = 0.5  # a focus's second depth: this fraction of its query's initial entropy
     dilution_rise: float = 0.2  # nats above the running minimum after a focus
     min_duration_decades: float = 0.1  # a focus or dilution must hold this long (log10 t) to count
     # ... and fall or rise by at least this many times the series' own noise (SGD logs: ``series_noise``), so that
@@ -125,6 +136,13 @@ class StageThresholds:
     plateau_loss_tol: float = 1e-3
     plateau_log_sv_tol: float = 0.02
     plateau_min_decades: float = 0.5
+
+    @property
+    def lookahead_decades(self) -> float:
+        """How far past an event (decades of log t) the detectors read to date it: the running median's half-width
+        and a focus's or dilution's hold (a restart reads the half-width only; condensation's end reads this far
+        past the flattening that fixes its scale). An event is dated only once the series reaches that far."""
+        return self.smoothing_decades + max(self.min_duration_decades, self.flat_window_decades)
 
 
 def subject_label(query: int | None, direction: int | None) -> str:
@@ -142,6 +160,10 @@ class Interval:
     t_start: float
     t_end: float | None
     evidence: str
+    depth: float | None = None  # a focus: how far (nats) its entropy fell below its running maximum by its hold's end
+    # a focus: (depth in nats, the first time its entropy was that far below the maximum, or None) for its onset's
+    # drop and for ``focus_depth_fraction`` × the query's initial entropy, so a slow fall in two steps shows as such
+    depth_times: tuple[tuple[float, float | None], ...] = ()
 
     @property
     def time(self) -> float | None:
@@ -260,6 +282,13 @@ def smooth_in_log_time(t: np.ndarray, values: np.ndarray, half_width_decades: fl
     return smoothed.reshape(values.shape)
 
 
+def settled_count(t: np.ndarray, th: StageThresholds) -> int:
+    """How many leading samples any longer run smooths the same: those whose running-median window ends before the
+    last sample (t · 10^smoothing_decades < t[-1]; the last sample's share of log t changes when the run goes on).
+    The detectors read these only, so extending a run never changes what they read."""
+    return int(np.searchsorted(np.log10(t), np.log10(t[-1]) - th.smoothing_decades, side="left"))
+
+
 def _first_crossing(series: np.ndarray, level: float, start: int = 0) -> int | None:
     """Index of the first sample from ``start`` on with series >= level."""
     hits = np.flatnonzero(series[start:] >= level)
@@ -274,124 +303,161 @@ def _crossing_time(t: np.ndarray, series: np.ndarray, n: int, level: float) -> f
     return float(10 ** (np.log10(t[n - 1]) + fraction * (np.log10(t[n]) - np.log10(t[n - 1]))))
 
 
-def condensed_scale(t: np.ndarray, sigma: np.ndarray, after: int, th: StageThresholds) -> float:
-    """σ at the first sample from ``after`` on where its log-log slope over the next
-    ``flat_window_decades`` falls below ``flat_slope`` (the largest σ if it never does)."""
+def condensed_scale(t: np.ndarray, sigma: np.ndarray, after: int, th: StageThresholds) -> float | None:
+    """σ at the first sample from ``after`` on where its log-log slope over the next ``flat_window_decades`` falls
+    below ``flat_slope``; None where it has not flattened by the end of ``t`` (a longer run may still find it)."""
     log_t, log_sigma = np.log10(t), np.log10(sigma)
     ahead = np.searchsorted(log_t, log_t + th.flat_window_decades, side="left")
     for n in range(after, len(t)):
         if ahead[n] >= len(t):
-            break
+            return None
         if log_sigma[ahead[n]] - log_sigma[n] < th.flat_slope * (log_t[ahead[n]] - log_t[n]):
             return float(sigma[n])
-    return float(sigma.max())
+    return None
 
 
 def detect_condensation(t: np.ndarray, sigma1: np.ndarray, th: StageThresholds) -> Interval | None:
+    """Condensation of σ0(W0): None where σ0 has not left its floor (or flattens below 10 × departure × floor), open
+    (no end) where it has not flattened yet; its end is dated once it has."""
     floor = sigma1[0]
     start = _first_crossing(sigma1, th.departure * floor)
     if start is None:
         return None
-    scale = condensed_scale(t, sigma1, start, th)
-    level = th.condensation_level * scale
-    end = _first_crossing(sigma1, level, start)
-    if end is None or scale < 10 * th.departure * floor:
-        return None
     t_start = _crossing_time(t, sigma1, start, th.departure * floor)
+    left = f"σ0(W0) left its floor {floor:.3g} (×{th.departure:g} at t={t_start:.4g})"
+    scale = condensed_scale(t, sigma1, start, th)
+    if scale is None:
+        return Interval("condensation", None, None, t_start, None,
+                        f"{left}; not flattened by t={t[-1]:.4g}, so its end is not dated yet")
+    if scale < 10 * th.departure * floor:
+        return None
+    level = th.condensation_level * scale
+    end = _first_crossing(sigma1, level, start)  # at or before the flattening, where σ0 = scale > level
     t_end = _crossing_time(t, sigma1, end, level)
-    return Interval(
-        "condensation", None, None, t_start, t_end,
-        f"σ0(W0) left its floor {floor:.3g} (×{th.departure:g} at t={t_start:.4g}) and reached "
-        f"{th.condensation_level:.3g}× its condensed scale {scale:.3g} = {level:.3g} at t={t_end:.4g}",
-    )
+    return Interval("condensation", None, None, t_start, t_end,
+                    f"{left} and reached {th.condensation_level:.3g}× its condensed scale {scale:.3g} = {level:.3g} "
+                    f"at t={t_end:.4g}")
 
 
-def series_noise(t: np.ndarray, raw: np.ndarray, smoothed: np.ndarray, half_width_decades: float) -> np.ndarray:
-    """Each column's noise SD about its running median, at its noisiest: the largest over t of 1.4826 × the
-    running median (over ±``half_width_decades`` of log t) of the absolute residual. Robust, so a flow's fast
-    transition does not raise it (near 0 for a smooth series), and local before it is maximal, since an SGD log is
-    still before condensation and noisy after it (a median over the whole log would halve its noise)."""
+def series_noise(t: np.ndarray, raw: np.ndarray, smoothed: np.ndarray, th: StageThresholds) -> np.ndarray:
+    """Each column's noise SD about its running median as known at each time (shape of ``raw``): the largest, over
+    windows of ±``noise_window_decades`` that end by t · 10^min_duration_decades (where a focus's or dilution's hold
+    from t ends), of 1.4826 × the window's median absolute residual; 0 before the first such window.
+
+    Robust, so a flow's fast transition does not raise it (near 0 for a smooth series), and the largest of local
+    readings, since an SGD log is still before condensation and noisy after it (a median over the whole log would
+    halve its noise). It reads the log up to the event's hold only: a later noisy stretch raises no earlier
+    threshold. O(T w log w c), as ``smooth_in_log_time``."""
     residual = np.abs(np.asarray(raw, dtype=float) - smoothed)
-    local = np.nan_to_num(1.4826 * smooth_in_log_time(t, residual, half_width_decades), nan=0.0)
-    return local.max(axis=0)
+    local = np.nan_to_num(1.4826 * smooth_in_log_time(t, residual, th.noise_window_decades), nan=0.0)
+    running = np.maximum.accumulate(local, axis=0)
+    log_t = np.log10(t)
+    windows = np.searchsorted(log_t, log_t + th.min_duration_decades - th.noise_window_decades, side="right")
+    read = running[np.maximum(windows - 1, 0)]
+    return np.where((windows > 0).reshape((-1,) + (1,) * (local.ndim - 1)), read, 0.0)
 
 
-def _turning_points(t: np.ndarray, h: np.ndarray, th: StageThresholds, noise: float = 0.0) -> list[int]:
-    """Alternating peak, trough, peak, ... indices of h, with hysteresis.
+def _hold_end(t: np.ndarray, series: np.ndarray, n: int, level: float, above: bool, th: StageThresholds) -> int | None:
+    """The last index of the hold from sample n (``min_duration_decades`` of log t) where series stays beyond
+    ``level`` over it; None where it does not, or where ``t`` ends before the hold does."""
+    until = t[n] * 10**th.min_duration_decades
+    if t[-1] < until:
+        return None
+    last = int(np.searchsorted(t, until, side="right")) - 1
+    window = series[n : last + 1]
+    return last if bool(np.all(window >= level) if above else np.all(window <= level)) else None
 
-    A trough is confirmed when h has fallen ``focus_drop`` below the running maximum (a
-    focus), a peak when h has risen ``dilution_rise`` above the running minimum (a
-    dilution), each holding for ``min_duration_decades``; both thresholds are at least
-    ``noise_factor`` × ``noise``. The last index is the running extreme at the end of the
-    series: a trough (a focus still open) when the list has even length.
-    """
-    drop, rise = max(th.focus_drop, th.noise_factor * noise), max(th.dilution_rise, th.noise_factor * noise)
-    turning, extreme_at, in_focus = [], 0, False
+
+class Turn(NamedTuple):
+    """A focus (the entropy fell ``level`` = its running maximum minus the drop) or a dilution (it rose to its
+    running minimum plus the rise), decided at sample ``n`` whose hold ends at sample ``hold_end``; ``extreme`` is
+    the running maximum's (a focus) or minimum's (a dilution) sample."""
+
+    kind: Literal["focus", "dilution"]
+    n: int
+    level: float
+    extreme: int
+    hold_end: int
+
+
+def _turns(t: np.ndarray, h: np.ndarray, drop: np.ndarray, rise: np.ndarray, th: StageThresholds) -> list[Turn]:
+    """Alternating focus, dilution, focus, ... of h, with hysteresis: each is the first sample, after the previous
+    one, at or beyond its level and holding there. Each depends on h up to its hold only."""
+    turns, extreme, focused = [], 0, False
     for n in range(1, len(t)):
-        if not in_focus:
-            if h[n] > h[extreme_at]:
-                extreme_at = n
-            elif h[n] <= h[extreme_at] - drop and _holds(t, h, n, h[extreme_at] - drop, False, th):
-                turning.append(extreme_at)
-                extreme_at, in_focus = n, True
-        else:
-            if h[n] < h[extreme_at]:
-                extreme_at = n
-            elif h[n] >= h[extreme_at] + rise and _holds(t, h, n, h[extreme_at] + rise, True, th):
-                turning.append(extreme_at)
-                extreme_at, in_focus = n, False
-    return turning + [extreme_at]
+        if (h[n] > h[extreme]) if not focused else (h[n] < h[extreme]):
+            extreme = n
+            continue
+        level = h[extreme] + rise[n] if focused else h[extreme] - drop[n]
+        if (h[n] >= level) if focused else (h[n] <= level):
+            hold_end = _hold_end(t, h, n, level, focused, th)
+            if hold_end is not None:
+                turns.append(Turn("dilution" if focused else "focus", n, level, extreme, hold_end))
+                extreme, focused = n, not focused
+    return turns
 
 
-def _midpoint_crossing(t: np.ndarray, h: np.ndarray, first: int, last: int) -> float:
-    """When h, going from h[first] to h[last], crosses the midpoint between them."""
-    level = (h[first] + h[last]) / 2
-    falling = h[last] < h[first]
-    hits = np.flatnonzero(h[first : last + 1] <= level if falling else h[first : last + 1] >= level)
-    return _crossing_time(t, h, first + int(hits[0]), level)
+def _first_held_fall(t: np.ndarray, h: np.ndarray, start: int, stop: int, level: float, th: StageThresholds) -> float | None:
+    """The first time, in samples start..stop-1, that h is at or below ``level`` and holds there; None if none."""
+    for n in range(max(start, 1), stop):
+        if h[n] <= level and _hold_end(t, h, n, level, False, th) is not None:
+            return _crossing_time(t, h, n, level)
+    return None
 
 
 def detect_focus_and_dilution(t: np.ndarray, entropy: np.ndarray, query: int, th: StageThresholds,
-                              noise: float = 0.0) -> list[Interval]:
-    """Focus = a confirmed fall of one query's smoothed entropy, dilution = the confirmed rise
-    after it. Both are timed where the entropy crosses halfway between the turning points,
-    which is insensitive to noise on the levels themselves. ``noise`` (``series_noise`` of the raw entropy) raises
-    both thresholds to ``noise_factor`` × noise where that is larger, so a noisy log's wander is not labelled."""
-    turning = _turning_points(t, entropy, th, noise)
-    raised = th.noise_factor * noise > min(th.focus_drop, th.dilution_rise)
-    noted = f" (thresholds at least {th.noise_factor:g} × the log's noise SD {noise:.3g})" if raised else ""
+                              noise: np.ndarray | float = 0.0) -> list[Interval]:
+    """Focus = one query's smoothed entropy ``focus_drop`` nats below its running maximum, dilution = after a focus,
+    ``dilution_rise`` above its running minimum; each holding for ``min_duration_decades`` and dated where the
+    entropy crosses that level, so it depends on the series up to its hold only (a longer series never moves it).
+    ``noise`` (``series_noise`` of the raw entropy, per sample or one number) raises both thresholds to
+    ``noise_factor`` × noise where that is larger, so a noisy log's wander is not labelled.
+
+    A focus records how deep it went by the end of its hold (``depth``) and when it first reached each depth
+    (``depth_times``): its drop (the onset) and ``focus_depth_fraction`` × the query's initial entropy below the
+    same maximum (None: not before its dilution or the series' end). A focus ends where its dilution starts; a
+    dilution ends at the peak before the next focus, once that focus is dated (None before). O(T w) for T samples and
+    holds of w samples."""
+    h = np.asarray(entropy, dtype=float)
+    noise = np.broadcast_to(np.asarray(noise, dtype=float), h.shape)
+    drop = np.maximum(th.focus_drop, th.noise_factor * noise)
+    rise = np.maximum(th.dilution_rise, th.noise_factor * noise)
+    turns = _turns(t, h, drop, rise, th)
+    second_depth = th.focus_depth_fraction * float(h[0])
     intervals = []
-    for k in range(1, len(turning), 2):
-        peak, trough = turning[k - 1], turning[k]
-        focus_start = _midpoint_crossing(t, entropy, peak, trough)
-        next_peak = turning[k + 1] if k + 1 < len(turning) else None
-        dilution_start = None if next_peak is None else _midpoint_crossing(t, entropy, trough, next_peak)
-        intervals.append(Interval(
-            "focus", query, None, focus_start, dilution_start,
-            f"entropy of query {query} fell from {entropy[peak]:.3g} (t={t[peak]:.4g}) to {entropy[trough]:.3g} "
-            f"(t={t[trough]:.4g}), halfway at t={focus_start:.4g}" + (" and stays low" if next_peak is None else "") + noted,
-        ))
-        if next_peak is not None:
+    for k, turn in enumerate(turns):
+        onset = _crossing_time(t, h, turn.n, turn.level)
+        after = turns[k + 1] if k + 1 < len(turns) else None
+        noted = (f" (thresholds at least {th.noise_factor:g} × the log's noise SD {noise[turn.n]:.3g})"
+                 if th.noise_factor * noise[turn.n] > min(th.focus_drop, th.dilution_rise) else "")
+        peak, trough = (turn.extreme, None) if turn.kind == "focus" else (None, turn.extreme)
+        if turn.kind == "focus":
+            depth = float(h[peak] - h[turn.n : turn.hold_end + 1].min())
+            stop = after.n if after is not None else len(t)
+            second = _first_held_fall(t, h, peak + 1, stop, h[peak] - second_depth, th)
+            reached = (f"at t={second:.4g}" if second is not None else
+                       "not before its dilution" if after is not None else f"not by t={t[-1]:.4g}")
             intervals.append(Interval(
-                "dilution", query, None, dilution_start, float(t[next_peak]),
-                f"entropy of query {query} rose from {entropy[trough]:.3g} (t={t[trough]:.4g}) to "
-                f"{entropy[next_peak]:.3g} (t={t[next_peak]:.4g}), halfway at t={dilution_start:.4g}" + noted,
+                "focus", query, None, onset, None if after is None else _crossing_time(t, h, after.n, after.level),
+                f"entropy of query {query} fell {drop[turn.n]:.3g} below its running maximum {h[peak]:.3g} "
+                f"(t={t[peak]:.4g}) at t={onset:.4g}, {depth:.3g} below it by t={t[turn.hold_end]:.4g}; "
+                f"{second_depth:.3g} below it ({th.focus_depth_fraction:g} × its initial {h[0]:.3g}) {reached}" + noted,
+                depth=depth, depth_times=((float(drop[turn.n]), onset), (second_depth, second)),
+            ))
+        else:
+            closed = f"; peaked at {h[after.extreme]:.3g} (t={t[after.extreme]:.4g})" if after is not None else ""
+            intervals.append(Interval(
+                "dilution", query, None, onset, None if after is None else float(t[after.extreme]),
+                f"entropy of query {query} rose {rise[turn.n]:.3g} above its running minimum {h[trough]:.3g} "
+                f"(t={t[trough]:.4g}) at t={onset:.4g}" + closed + noted,
             ))
     return intervals
 
 
-def _holds(t: np.ndarray, series: np.ndarray, n: int, level: float, above: bool, th: StageThresholds) -> bool:
-    """Whether series stays beyond ``level`` from sample n for min_duration_decades (data permitting)."""
-    until = t[n] * 10**th.min_duration_decades
-    if t[-1] < until:
-        return False
-    window = series[n : np.searchsorted(t, until, side="right")]
-    return bool(np.all(window >= level) if above else np.all(window <= level))
-
-
 def _with_embedding_motion(dilution: Interval, t: np.ndarray, norms: np.ndarray, pi: np.ndarray) -> Interval:
-    """Add to a dilution's evidence how the frequent and the rarest token's embeddings moved."""
-    a, b = (int(np.searchsorted(t, time)) for time in (dilution.t_start, dilution.t_end))
+    """Add to a dilution's evidence how the frequent and the rarest token's embeddings moved over it (up to the end
+    of ``t`` for one still open)."""
+    a, b = (int(np.searchsorted(t, time)) for time in (dilution.t_start, t[-1] if dilution.t_end is None else dilution.t_end))
     b = min(b, len(t) - 1)
     present = np.flatnonzero(pi > 0)
     frequent, rare = int(np.argmax(pi)), int(present[np.argmin(pi[present])])
@@ -399,8 +465,7 @@ def _with_embedding_motion(dilution: Interval, t: np.ndarray, norms: np.ndarray,
     motion = "opposite" if change[frequent] * change[rare] < 0 else "same"
     text = (f"; embedding norms over it: token {frequent} {change[frequent]:+.3g}, token {rare} "
             f"{change[rare]:+.3g} ({motion} directions)")
-    return Interval(dilution.stage, dilution.query, dilution.direction, dilution.t_start, dilution.t_end,
-                    dilution.evidence + text)
+    return replace(dilution, evidence=dilution.evidence + text)
 
 
 def detect_restarts(t: np.ndarray, sigma: np.ndarray, th: StageThresholds) -> list[Interval]:
@@ -432,7 +497,7 @@ def detect_plateaus(t: np.ndarray, loss: np.ndarray, log_sigma: np.ndarray, afte
     upper = np.searchsorted(log_t, log_t + th.plateau_window_decades, side="right")
     still = np.zeros(len(t), dtype=bool)
     for n, u in enumerate(upper):
-        if t[n] < after or u - n < 2 or log_t[u - 1] - log_t[n] < 0.5 * th.plateau_window_decades:
+        if t[n] < after or u - n < 2 or log_t[n] + th.plateau_window_decades > log_t[-1]:  # whole windows only
             continue
         loss_change = np.ptp(loss[n:u])
         sv_change = np.max(np.ptp(log_sigma[n:u], axis=0))
@@ -468,31 +533,39 @@ def count_cycles(intervals: list[Interval]) -> int:
 
 
 def detect_stages(observables: Observables, thresholds: StageThresholds | None = None) -> StageReport:
-    """Label every stage of a trajectory from its observables (times t > 0 only)."""
+    """Label every stage of a trajectory from its observables (times t > 0 only). The detectors read the saves a
+    longer run would smooth the same (``settled_count``), and each dates an event from them up to its lookahead
+    (``StageThresholds.lookahead_decades``) past it: extending the trajectory never moves or removes an event."""
     th = StageThresholds() if thresholds is None else thresholds
     keep = observables.t > 0
-    t = observables.t[keep]
-    if len(t) < 3:
-        raise ValueError(f"stage detection needs at least 3 saved times t > 0, got {len(t)}")
+    if np.count_nonzero(keep) < 3:
+        raise ValueError(f"stage detection needs at least 3 saved times t > 0, got {np.count_nonzero(keep)}")
+    settled = settled_count(observables.t[keep], th)
+    t = observables.t[keep][:settled]
 
     def smoothed(name: str) -> np.ndarray:
-        return smooth_in_log_time(t, observables[name][keep], th.smoothing_decades)
+        return smooth_in_log_time(observables.t[keep], observables[name][keep], th.smoothing_decades)[:settled]
 
-    sigma_W0 = smoothed("sv_W0")
     intervals: list[Interval] = []
+    if len(t) < 3:  # a run too short to read: it has no events yet
+        return StageReport(intervals=intervals, cycles=0, thresholds=th)
+    sigma_W0 = smoothed("sv_W0")
     condensation = detect_condensation(t, sigma_W0[:, 0], th)
     if condensation is not None:
         intervals.append(condensation)
     pi = observables.constants["pi"]
-    entropy = smoothed("attention_entropy")
-    noise = series_noise(t, observables["attention_entropy"][keep], entropy, th.noise_window_decades)
+    raw_entropy = observables["attention_entropy"][keep]
+    whole_entropy = smooth_in_log_time(observables.t[keep], raw_entropy, th.smoothing_decades)
+    # read on the whole log (the windows an event reads end inside the settled saves), then cut like the rest
+    noise = series_noise(observables.t[keep], raw_entropy, whole_entropy, th)[:settled]
+    entropy = whole_entropy[:settled]
     for query in np.flatnonzero(pi > 0):
-        intervals.extend(detect_focus_and_dilution(t, entropy[:, query], int(query), th, float(noise[query])))
+        intervals.extend(detect_focus_and_dilution(t, entropy[:, query], int(query), th, noise[:, query]))
     if "embedding_norm" in observables.columns:
         norms = smoothed("embedding_norm")
         intervals = [_with_embedding_motion(i, t, norms, pi) if i.stage == "dilution" else i for i in intervals]
     intervals.extend(detect_restarts(t, sigma_W0, th))
-    if condensation is not None:
+    if condensation is not None and condensation.t_end is not None:
         log_sigma = np.log(np.column_stack([smoothed(f"sv_{name}")[:, 0] for name in ("W0", "W1", "W_Q", "W_K")]))
         intervals.extend(detect_plateaus(t, smoothed("loss"), log_sigma, condensation.t_end, th))
     for stage in STAGES:
