@@ -1,7 +1,11 @@
 """What the README shows a user is what the commands print: its `flowsim config init` block and the first run's
 stage table (the numbers, not the times, which depend on the machine)."""
 
+import re
 from pathlib import Path
+
+import numpy as np
+import pytest
 
 from typer.testing import CliRunner
 
@@ -29,8 +33,9 @@ def test_the_config_init_block_is_what_the_command_prints():
 
 
 def test_the_first_runs_stage_table_is_the_default_runs(tmp_path):
-    """The rows the README shows (up to its "..."), cut where the README cuts them, its cycle count and its solver
-    counts are the default run's (the seconds and the folder's name are the machine's and the day's)."""
+    """The rows the README shows (up to its "..."), cut where the README cuts them, its cycle count and its final loss
+    are the default run's, and its solver counts within 5% of it (they vary with the machine and the library versions:
+    1346 and 1361 steps on two installs of one 2-core machine; the seconds and the folder's name are the day's)."""
     import json
 
     result = CliRunner().invoke(app, ["run", "--out", str(tmp_path / "run"), "--quiet"])
@@ -44,4 +49,9 @@ def test_the_first_runs_stage_table_is_the_default_runs(tmp_path):
     assert next(line for line in shown if line.startswith("cycles")) == printed[-1]
     stats = json.loads((tmp_path / "run" / "meta.json").read_text())
     summary = next(line.strip() for line in shown if line.strip().startswith("method "))
-    assert f"method JaxBDF, {stats['n_steps']} steps, nfev {stats['nfev']}, njev {stats['njev']}," in summary, (summary, stats)
+    counts = re.match(r"method JaxBDF, (\d+) steps, nfev (\d+), njev (\d+), .*; final loss (\S+) at t = 6000", summary)
+    assert counts is not None, summary
+    for shown_count, key in zip(counts.groups()[:3], ("n_steps", "nfev", "njev")):
+        assert int(shown_count) == pytest.approx(stats[key], rel=0.05), (summary, stats)
+    final_loss = np.load(tmp_path / "run" / "trajectory.npz")["loss"][-1]
+    assert float(counts.group(4)) == pytest.approx(final_loss, abs=1e-6), (summary, final_loss)

@@ -377,8 +377,11 @@ def test_a_prediction_reads_each_horizon_as_the_exact_flow_does():
     """At horizons 900, 1500 and 4000 every row timed before the horizon is the exact flow's as the detectors read
     it there: condensation to 0.1%, the first focus, σ1 and every later focus and dilution to 0.5%, later restarts to
     1%, and the flow shows no focus or dilution the rows lack. Focus and dilution onsets are read on the run's save
-    times, and like the flow's they move with the horizon (q1's focus: 691 at t_end = 1500, 705 at 4000). An event
-    past the horizon is named with its time, not dropped, and the longer horizon times it. The restarts do not move
+    times; the detectors date an event once they have read 10^0.15 past it, so at 900 the flow has three events
+    (q1's focus at 724 and q0's dilution at 693 are not dated yet) and the rows no more. A focus or dilution both
+    horizons time is the same to 1% (read on the two horizons' save grids: q0's dilution 695.4 and 689.7, where the
+    halfway rule moved q1's focus from 691 to 705 with the horizon). An event past the horizon is named with its
+    time, not dropped, and the longer horizon times it. The restarts do not move
     with the horizon: at 900 the rank-3 flow starts past it (σ2 passes at t = 980) and is followed only until the
     detectors can confirm the events before 900, where at 4000 it is followed until it reaches the Bayes loss; and
     D = d log A_if/dt < 0 at every dilution onset the chain confirms."""
@@ -391,13 +394,15 @@ def test_a_prediction_reads_each_horizon_as_the_exact_flow_does():
     for prediction, config in zip(predictions, configs):
         rows = compared_rows(prediction.rows, measured_stages(config))
         timed = [row for row in rows if row.predicted is not None and row.measured is not None]
-        assert len(timed) >= 4
+        assert len(timed) >= (3 if config.time.t_end == 900 else 5), (config.time.t_end, rows)
         for row in timed:
             bound = 5e-3 if (row.stage, row.direction) == ("restart", 1) else tolerance[row.stage]
             assert row.rel_error <= bound, (config.time.t_end, row)
         assert not [row for row in rows if row.note == NOT_PREDICTED and row.stage in ("focus", "dilution")], rows
     later = {(row.stage, row.query, row.direction): row for row in long.rows}
     for row in short.rows:
+        if row.predicted is not None and row.stage in ("focus", "dilution"):
+            assert later[row.stage, row.query, row.direction].predicted == pytest.approx(row.predicted, rel=1e-2), row
         if row.predicted is None and row.note.startswith(AFTER_HORIZON):
             time = float(row.note.rsplit("t = ", 1)[1])
             assert time > 1500 and later[row.stage, row.query, row.direction].predicted is not None, row

@@ -28,10 +28,11 @@ At the condensed point
 Φ[q, j] = φ c_j, c_j = g*² π_q π_j / ‖π‖², with φ = -sign(h*) a_A² / 2. Their entropy H(φ) of
 softmax(φ c + log π) falls from H(π) towards 0 as the query focuses on the most frequent token; the detector
 dates the focus where it is 0.35 nats below its running maximum, H(φ_f) = H(π) - 0.35 (``onset_focus_logit``), and
-σ1's restart below starts from half focus, H(φ_½) = H(π)/2. With φ_½ for φ_f: As φ grows the rank-one map answers and the coupling moves,
-h = y² (-μ2 + κ φ) with κ = ∂²L/∂φ² - b^T (H + 2 μ2 I)^{-1} b (``attention_curvature``), so dφ/dG = 2 φ (1 - κ φ/μ2):
-1/φ obeys a linear equation, and φ reaches φ_½ when the linear growth φ0 e^{2G} reaches
-φ_lin = φ_½ (μ2 - κ φ0)/(μ2 - κ φ_½) (κ < 0; φ_lin = φ_½ for κ ≥ 0, ``linear_equivalent_logit``), φ0 = a_A²/2:
+σ1's restart below starts from half focus, H(φ_½) = H(π)/2, at t_h (t_f with φ_½ for φ_f). As φ grows the
+rank-one map answers and the coupling moves, h = y² (-μ2 + κ φ) with κ = ∂²L/∂φ² - b^T (H + 2 μ2 I)^{-1} b
+(``attention_curvature``), so dφ/dG = 2 φ (1 - κ φ/μ2): 1/φ obeys a linear equation, and φ reaches φ_f when the
+linear growth φ0 e^{2G} reaches φ_lin = φ_f (μ2 - κ φ0)/(μ2 - κ φ_f) (κ < 0; φ_lin = φ_f for κ ≥ 0,
+``linear_equivalent_logit``), φ0 = a_A²/2:
 
     t_f = t_½ + U/(2 μ1),   (μ2/(2 μ1)) I(U) = log((2 φ_lin)^½ / a_A)
         = t_½ + 1/(2 μ1) + log(2 φ_lin / a_A²) / (2 μ2)   once condensed
@@ -46,7 +47,7 @@ of the rank-one loss, where the transverse equation dZ/dt = -H_T Z (``theory.tra
 (``focused_critical_point``, d ≤ FOCUSED_UP_TO),
 with c = (ā^T U - b̄^T Y)/√2 and a_s = ‖c‖ ‖(I - γ̂γ̂^T) ā‖/√2 the amplitude σ1(W0) sees,
 
-    t_R = t_½ + log(ℓ_1 / a_s) / μ_R,   ℓ_1 = 10 σ1(W0(0)) (the detector's threshold; t_½ = t_f at φ_½)
+    t_R = t_h + log(ℓ_1 / a_s) / μ_R,   ℓ_1 = 10 σ1(W0(0)) (the detector's threshold; t_h: t_f at φ_½)
         = (1/μ1 + 1/μ2) log(1/ε) + O(1)   (ℓ_1 and a_s are both O(ε)).
 
 The logistic interpolates the orbit from 0 to ℓ (the logits also turn from π - u towards ℓ), and both times treat
@@ -362,7 +363,7 @@ def carried_transverse_part(params0, pi: np.ndarray, alpha: np.ndarray) -> tuple
 
 @dataclass(frozen=True)
 class RestartFormula:
-    """σ1's restart by the formula tier: t_R = t_½ + log(ℓ_1/a_s)/μ_R (``sigma1_restart``), with its ingredients."""
+    """σ1's restart by the formula tier: t_R = t_h + log(ℓ_1/a_s)/μ_R (``sigma1_restart``), with its ingredients."""
 
     time: float | None  # None: no restart by the formula (``note``)
     rate: float | None  # μ_R = σ_max(C) at the focused critical point; None where it was not found or not sought
@@ -387,7 +388,7 @@ def focused_state(gamma: np.ndarray, beta: np.ndarray, phi: float, xi: np.ndarra
 
 def sigma1_restart(constants: ChainConstants, pi: np.ndarray, P: np.ndarray, params0, alpha: np.ndarray,
                    focus_time: float, phi_half: float, restart_factor: float) -> RestartFormula:
-    """σ1(W0)'s restart: t_R = t_½ + log(ℓ_1/a_s)/μ_R, the leading term of ``theory.restart`` at the focused critical
+    """σ1(W0)'s restart: t_R = t_h + log(ℓ_1/a_s)/μ_R (t_h: the half focus, t_f at φ_½), the leading term of ``theory.restart`` at the focused critical
     point instead of the flow's settled one. μ_R = σ_max(C) there (``focused_critical_point``, C the transverse
     coupling of ``theory.transverse``), with top singular vectors (ā, b̄); the transverse part carried from θ(0)
     (``carried_transverse_part``) projects on the growing mode (ā, -b̄)/√2 with coefficients c = (ā^T U - b̄^T Y)/√2,
@@ -415,7 +416,7 @@ def sigma1_restart(constants: ChainConstants, pi: np.ndarray, P: np.ndarray, par
         return RestartFormula(None, rate, amplitude, threshold, phi, note="no restart: θ(0) has no part along the growing mode")
     if amplitude >= threshold:  # θ(0) is past the threshold along the mode already: the restart comes with the focus
         return RestartFormula(focus_time, rate, amplitude, threshold, phi,
-                              note=f"a_s = {amplitude:.3g} is past ℓ_1 = {threshold:.3g} already: t_R = t_½")
+                              note=f"a_s = {amplitude:.3g} is past ℓ_1 = {threshold:.3g} already: t_R = t_h")
     return RestartFormula(focus_time + np.log(threshold / amplitude) / rate, rate, amplitude, threshold, phi)
 
 

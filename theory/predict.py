@@ -107,7 +107,7 @@ def formula_line(f: FormulaPrediction) -> str:
     condensation = "the start is past condensation's level" if f.condensation is None else f"{f.condensation:.4g}"
     r = f.restart
     restart = ("" if r is None else f"; σ1 restart: {r.note}" if r.time is None or r.note else
-               f"; σ1 restart t_R = t_½ + log(ℓ_1/a_s)/μ_R = {f.focus_half:.4g} + log({r.threshold:.3g}/{r.amplitude:.3g})/"
+               f"; σ1 restart t_R = t_h + log(ℓ_1/a_s)/μ_R = {f.focus_half:.4g} + log({r.threshold:.3g}/{r.amplitude:.3g})/"
                f"{r.rate:.4g} = {r.time:.4g} (μ_R = σ_max(C) at the focused critical point, φ = {r.focused_logit:.3g})")
     return (f"formula: μ1 = ‖π‖‖π - u‖ = {c.mu1:.6g}, μ2 = |h*| = {c.mu2:.6g}, ‖ℓ‖ = {c.ell_norm:.4g}, g* = {c.g_star:.4g}, "
             f"a0 = {f.a0:.4g}, a_A = {f.a_attention:.4g}: condensation t_c = {condensation} (leading log(1/ε)/μ1 = "
