@@ -10,6 +10,7 @@ from matplotlib.patches import Rectangle
 
 from figures.runs import observables_and_stages, onset_run
 from figures.style import FigureResult, figure_style, save_figure
+from flowsim.observe.stages import StageThresholds
 
 NAME = "fig15_phase_diagram"
 COST = "20 flowsim runs at d = 6 (4 ε × 5 λ): seconds each, 4 of them shared with figure 9"  # on a 2-core CPU; cached after the first build
@@ -37,6 +38,7 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
             grid[:, i, j] = onsets(report)
             horizon = max(horizon, float(observables.t[-1]))
             data[f"{name}:onsets"] = grid[:, i, j].copy()
+    dated_to = horizon / 10 ** StageThresholds().lookahead_decades  # the detectors date events up to here
     with figure_style():
         figure, axes = plt.subplots(1, 2, figsize=(8.5, 3.4))
         for axis, values, title in zip(axes, grid, ("condensation ends", "query 0 focuses")):
@@ -46,13 +48,13 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
                      title=f"t at which {title}")
             axis.grid(False)
             for (r, c), value in np.ndenumerate(values):
-                if np.isnan(value):  # not seen within the horizon: hatched, not a shade of the scale
+                if np.isnan(value):  # not dated within the horizon: hatched, not a shade of the scale
                     axis.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, facecolor="white", edgecolor="0.5", hatch="///", lw=0))
-                axis.text(c, r, f"> {horizon:.0f}" if np.isnan(value) else f"{value:.0f}", ha="center", va="center", fontsize=7,
+                axis.text(c, r, f"> {dated_to:.0f}" if np.isnan(value) else f"{value:.0f}", ha="center", va="center", fontsize=7,
                           color="white" if np.isfinite(value) and value > np.nanmean(values) else "black",
                           backgroundcolor="white" if np.isnan(value) else "none")
             figure.colorbar(image, ax=axis, label="gradient-flow time t")
     caption = ("Onset times over (ε, λ): condensation depends on ε only (log(1/ε)/μ1, μ1 independent of λ); "
-               "the frequent query's focus comes later for smaller ε and for smaller λ (hatched: not within the "
-               f"horizon t = {horizon:.0f}).")
+               "the frequent query's focus comes later for smaller ε and for smaller λ (hatched: none dated by the "
+               f"horizon t = {horizon:.0f}, where the detectors date events up to t = {dated_to:.0f}, 0.15 decade before it).")
     return save_figure(figure, out, NAME, caption, data)
