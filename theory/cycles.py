@@ -322,7 +322,7 @@ def preceding_focus(prediction: CyclePrediction, dilution: Interval) -> Interval
 
 
 def focused_token(prediction: CyclePrediction, dilution: Interval) -> int:
-    """The token query i attended most to just before its dilution (halfway from its focus onset)."""
+    """The token query i attended most to just before its dilution (read midway between its focus onset and it)."""
     focus = preceding_focus(prediction, dilution)
     trajectory = prediction.trajectory
     n = int(np.searchsorted(trajectory.t, (focus.t_start + dilution.t_start) / 2))

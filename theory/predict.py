@@ -16,13 +16,12 @@ Rows (stage names as in stages.json):
   settled-point formula, or the crossing itself when the restart comes before the flow settles);
 * dilution (per query) and focus of the other queries: onsets on the predicted trajectory chained
   through the rank-r manifolds (``theory.cycles``), Stage III, read like the first three rows on the
-  run's save times (``events_on_save_times``): the detectors time a focus or a dilution from the
-  entropy's turning points, the last of which may lie near the horizon, so that reading moves with
-  t_end on the run and in the row alike. The chain is followed past t_end until the detectors can
-  confirm every event before it (they place it the same on a shorter cut of its own trajectory), and
-  an event past the run's last save time is a row with its time in ``note``; one whose onset the two
-  cuts place differently (a dilution whose onset lies halfway to a maximum far ahead) is marked
-  ``unsettled``, with how it moved.
+  run's save times (``events_on_save_times``): the detectors date a focus or a dilution causally, 0.15
+  decade before the end of what they read, so the reading does not move with t_end. The chain is
+  followed past t_end until the detectors can confirm every event before it (they place it the same on
+  a shorter cut of its own trajectory), and an event past the run's last save time is a row with its
+  time in ``note``; one whose onset the two cuts place differently would be marked ``unsettled``, with
+  how it moved (the causal detectors leave none: the check guards that).
 
 ``compare`` lists every row of both sides: predicted and measured (with the relative
 error), predicted but not measured within the run, and measured with no prediction

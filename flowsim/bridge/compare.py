@@ -42,6 +42,7 @@ from flowsim.observe.observables import MEASURED_BY, OBSERVABLES_NPZ, Observable
 from flowsim.runs.plots import plot_overlay
 from flowsim.runs.rundir import CONFIG_FILE, TRAJECTORY_FILE, read_meta, status_of
 from flowsim.solve.solvers import solve_flow
+from flowsim.observe import stages
 from flowsim.observe.stages import detect_stages, subject_label
 from flowsim.solve.status import Status
 from flowsim.solve.trajectory import Trajectory
@@ -142,13 +143,14 @@ def measured_like_the_run(model, trajectory: Trajectory, data: DataSource) -> Ob
 
 def ode_beside(run_dir: Path, progress: bool = False) -> tuple[Observables, dict]:
     """``ode_observables`` on the run's checkpoint times, cached in RUN/ode/ (observables.npz
-    and ode.json); recomputed when the run's start, checkpoints or [compare] settings changed."""
+    and ode.json); recomputed when the run's start, checkpoints, [compare] settings or the stage detectors changed."""
     run_dir = Path(run_dir)
     config = load_bridge_config(run_dir / CONFIG_FILE)
     t = Observables.load(run_dir).t
     key = {"compare": config.compare.model_dump(), "t_digest": hashlib.sha256(np.asarray(t, float).tobytes()).hexdigest(),
            "trajectory_sha256": file_digest(run_dir / TRAJECTORY_FILE),  # the start the ODE integrates from
-           "readings": ["probe set", "full vocabulary"]}  # what the ODE's description holds (older caches: the first)
+           "readings": ["probe set", "full vocabulary"],  # what the ODE's description holds (older caches: the first)
+           "detectors": file_digest(Path(stages.__file__))}  # the full-vocabulary events are the detectors' reading
     ode_dir = run_dir / ODE_DIR
     if (ode_dir / ODE_JSON).is_file() and (ode_dir / OBSERVABLES_NPZ).is_file():
         try:
