@@ -15,8 +15,9 @@ Stages and their rules (thresholds are fields of ``StageThresholds``):
 * condensation: σ0(W0) leaves its floor (its value at the first sample) by
   ``departure``× (start) and reaches ``condensation_level`` × its condensed scale (end):
   σ0 where its growth first flattens (log-log slope over ``flat_window_decades`` below
-  ``flat_slope``), so that later stages do not move the end. Dated once it has flattened (open before:
-  its end reads 0.15 decades past the flattening, which comes 0.4 decades after the end on the default flow).
+  ``flat_slope``, or stops falling below ``flat_slope_bound``), so that later stages do not move the end.
+  Dated once it has flattened (open before: its end reads 0.15-0.25 decade past the flattening, which comes
+  0.4 decade after the end on the default flow).
 * focus (per query i with π_i > 0): the smoothed attention entropy H_i falls ``focus_drop`` nats
   below its running maximum and stays there for ``min_duration_decades``. Start: where it crosses
   that level; end: the start of the dilution after it, or None. It records its depth by the end of
@@ -122,6 +123,7 @@ class StageThresholds:
     condensation_level: float = 1 / 3  # condensation ends at this fraction of the condensed σ0(W0)
     flat_slope: float = 0.1  # σ0(W0) has condensed where d log σ0 / d log t falls below this
     flat_window_decades: float = 0.1  # ... over this window of log10 t
+    flat_slope_bound: float = 0.5  # ... or where that slope stops falling while below this
     focus_drop: float = 0.35  # nats below the running maximum of a query's entropy
     focus_depth_fraction: float = 0.5  # a focus's second depth: this fraction of its query's initial entropy
     dilution_rise: float = 0.2  # nats above the running minimum after a focus
@@ -140,8 +142,9 @@ class StageThresholds:
     @property
     def lookahead_decades(self) -> float:
         """How far past an event (decades of log t) the detectors read to date it: the running median's half-width
-        and a focus's or dilution's hold (a restart reads the half-width only; condensation's end reads this far
-        past the flattening that fixes its scale). An event is dated only once the series reaches that far."""
+        and a focus's or dilution's hold (a restart reads the half-width only; condensation's end reads 0.15 decade
+        past the flattening that fixes its scale, 0.25 where that is a minimum of the slope). An event is dated only
+        once the series reaches that far."""
         return self.smoothing_decades + max(self.min_duration_decades, self.flat_window_decades)
 
 
@@ -305,14 +308,25 @@ def _crossing_time(t: np.ndarray, series: np.ndarray, n: int, level: float) -> f
 
 def condensed_scale(t: np.ndarray, sigma: np.ndarray, after: int, th: StageThresholds) -> float | None:
     """σ at the first sample from ``after`` on where its log-log slope over the next ``flat_window_decades`` falls
-    below ``flat_slope``; None where it has not flattened by the end of ``t`` (a longer run may still find it)."""
+    below ``flat_slope``, or stops falling while below ``flat_slope_bound`` (a minimum of the slope, held over the
+    next ``flat_window_decades``: at ε = 1e-2 a focus can lift σ0 again before its slope reaches 0.1); None where
+    neither is read by the end of ``t`` (a longer run may still find it). Reads 0.2 decade past that sample."""
     log_t, log_sigma = np.log10(t), np.log10(sigma)
     ahead = np.searchsorted(log_t, log_t + th.flat_window_decades, side="left")
+    readable = ahead < len(t)
+    slope = np.full(len(t), np.inf)
+    slope[readable] = (log_sigma[ahead[readable]] - log_sigma[readable]) / (log_t[ahead[readable]] - log_t[readable])
     for n in range(after, len(t)):
-        if ahead[n] >= len(t):
+        if not readable[n]:
             return None
-        if log_sigma[ahead[n]] - log_sigma[n] < th.flat_slope * (log_t[ahead[n]] - log_t[n]):
+        if slope[n] < th.flat_slope:
             return float(sigma[n])
+        if slope[n] < th.flat_slope_bound:
+            held = ahead[n]  # the slope must rise over the next window, every slope there read
+            if held >= len(t) or not readable[held]:
+                return None
+            if np.all(slope[n + 1 : held + 1] > slope[n]):
+                return float(sigma[n])
     return None
 
 
