@@ -123,7 +123,7 @@ class StageThresholds:
     condensation_level: float = 1 / 3  # condensation ends at this fraction of the condensed σ0(W0)
     flat_slope: float = 0.1  # σ0(W0) has condensed where d log σ0 / d log t falls below this
     flat_window_decades: float = 0.1  # ... over this window of log10 t
-    flat_slope_bound: float = 0.5  # ... or where that slope stops falling while below this
+    flat_slope_bound: float = 0.2  # ... or where that slope stops falling while below this (2 × flat_slope)
     focus_drop: float = 0.35  # nats below the running maximum of a query's entropy
     focus_depth_fraction: float = 0.5  # a focus's second depth: this fraction of its query's initial entropy
     dilution_rise: float = 0.2  # nats above the running minimum after a focus
