@@ -21,7 +21,7 @@ with C a property of the chain (the orbit's clock offset) and κ of the seed.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import sympy as sp
@@ -204,8 +204,11 @@ def predict_condensation(pi: np.ndarray, P: np.ndarray, params0, eps: float,
     t_real = orbit.t + shift
     keep = t_real > 0
     interval = detect_condensation(t_real[keep], orbit.sigma0[keep], th)
-    if interval is None or interval.t_end is None:
+    if interval is None:
         raise RuntimeError("the condensation orbit does not condense; is the chain degenerate?")
+    if interval.t_end is None:  # σ0 still creeps up at the orbit's end (60/μ1, no attention): its last value is the scale
+        level = th.condensation_level * float(orbit.sigma0[keep][-1])
+        interval = replace(interval, t_end=float(10 ** np.interp(level, orbit.sigma0[keep], np.log10(t_real[keep]))))
     leading = np.log(1.0 / eps) / orbit.mu1
     return CondensationPrediction(
         mu1=orbit.mu1, a0=a0, alpha=alpha, t_end=interval.t_end, leading_order=leading,
