@@ -120,8 +120,9 @@ def lookahead_decades(thresholds: StageThresholds) -> float:
 
 
 def confirmation_reach(thresholds: StageThresholds) -> float:
-    """A check on the trajectory to T places the events up to T / this (10^(lookahead + CONFIRM_DECADES))."""
-    return 10.0 ** (lookahead_decades(thresholds) + CONFIRM_DECADES)
+    """A check on the trajectory to T places the events up to T / this: 10^(lookahead + CONFIRM_DECADES + two
+    grid intervals), as the detectors' lookahead ends on a save and a save may fall up to an interval past it."""
+    return 10.0 ** (lookahead_decades(thresholds) + CONFIRM_DECADES + 2.0 / POINTS_PER_DECADE)
 
 
 @dataclass(frozen=True)
