@@ -93,10 +93,10 @@ def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress
         extra = {}
     else:
         chain, extra = text_surrogate(data.corpus, config.compare)
-        sampled = config.compare.surrogate_loss == "sampled"
-        loss_kind = "monte_carlo" if sampled else "mean_field"
-        law = (f"loss at s = {config.data.s} on {config.compare.samples} sampled sequences of" if sampled
-               else "mean-field loss on")
+        loss_kind = {"sampled": "monte_carlo"}.get(config.compare.surrogate_loss, config.compare.surrogate_loss)
+        law = {"monte_carlo": f"loss at s = {config.data.s} on {config.compare.samples} sampled sequences of",
+               "finite_second_order": f"loss at s = {config.data.s} to second order in the window's composition on",
+               "mean_field": "mean-field loss on"}[loss_kind]
         ode = (f"{law} the bigram chain of the training split over all {chain.d} tokens "
                f"({extra['estimator']}), from the run's initial parameters")
     params0 = Trajectory.load(run_dir / TRAJECTORY_FILE).at(0)  # the run's own start

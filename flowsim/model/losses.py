@@ -14,6 +14,9 @@ All losses are the expected next-token cross-entropy
   x_s); attention over types is softmax(Φ[x_s, j] + log c_j) over types with c_j > 0.
   ``context_count_law`` computes the exact law of (c, x_s) by a dynamic programme
   over positions (C(s+d-1, d-1)·d states at the end).
+* ``population_loss_finite_second_order``: the finite-s loss to O(1/s²) at any d the d³ covariance fits: each
+  query's loss expanded to second order around the window's mean composition, with the composition's exact mean and
+  covariance given the query (``flowsim.model.windows``), no sampling. O(s d³) once, O(d³ m) per evaluation.
 * ``population_loss_enumerated``: brute force over all d^s contexts (small s; tests).
 * ``loss_monte_carlo``: a sampled estimate with its standard error (the only sampled
   loss here).
@@ -42,6 +45,7 @@ from flowsim.model.chains import MarkovChain
 from flowsim.config import LossKind
 from flowsim.model.models import Model, OneLayerTransformer, Params, model_for_params
 from flowsim.model.tasks import InductionTask
+from flowsim.model.windows import window_composition, window_composition_bytes
 
 LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
 
@@ -137,6 +141,42 @@ def _mean_field_core(model: Model, params: Params, pi: jax.Array, P: jax.Array) 
 def population_loss_mean_field(params: Params, chain: MarkovChain, model: Model) -> jax.Array:
     """The s → ∞ population loss (exact)."""
     return _mean_field_core(model, params, jnp.asarray(chain.pi), jnp.asarray(chain.P))
+
+
+def _second_order_core(model: OneLayerTransformer, params: Params, P: jax.Array, query_probability: jax.Array,
+                       mean: jax.Array, covariance: jax.Array) -> jax.Array:
+    """Σ_q p_q [ℓ_q(μ_q) + ½ tr(C_q ∇²ℓ_q(μ_q))]: ℓ_q(x) is the cross-entropy against P[q] of the query q reading a
+    window of type frequencies x, with attention a = x ∘ w / (w · x), w = e^{Φ[q, :]}, and logits f = a E W1
+    [+ the residual's], E = W0 [W_V]. With ω = a / x, p = softmax(f) and e = E W1 (p - P[q]), a's Jacobian in x is
+    diag(ω) - a ωᵀ and
+
+        tr(C ∇²ℓ_q) = ⟨Uᵀ C U, N⟩ + 2 (a · e) ωᵀ C ω - 2 ωᵀ C (ω ∘ e),
+        U = diag(ω) (E - 1 āᵀ),  ā = Eᵀ a,  N = W1 (diag p - p pᵀ) W1ᵀ:
+
+    the logits' curvature seen through a's Jacobian, then a's own curvature. A type a window never holds (μ_q[j] = 0)
+    has a_j = 0 and no weight. Cost: O(d³ m) for the C_q U products, O(d² m) for the rest."""
+    mm = model._matmul
+    W1 = params["W1"]
+    values = mm(params["W0"], params["W_V"]) if model.value_matrix else params["W0"]  # E
+    held = mean > 0
+    attention = jax.nn.softmax(jnp.where(held, model.attention_logits(params) + jnp.log(jnp.where(held, mean, 1.0)),
+                                         -jnp.inf), axis=-1)  # a(μ_q), row q
+    logits = model.logits_from_attention(params, attention, jnp.arange(model.d))
+    probabilities = jax.nn.softmax(logits, axis=-1)
+    weights = jnp.where(held, attention / jnp.where(held, mean, 1.0), 0.0)  # ω
+    mixed = mm(attention, values)  # ā
+    U = weights[:, :, None] * (values[None, :, :] - mixed[:, None, :])  # (q, j, m)
+    CU = jnp.einsum("qjk,qkm->qjm", covariance, U)
+    head = mm(probabilities, W1.T)  # W1 p, (q, m)
+    N = jnp.einsum("nd,qd,md->qnm", W1, probabilities, W1) - head[:, :, None] * head[:, None, :]
+    logit_curvature = jnp.einsum("qjn,qjm,qnm->q", U, CU, N)
+    e = mm(mm(probabilities - P, W1.T), values.T)  # (q, d): E W1 (p - P[q])
+    C_weights = jnp.einsum("qjk,qk->qj", covariance, weights)
+    attention_curvature = 2.0 * (jnp.sum(attention * e, axis=-1) * jnp.sum(weights * C_weights, axis=-1)
+                                 - jnp.sum(weights * e * C_weights, axis=-1))
+    per_query = (jax.nn.logsumexp(logits, axis=-1) - jnp.sum(P * logits, axis=-1)
+                 + 0.5 * (logit_curvature + attention_curvature))
+    return jnp.sum(query_probability * per_query)
 
 
 # ---------------------------------------------------------------------------------
@@ -295,6 +335,13 @@ def _count_law_arrays(chain: MarkovChain, law: ContextCountLaw) -> tuple[jax.Arr
     return tuple(jnp.asarray(a) for a in (chain.P, log_counts, law.query, law.probability))
 
 
+def population_loss_finite_second_order(params: Params, chain: MarkovChain, s: int, model: OneLayerTransformer) -> jax.Array:
+    """The finite-s loss to second order in the window's composition (``_second_order_core``): error O(1/s²)."""
+    composition = window_composition(chain, s)
+    return _second_order_core(model, params, jnp.asarray(chain.P), jnp.asarray(composition.query_probability),
+                              jnp.asarray(composition.mean), jnp.asarray(composition.covariance))
+
+
 def population_loss_finite(params: Params, chain: MarkovChain, s: int, model: Model) -> jax.Array:
     """The exact population loss for contexts of length s (x_1 from the chain's start law)."""
     return _count_law_core_jit(model, params, *_count_law_arrays(chain, context_count_law(chain, s)))
@@ -400,6 +447,10 @@ def check_loss_size(kind: str, d: int, s: int, model: Model, mc_samples: int = 0
                      f"loss.kind = 'finite' with s = {s}, d = {d} ({states:.3g} count states; building them takes "
                      f"about {operations:.2g} operations, {operations / 1e9:.2g} s at 1e9 per second)",
                      f"lower {settings['s']}, or use loss.kind = 'monte_carlo' or 'mean_field'")
+    elif kind == "finite_second_order":
+        check_memory(window_composition_bytes(d) + 8.0 * 8 * d * d * width,
+                     f"loss.kind = 'finite_second_order' at d = {d} (the window composition's covariance, d³ entries)",
+                     "use fewer tokens, or loss.kind = 'monte_carlo' or 'mean_field'")
     elif kind == "monte_carlo":
         check_memory(8.0 * mc_samples * ((s + 1) * (2 * min(d, width) + 2 * width) + 4 * d),
                      f"the Monte Carlo loss on {mc_samples} sequences of s = {s}",
@@ -436,6 +487,13 @@ def make_loss_function(
         P, log_counts, query, probability = _count_law_arrays(chain, context_count_law(chain, s))
         core = ModelLoss(_count_law_core, model)
         return Partial(core, P=P, log_counts=log_counts, query=query, probability=probability)
+    if kind == "finite_second_order":
+        if not isinstance(model, OneLayerTransformer):
+            raise ValueError(f"loss.kind = 'finite_second_order' is written for the one-layer model, got {type(model).__name__}")
+        composition = window_composition(chain, int(s))
+        return Partial(ModelLoss(_second_order_core, model), P=jnp.asarray(chain.P),
+                       query_probability=jnp.asarray(composition.query_probability),
+                       mean=jnp.asarray(composition.mean), covariance=jnp.asarray(composition.covariance))
     if not isinstance(mc_samples, (int, np.integer)) or mc_samples < 2:
         raise ValueError(f"{settings['mc_samples']} must be an integer >= 2, got {mc_samples!r}")
     sequences = chain.sample(mc_samples, s + 1, mc_seed)

@@ -1,0 +1,128 @@
+"""The finite-context loss at any d: the window composition's exact moments and the loss to second order in them,
+each against an independent route (the count programme's exact law, autodiff's Hessian, the exact finite-s loss,
+Monte Carlo)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import random_chain, random_params
+
+import flowsim
+from flowsim import MarkovChain, OneLayerTransformer
+from flowsim.model.losses import (
+    _second_order_core,
+    context_count_law,
+    loss_monte_carlo,
+    population_loss_finite_second_order,
+)
+from flowsim.model.windows import window_composition
+
+
+@pytest.mark.parametrize("start", ["stationary", "uniform"])
+def test_window_moments_are_the_count_laws(start):
+    """μ_q and C_q equal the mean and covariance of c / s given x_s = q under the count programme's exact law."""
+    chain = MarkovChain(P=random_chain(4, seed=7).P, start=start)
+    s = 7
+    law, composition = context_count_law(chain, s), window_composition(chain, s)
+    for q in range(chain.d):
+        rows = law.query == q
+        probability = law.probability[rows]
+        frequencies = law.counts[rows] / s
+        mean = probability @ frequencies / probability.sum()
+        centred = frequencies - mean
+        covariance = centred.T @ (centred * probability[:, None]) / probability.sum()
+        assert composition.query_probability[q] == pytest.approx(probability.sum(), abs=1e-14)
+        np.testing.assert_allclose(composition.mean[q], mean, atol=1e-14)
+        np.testing.assert_allclose(composition.covariance[q], covariance, atol=1e-14)
+
+
+def test_an_unreachable_query_reads_a_window_of_itself():
+    """A query no window ends on (a transient token, probability 0 from the stationary start) gets μ_q = e_q and
+    C_q = 0, so the loss has no NaN and gives it no weight."""
+    chain = MarkovChain(P=[[0.0, 0.5, 0.5], [0.0, 0.3, 0.7], [0.0, 0.6, 0.4]])
+    composition = window_composition(chain, 5)
+    assert composition.query_probability[0] == 0
+    np.testing.assert_array_equal(composition.mean[0], [1.0, 0.0, 0.0])
+    assert np.all(composition.covariance[0] == 0)
+    model = OneLayerTransformer(d=3, m=2, k=2)
+    assert np.isfinite(float(population_loss_finite_second_order(random_params(model, 0.5, seed=0), chain, 5, model)))
+
+
+@pytest.mark.parametrize("options", [{}, {"value_matrix": True, "residual": True, "logit_scale": "inv_sqrt_k"}])
+def test_the_written_curvature_is_autodiffs_hessian(options):
+    """½ tr(C_q ∇²ℓ_q) as written (U, N, ω) equals the same trace with ∇²ℓ_q from jax.hessian of ℓ_q(x) itself."""
+    chain = random_chain(5, seed=3)
+    model = OneLayerTransformer(d=5, m=3, k=2, **options)
+    params = random_params(model, 0.8, seed=4)
+    composition = window_composition(chain, 6)
+    P = jnp.asarray(chain.P)
+    phi = model.attention_logits(params)
+
+    def query_loss(x, q):
+        attention = x * jnp.exp(phi[q]) / jnp.sum(x * jnp.exp(phi[q]))
+        logits = model.logits_from_attention(params, attention[None], jnp.array([q]))[0]
+        return jax.nn.logsumexp(logits) - P[q] @ logits
+
+    queries, means = jnp.arange(chain.d), jnp.asarray(composition.mean)
+    values, hessians = jax.vmap(query_loss)(means, queries), jax.vmap(jax.hessian(query_loss))(means, queries)
+    by_hessian = jnp.sum(composition.query_probability * (
+        values + 0.5 * jnp.sum(hessians * composition.covariance, axis=(1, 2))))
+    written = _second_order_core(model, params, P, *(jnp.asarray(a) for a in (
+        composition.query_probability, composition.mean, composition.covariance)))
+    assert float(written) == pytest.approx(float(by_hessian), abs=1e-13)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_second_order_loss_converges_to_the_exact_finite_loss_at_rate_one_over_s_squared(seed):
+    """On a seeded family of chains, against the count programme: |L₂ - L_s| falls by about 4 per doubling of s
+    (s = 32 → 64), faster than the mean-field loss's |L_∞ - L_s|, and the gradient's error falls too."""
+    chain = random_chain(3, seed=10 + seed)
+    model = OneLayerTransformer(d=3, m=3, k=3)
+    params = random_params(model, 0.8, seed=seed)
+    errors, gradient_errors = {}, {}
+    for s in (32, 64):
+        exact = flowsim.population_loss(params, chain, s, model=model)
+        second = population_loss_finite_second_order(params, chain, s, model)
+        errors[s] = abs(float(second - exact))
+        exact_gradient = jax.grad(lambda p: flowsim.population_loss(p, chain, s, model=model))(params)
+        second_gradient = jax.grad(lambda p: population_loss_finite_second_order(p, chain, s, model))(params)
+        gradient_errors[s] = max(float(jnp.max(jnp.abs(exact_gradient[n] - second_gradient[n]))) for n in params)
+        if s == 64:
+            mean_field_error = abs(float(flowsim.population_loss(params, chain, model=model) - exact))
+    assert 2.8 < errors[32] / errors[64] < 5.5
+    assert errors[64] < 0.5 * mean_field_error
+    assert gradient_errors[64] < 0.5 * gradient_errors[32]
+
+
+def test_the_second_order_correction_is_the_sampled_one_at_d_16():
+    """Where the count programme cannot reach (d = 16, s = 64): the finite-s loss minus the mean-field loss, from the
+    moments, against the same difference from 60 000 sampled windows (one sample, the per-window difference taken,
+    so its standard error is the correction's own)."""
+    chain = random_chain(16, seed=5)
+    model = OneLayerTransformer(d=16, m=4, k=4)
+    params = random_params(model, 1.0, seed=6)
+    s, n = 64, 60_000
+    correction = float(population_loss_finite_second_order(params, chain, s, model)
+                       - flowsim.population_loss(params, chain, model=model))
+    sequences = chain.sample(n, s + 1, seed=8)
+    logits = model.forward(params, jnp.asarray(sequences[:, :-1]))
+    targets = sequences[:, -1]
+    windowed = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
+    mean_field = model.mean_field_logits(params, jnp.asarray(chain.pi))[sequences[:, -2]]
+    limit = jax.nn.logsumexp(mean_field, axis=-1) - jnp.take_along_axis(mean_field, targets[:, None], axis=-1)[:, 0]
+    difference = np.asarray(windowed - limit)
+    sampled, stderr = difference.mean(), difference.std(ddof=1) / np.sqrt(n)
+    assert abs(sampled) > 5 * stderr  # the correction is measured, not zero
+    assert abs(correction - sampled) < 3 * stderr
+    assert loss_monte_carlo(params, chain, s, 2000, seed=1, model=model).n == 2000
+
+
+def test_the_second_order_kind_is_a_loss_kind_with_a_size_check(paper_chain, paper_model, monkeypatch):
+    loss = flowsim.make_loss_function(paper_model, paper_chain, "finite_second_order", s=16)
+    params = random_params(paper_model, 0.5, seed=2)
+    assert float(loss(params)) == pytest.approx(
+        float(population_loss_finite_second_order(params, paper_chain, 16, paper_model)), rel=1e-14)
+    monkeypatch.setenv("FLOWSIM_MEMORY_BUDGET_GB", "1e-9")
+    with pytest.raises(flowsim.common.budget.BudgetError, match="finite_second_order"):
+        flowsim.make_loss_function(paper_model, paper_chain, "finite_second_order", s=16)
