@@ -640,6 +640,35 @@ def test_the_sampled_surrogate_ode_follows_the_chains_loss_at_the_runs_context_l
         ode_beside(tmp_path / "run")
 
 
+@needs_data
+def test_the_second_order_surrogate_ode_follows_the_chains_loss_at_the_runs_context_length(tmp_path):
+    """compare.surrogate_loss = 'finite_second_order': the ODE beside a text run follows the surrogate chain's loss at
+    the run's s to second order; its loss at t = 0 is within Monte Carlo error of the torch twin's loss on 20 000
+    sequences of the chain, and the description says which loss it is."""
+    from flowsim.bridge.compare import ode_beside
+    from flowsim.bridge.surrogate import text_surrogate
+    from flowsim.bridge.train import batch_loss, build_data
+    from flowsim.runs.rundir import TRAJECTORY_FILE
+    from flowsim.solve.trajectory import Trajectory
+
+    settings = ["data.kind='wikitext2'", "data.vocab_size=7", f"data.data_dir='{DATA_DIR}'", "data.s=6", "data.batch_size=32",
+                "log.fold_d=4", "log.n_checkpoints=4", "log.probe_per_type=4", "log.val_batches=1", "optim.steps=20",
+                "model.m=4", "model.k=3", "model.init_eps=0.5", "compare.surrogate_loss='finite_second_order'",
+                "compare.method='Tsit5'"]
+    config = load_bridge_config(None, settings)
+    train(config, tmp_path / "run", progress=False)
+    ode, description = ode_beside(tmp_path / "run")
+    assert description["ode"].startswith("loss at s = 6 to second order in the window's composition on the bigram chain")
+    params0 = Trajectory.load(tmp_path / "run" / TRAJECTORY_FILE).at(0)
+    chain, _ = text_surrogate(build_data(config).corpus, config.compare)
+    twin = torch_model_for(OneLayerTransformer(d=8, m=4, k=3)).load_flowsim_params(params0)
+    sequences = torch.as_tensor(chain.sample(20_000, 7, 1))
+    losses = torch.nn.functional.cross_entropy(twin(sequences[:, :-1]), sequences[:, -1], reduction="none")
+    sampled, stderr = losses.mean().item(), losses.std().item() / np.sqrt(20_000)
+    assert abs(float(ode["loss"][0]) - sampled) < 4 * stderr
+    assert batch_loss(twin, sequences).item() == pytest.approx(sampled, rel=1e-10)
+
+
 def test_the_window_loss_is_the_torch_batch_loss_over_all_windows():
     """flowsim's full-batch window loss against the torch twin's training loss on the same windows, and its
     gradient against the twin's autograd gradient."""

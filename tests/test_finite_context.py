@@ -126,3 +126,19 @@ def test_the_second_order_kind_is_a_loss_kind_with_a_size_check(paper_chain, pap
     monkeypatch.setenv("FLOWSIM_MEMORY_BUDGET_GB", "1e-9")
     with pytest.raises(flowsim.common.budget.BudgetError, match="finite_second_order"):
         flowsim.make_loss_function(paper_model, paper_chain, "finite_second_order", s=16)
+
+
+def test_the_benchmarks_independent_token_ablation_is_the_covariance_of_independent_draws():
+    """benchmarks/finite_context_flow.py's ablation against the count programme's exact moments for a chain whose tokens
+    are independent (every row of P is π): there the Markov covariance and the ablation's are the same, and on a
+    Markov chain they differ while the means agree."""
+    import finite_context_flow  # benchmarks/ is on the path (conftest)
+
+    pi = np.array([0.5, 0.3, 0.2])
+    independent = window_composition(MarkovChain(P=np.tile(pi, (3, 1))), 7)
+    np.testing.assert_allclose(finite_context_flow.independent_tokens(independent).covariance, independent.covariance,
+                               atol=1e-15)
+    markov = window_composition(random_chain(3, seed=2), 7)
+    ablated = finite_context_flow.independent_tokens(markov)
+    np.testing.assert_array_equal(ablated.mean, markov.mean)
+    assert np.abs(ablated.covariance - markov.covariance).max() > 1e-4

@@ -45,7 +45,7 @@ from flowsim.model.chains import MarkovChain
 from flowsim.config import LossKind
 from flowsim.model.models import Model, OneLayerTransformer, Params, model_for_params
 from flowsim.model.tasks import InductionTask
-from flowsim.model.windows import window_composition, window_composition_bytes
+from flowsim.model.windows import WindowComposition, window_composition, window_composition_bytes
 
 LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
 
@@ -335,6 +335,13 @@ def _count_law_arrays(chain: MarkovChain, law: ContextCountLaw) -> tuple[jax.Arr
     return tuple(jnp.asarray(a) for a in (chain.P, log_counts, law.query, law.probability))
 
 
+def second_order_loss(model: OneLayerTransformer, chain: MarkovChain, composition: WindowComposition) -> Partial:
+    """``loss(params)``: the finite-s loss to second order (``_second_order_core``) with the window moments given."""
+    return Partial(ModelLoss(_second_order_core, model), P=jnp.asarray(chain.P),
+                   query_probability=jnp.asarray(composition.query_probability),
+                   mean=jnp.asarray(composition.mean), covariance=jnp.asarray(composition.covariance))
+
+
 def population_loss_finite_second_order(params: Params, chain: MarkovChain, s: int, model: OneLayerTransformer) -> jax.Array:
     """The finite-s loss to second order in the window's composition (``_second_order_core``): error O(1/s²)."""
     composition = window_composition(chain, s)
@@ -490,10 +497,7 @@ def make_loss_function(
     if kind == "finite_second_order":
         if not isinstance(model, OneLayerTransformer):
             raise ValueError(f"loss.kind = 'finite_second_order' is written for the one-layer model, got {type(model).__name__}")
-        composition = window_composition(chain, int(s))
-        return Partial(ModelLoss(_second_order_core, model), P=jnp.asarray(chain.P),
-                       query_probability=jnp.asarray(composition.query_probability),
-                       mean=jnp.asarray(composition.mean), covariance=jnp.asarray(composition.covariance))
+        return second_order_loss(model, chain, window_composition(chain, int(s)))
     if not isinstance(mc_samples, (int, np.integer)) or mc_samples < 2:
         raise ValueError(f"{settings['mc_samples']} must be an integer >= 2, got {mc_samples!r}")
     sequences = chain.sample(mc_samples, s + 1, mc_seed)
