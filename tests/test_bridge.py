@@ -602,28 +602,37 @@ def test_the_d64_text_example_labels_condensation_beside_the_ode(tmp_path):
     assert (tmp_path / "run" / "overlay.png").stat().st_size > 10_000  # the run beside the ODE
 
 
+def tiny_surrogate_ode(tmp_path, settings: list[str]):
+    """A 20-step WikiText-2 run at d = 8, s = 6 and the surrogate's ODE beside it under ``settings``: (config, the ODE's
+    observables, its description, the run's θ(0), the surrogate chain)."""
+    from flowsim.bridge.compare import ode_beside
+    from flowsim.bridge.surrogate import text_surrogate
+    from flowsim.bridge.train import build_data
+    from flowsim.runs.rundir import TRAJECTORY_FILE
+    from flowsim.solve.trajectory import Trajectory
+
+    config = load_bridge_config(None, ["data.kind='wikitext2'", "data.vocab_size=7", f"data.data_dir='{DATA_DIR}'", "data.s=6",
+                                       "data.batch_size=32", "log.fold_d=4", "log.n_checkpoints=4", "log.probe_per_type=4",
+                                       "log.val_batches=1", "optim.steps=20", "model.m=4", "model.k=3",
+                                       "compare.method='Tsit5'", *settings])
+    train(config, tmp_path / "run", progress=False)
+    ode, description = ode_beside(tmp_path / "run")
+    params0 = Trajectory.load(tmp_path / "run" / TRAJECTORY_FILE).at(0)
+    return config, ode, description, params0, text_surrogate(build_data(config).corpus, config.compare)[0]
+
+
 @needs_data
 def test_the_sampled_surrogate_ode_follows_the_chains_loss_at_the_runs_context_length(tmp_path):
     """compare.surrogate_loss = 'sampled': the ODE beside a text run follows the surrogate chain's loss at the run's s on
     compare.samples seeded sequences. Its loss at t = 0 is the torch twin's batch loss on those sequences (another
     route), not the mean-field loss of the same chain."""
     from flowsim.bridge.compare import ode_beside
-    from flowsim.bridge.surrogate import text_surrogate
-    from flowsim.bridge.train import batch_loss, build_data
+    from flowsim.bridge.train import batch_loss
     from flowsim.model.losses import population_loss_mean_field
-    from flowsim.runs.rundir import TRAJECTORY_FILE
-    from flowsim.solve.trajectory import Trajectory
 
-    settings = ["data.kind='wikitext2'", "data.vocab_size=7", f"data.data_dir='{DATA_DIR}'", "data.s=6", "data.batch_size=32",
-                "log.fold_d=4", "log.n_checkpoints=4", "log.probe_per_type=4", "log.val_batches=1", "optim.steps=20",
-                "model.m=4", "model.k=3", "model.init_eps=0.3", "compare.surrogate_loss='sampled'", "compare.samples=300",
-                "compare.method='Tsit5'"]
-    config = load_bridge_config(None, settings)
-    train(config, tmp_path / "run", progress=False)
-    ode, description = ode_beside(tmp_path / "run")
+    _, ode, description, params0, chain = tiny_surrogate_ode(tmp_path, ["model.init_eps=0.3", "compare.surrogate_loss='sampled'",
+                                                                            "compare.samples=300"])
     assert description["ode"].startswith("loss at s = 6 on 300 sampled sequences of the bigram chain")
-    params0 = Trajectory.load(tmp_path / "run" / TRAJECTORY_FILE).at(0)
-    chain, _ = text_surrogate(build_data(config).corpus, config.compare)
     model = OneLayerTransformer(d=8, m=4, k=3)
     twin = torch_model_for(model).load_flowsim_params(params0)
     sampled = batch_loss(twin, torch.as_tensor(chain.sample(300, 7, 0))).item()
@@ -645,22 +654,11 @@ def test_the_second_order_surrogate_ode_follows_the_chains_loss_at_the_runs_cont
     """compare.surrogate_loss = 'finite_second_order': the ODE beside a text run follows the surrogate chain's loss at
     the run's s to second order; its loss at t = 0 is within Monte Carlo error of the torch twin's loss on 20 000
     sequences of the chain, and the description says which loss it is."""
-    from flowsim.bridge.compare import ode_beside
-    from flowsim.bridge.surrogate import text_surrogate
-    from flowsim.bridge.train import batch_loss, build_data
-    from flowsim.runs.rundir import TRAJECTORY_FILE
-    from flowsim.solve.trajectory import Trajectory
+    from flowsim.bridge.train import batch_loss
 
-    settings = ["data.kind='wikitext2'", "data.vocab_size=7", f"data.data_dir='{DATA_DIR}'", "data.s=6", "data.batch_size=32",
-                "log.fold_d=4", "log.n_checkpoints=4", "log.probe_per_type=4", "log.val_batches=1", "optim.steps=20",
-                "model.m=4", "model.k=3", "model.init_eps=0.5", "compare.surrogate_loss='finite_second_order'",
-                "compare.method='Tsit5'"]
-    config = load_bridge_config(None, settings)
-    train(config, tmp_path / "run", progress=False)
-    ode, description = ode_beside(tmp_path / "run")
+    _, ode, description, params0, chain = tiny_surrogate_ode(tmp_path, ["model.init_eps=0.5",
+                                                                       "compare.surrogate_loss='finite_second_order'"])
     assert description["ode"].startswith("loss at s = 6 to second order in the window's composition on the bigram chain")
-    params0 = Trajectory.load(tmp_path / "run" / TRAJECTORY_FILE).at(0)
-    chain, _ = text_surrogate(build_data(config).corpus, config.compare)
     twin = torch_model_for(OneLayerTransformer(d=8, m=4, k=3)).load_flowsim_params(params0)
     sequences = torch.as_tensor(chain.sample(20_000, 7, 1))
     losses = torch.nn.functional.cross_entropy(twin(sequences[:, :-1]), sequences[:, -1], reduction="none")
