@@ -40,7 +40,7 @@ class ConfigError(ValueError):
 StartLaw = Literal["stationary", "uniform"]
 LogitScale = Literal["one", "inv_sqrt_k"]
 FFNKind = Literal["none", "mlp", "glu"]
-LossKind = Literal["mean_field", "finite", "finite_second_order", "monte_carlo"]
+LossKind = Literal["mean_field", "finite", "finite_second_order", "finite_control_variate", "monte_carlo"]
 SmoothingVariant = Literal["standard", "norm_preserving"]
 
 
@@ -126,10 +126,11 @@ class LossConfig(Section):
     kind: LossKind = key("mean_field", "mean_field: the s -> infinity population loss; finite: exact at context "
                                        "length s; finite_second_order: at context length s to O(1/s²), from the "
                                        "window composition's exact mean and covariance (one-layer model); "
-                                       "monte_carlo: sampled at length s")
-    s: PositiveInt = key(64, "context length of the finite, finite_second_order and monte_carlo losses")
-    mc_samples: int = key(4096, "monte_carlo: sequences drawn", ge=2)
-    mc_seed: int = key(0, "monte_carlo: seed of the sequences")
+                                       "finite_control_variate: that plus its remainder on mc_samples sampled windows "
+                                       "(unbiased); monte_carlo: sampled at length s")
+    s: PositiveInt = key(64, "context length of the finite-s losses (every kind but mean_field)")
+    mc_samples: int = key(4096, "monte_carlo and finite_control_variate: sequences drawn", ge=2)
+    mc_seed: int = key(0, "monte_carlo and finite_control_variate: seed of the sequences")
 
 
 class FlowConfig(Section):

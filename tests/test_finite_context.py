@@ -142,3 +142,23 @@ def test_the_benchmarks_independent_token_ablation_is_the_covariance_of_independ
     ablated = finite_context_flow.independent_tokens(markov)
     np.testing.assert_array_equal(ablated.mean, markov.mean)
     assert np.abs(ablated.covariance - markov.covariance).max() > 1e-4
+
+
+def test_the_control_variate_loss_is_unbiased_and_samples_only_the_remainder():
+    """At s = 8, where the second-order loss is off by 1%, the control-variate loss averaged over 40 independent samples
+    of 2000 windows is the exact finite-s loss (count programme) within 4 standard errors, and its spread over samples
+    is under a third of the plain Monte Carlo loss's on the same number of windows."""
+    chain = random_chain(3, seed=21)
+    model = OneLayerTransformer(d=3, m=3, k=3)
+    params = random_params(model, 1.5, seed=3)
+    s = 8
+    exact = float(flowsim.population_loss(params, chain, s, model=model))
+    assert abs(float(population_loss_finite_second_order(params, chain, s, model)) - exact) > 2e-3
+    estimate = jax.jit(lambda p, loss: loss(p))
+    by_control_variate = [float(estimate(params, flowsim.make_loss_function(
+        model, chain, "finite_control_variate", s, mc_samples=2000, mc_seed=seed))) for seed in range(40)]
+    plain = [float(estimate(params, flowsim.make_loss_function(model, chain, "monte_carlo", s, mc_samples=2000,
+                                                               mc_seed=seed))) for seed in range(40)]
+    stderr = np.std(by_control_variate, ddof=1) / np.sqrt(40)
+    assert abs(np.mean(by_control_variate) - exact) < 4 * stderr
+    assert np.std(by_control_variate) < np.std(plain) / 3

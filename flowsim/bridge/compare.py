@@ -96,6 +96,8 @@ def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress
         loss_kind = {"sampled": "monte_carlo"}.get(config.compare.surrogate_loss, config.compare.surrogate_loss)
         law = {"monte_carlo": f"loss at s = {config.data.s} on {config.compare.samples} sampled sequences of",
                "finite_second_order": f"loss at s = {config.data.s} to second order in the window's composition on",
+               "finite_control_variate": (f"loss at s = {config.data.s} to second order in the window's composition, "
+                                          f"plus its remainder on {config.compare.samples} sampled windows, on"),
                "mean_field": "mean-field loss on"}[loss_kind]
         ode = (f"{law} the bigram chain of the training split over all {chain.d} tokens "
                f"({extra['estimator']}), from the run's initial parameters")

@@ -129,12 +129,13 @@ class CompareConfig(Section):
         None, "text, interpolated: the unigram law's weight in every row (default: the weight of least "
         "cross-entropy on the validation split)", ge=0, le=1)
     smoothing: float = key(0.1, "text, additive: the pseudo-count added to every bigram count", ge=0)
-    surrogate_loss: Literal["mean_field", "finite_second_order", "sampled"] = key(
+    surrogate_loss: Literal["mean_field", "finite_second_order", "finite_control_variate", "sampled"] = key(
         "mean_field", "text: the surrogate chain's loss the ODE follows: 'mean_field' (s -> ∞, exact), "
         "'finite_second_order' (its loss at the run's context length s to O(1/s²), from the window composition's "
-        "exact mean and covariance: no sampling, O(d³) memory) or 'sampled', its loss at s on compare.samples "
-        "sequences of the chain (seeded, so the flow is deterministic)")
-    samples: PositiveInt = key(32768, "text, sampled: sequences of the surrogate chain, each s + 1 tokens")
+        "exact mean and covariance: no sampling, O(d³) memory), 'finite_control_variate' (that plus its remainder "
+        "on compare.samples windows of the chain: unbiased) or 'sampled', its loss at s on compare.samples "
+        "sequences of the chain (seeded, so each flow is deterministic)")
+    samples: PositiveInt = key(32768, "text, sampled and finite_control_variate: sequences of the surrogate chain")
 
 
     @field_validator("method")

@@ -17,6 +17,9 @@ All losses are the expected next-token cross-entropy
 * ``population_loss_finite_second_order``: the finite-s loss to O(1/s²) at any d the d³ covariance fits: each
   query's loss expanded to second order around the window's mean composition, with the composition's exact mean and
   covariance given the query (``flowsim.model.windows``), no sampling. O(s d³) once, O(d³ m) per evaluation.
+* ``finite_control_variate`` (a loss kind): the second-order loss plus the mean, over a fixed sample of windows, of
+  what it leaves out (each window's loss minus its Taylor polynomial): unbiased at any s, with only the remainder
+  sampled. O(N (s + d) m) per evaluation on N windows, besides the second-order loss.
 * ``population_loss_enumerated``: brute force over all d^s contexts (small s; tests).
 * ``loss_monte_carlo``: a sampled estimate with its standard error (the only sampled
   loss here).
@@ -32,7 +35,7 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass
-from typing import get_args
+from typing import NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
@@ -143,40 +146,86 @@ def population_loss_mean_field(params: Params, chain: MarkovChain, model: Model)
     return _mean_field_core(model, params, jnp.asarray(chain.pi), jnp.asarray(chain.P))
 
 
-def _second_order_core(model: OneLayerTransformer, params: Params, P: jax.Array, query_probability: jax.Array,
-                       mean: jax.Array, covariance: jax.Array) -> jax.Array:
-    """Σ_q p_q [ℓ_q(μ_q) + ½ tr(C_q ∇²ℓ_q(μ_q))]: ℓ_q(x) is the cross-entropy against P[q] of the query q reading a
-    window of type frequencies x, with attention a = x ∘ w / (w · x), w = e^{Φ[q, :]}, and logits f = a E W1
-    [+ the residual's], E = W0 [W_V]. With ω = a / x, p = softmax(f) and e = E W1 (p - P[q]), a's Jacobian in x is
-    diag(ω) - a ωᵀ and
+class QueryExpansion(NamedTuple):
+    """Each query's loss ℓ_q(x) at the mean composition x = μ_q and the pieces of its derivatives there (rows q):
+    ℓ_q(x) is the cross-entropy against P[q] of the query q reading a window of type frequencies x, with attention
+    a = x ∘ w / (w · x), w = e^{Φ[q, :]}, and logits f = a E W1 [+ the residual's], E = W0 [W_V]. With ω = a / x,
+    p = softmax(f) and e = E W1 (p - P[q]), a's Jacobian in x is diag(ω) - a ωᵀ, so for a step δ of the composition
 
-        tr(C ∇²ℓ_q) = ⟨Uᵀ C U, N⟩ + 2 (a · e) ωᵀ C ω - 2 ωᵀ C (ω ∘ e),
+        ∇ℓ_q · δ   = Σ_j δ_j ω_j (e_j - a · e),
+        δᵀ∇²ℓ_q δ = |Uᵀδ|²_N + 2 (a · e)(ω · δ)² - 2 (ω · δ)((ω ∘ e) · δ),
         U = diag(ω) (E - 1 āᵀ),  ā = Eᵀ a,  N = W1 (diag p - p pᵀ) W1ᵀ:
 
-    the logits' curvature seen through a's Jacobian, then a's own curvature. A type a window never holds (μ_q[j] = 0)
-    has a_j = 0 and no weight. Cost: O(d³ m) for the C_q U products, O(d² m) for the rest."""
+    the logits' curvature seen through a's Jacobian, then a's own. A type a window never holds (μ_q[j] = 0) has
+    a_j = 0 and no weight."""
+
+    loss: jax.Array  # ℓ_q(μ_q), (d,)
+    values: jax.Array  # E, (d, m)
+    attention: jax.Array  # a, (d, d)
+    weights: jax.Array  # ω, (d, d)
+    mixed: jax.Array  # ā, (d, m)
+    e: jax.Array  # (d, d)
+    curvature: jax.Array  # N, (d, m, m)
+
+
+def _query_expansion(model: OneLayerTransformer, params: Params, P: jax.Array, mean: jax.Array) -> QueryExpansion:
+    """``QueryExpansion`` at the mean compositions (rows of ``mean``). Cost: O(d² (m + k) + d² m²)."""
     mm = model._matmul
     W1 = params["W1"]
-    values = mm(params["W0"], params["W_V"]) if model.value_matrix else params["W0"]  # E
+    values = mm(params["W0"], params["W_V"]) if model.value_matrix else params["W0"]
     held = mean > 0
     attention = jax.nn.softmax(jnp.where(held, model.attention_logits(params) + jnp.log(jnp.where(held, mean, 1.0)),
-                                         -jnp.inf), axis=-1)  # a(μ_q), row q
+                                         -jnp.inf), axis=-1)
     logits = model.logits_from_attention(params, attention, jnp.arange(model.d))
     probabilities = jax.nn.softmax(logits, axis=-1)
-    weights = jnp.where(held, attention / jnp.where(held, mean, 1.0), 0.0)  # ω
-    mixed = mm(attention, values)  # ā
-    U = weights[:, :, None] * (values[None, :, :] - mixed[:, None, :])  # (q, j, m)
-    CU = jnp.einsum("qjk,qkm->qjm", covariance, U)
     head = mm(probabilities, W1.T)  # W1 p, (q, m)
-    N = jnp.einsum("nd,qd,md->qnm", W1, probabilities, W1) - head[:, :, None] * head[:, None, :]
-    logit_curvature = jnp.einsum("qjn,qjm,qnm->q", U, CU, N)
-    e = mm(mm(probabilities - P, W1.T), values.T)  # (q, d): E W1 (p - P[q])
-    C_weights = jnp.einsum("qjk,qk->qj", covariance, weights)
-    attention_curvature = 2.0 * (jnp.sum(attention * e, axis=-1) * jnp.sum(weights * C_weights, axis=-1)
-                                 - jnp.sum(weights * e * C_weights, axis=-1))
-    per_query = (jax.nn.logsumexp(logits, axis=-1) - jnp.sum(P * logits, axis=-1)
-                 + 0.5 * (logit_curvature + attention_curvature))
-    return jnp.sum(query_probability * per_query)
+    return QueryExpansion(
+        loss=jax.nn.logsumexp(logits, axis=-1) - jnp.sum(P * logits, axis=-1), values=values, attention=attention,
+        weights=jnp.where(held, attention / jnp.where(held, mean, 1.0), 0.0), mixed=mm(attention, values),
+        e=mm(mm(probabilities - P, W1.T), values.T),
+        curvature=jnp.einsum("nd,qd,md->qnm", W1, probabilities, W1) - head[:, :, None] * head[:, None, :])
+
+
+def _second_order_core(model: OneLayerTransformer, params: Params, P: jax.Array, query_probability: jax.Array,
+                       mean: jax.Array, covariance: jax.Array) -> jax.Array:
+    """Σ_q p_q [ℓ_q(μ_q) + ½ tr(C_q ∇²ℓ_q(μ_q))], with (``QueryExpansion``)
+
+        tr(C ∇²ℓ_q) = ⟨Uᵀ C U, N⟩ + 2 (a · e) ωᵀ C ω - 2 ωᵀ C (ω ∘ e).
+
+    Cost: O(d³ m) for the C_q U products, O(d² m²) for the rest."""
+    x = _query_expansion(model, params, P, mean)
+    U = x.weights[:, :, None] * (x.values[None, :, :] - x.mixed[:, None, :])  # (q, j, m)
+    logit_curvature = jnp.einsum("qjn,qjm,qnm->q", U, jnp.einsum("qjk,qkm->qjm", covariance, U), x.curvature)
+    C_weights = jnp.einsum("qjk,qk->qj", covariance, x.weights)
+    attention_curvature = 2.0 * (jnp.sum(x.attention * x.e, axis=-1) * jnp.sum(x.weights * C_weights, axis=-1)
+                                 - jnp.sum(x.weights * x.e * C_weights, axis=-1))
+    return jnp.sum(query_probability * (x.loss + 0.5 * (logit_curvature + attention_curvature)))
+
+
+def _control_variate_core(model: OneLayerTransformer, params: Params, P: jax.Array, query_probability: jax.Array,
+                          mean: jax.Array, covariance: jax.Array, contexts: jax.Array) -> jax.Array:
+    """The second-order loss plus the mean over sampled windows of what it leaves out: for window n (query q, type
+    frequencies x), ℓ_q(x) minus its second-order Taylor polynomial T_q(x) around μ_q. E[T_q(x) | q] is exactly
+    the second-order loss's term for q, so the sum is an unbiased estimate of the finite-s loss whatever the
+    expansion's error; where the expansion holds only the small remainder is sampled. ℓ_q(x) takes the target's
+    law P[q] (a Markov chain's next token depends on the window only through q), not a sampled target.
+    μ_q · U = 0 and μ_q · ω = 1, so each window's Taylor terms are sums over its s tokens: O(N (s + d) m) for N
+    windows, besides the second-order loss's O(d³ m)."""
+    x = _query_expansion(model, params, P, mean)
+    s = contexts.shape[1]
+    query = contexts[:, -1]
+    logits = model.forward(params, contexts)
+    window_loss = jax.nn.logsumexp(logits, axis=-1) - jnp.sum(P[query] * logits, axis=-1)
+    omega = jnp.take_along_axis(x.weights[query], contexts, axis=1) / s  # ω_q[x_t] / s, (N, s)
+    e = jnp.take_along_axis(x.e[query], contexts, axis=1)
+    e_mean = jnp.sum(x.attention * x.e, axis=-1)[query]  # a · e
+    slope = jnp.sum(omega * (e - e_mean[:, None]), axis=1)  # ∇ℓ_q · δ
+    projected = jnp.einsum("nt,ntm->nm", omega, x.values[contexts]) - jnp.sum(omega, axis=1, keepdims=True) * x.mixed[query]
+    weight_step = jnp.sum(omega, axis=1) - 1.0  # ω · δ
+    quadratic = (jnp.einsum("nm,nmk,nk->n", projected, x.curvature[query], projected)
+                 + 2.0 * weight_step * (e_mean * weight_step - (jnp.sum(omega * e, axis=1) - e_mean)))
+    taylor = x.loss[query] + slope + 0.5 * quadratic
+    return _second_order_core(model, params, P, query_probability, mean, covariance) + jnp.mean(window_loss - taylor)
 
 
 # ---------------------------------------------------------------------------------
@@ -454,7 +503,7 @@ def check_loss_size(kind: str, d: int, s: int, model: Model, mc_samples: int = 0
                      f"loss.kind = 'finite' with s = {s}, d = {d} ({states:.3g} count states; building them takes "
                      f"about {operations:.2g} operations, {operations / 1e9:.2g} s at 1e9 per second)",
                      f"lower {settings['s']}, or use loss.kind = 'monte_carlo' or 'mean_field'")
-    elif kind == "finite_second_order":
+    elif kind in ("finite_second_order", "finite_control_variate"):
         check_memory(window_composition_bytes(d) + 8.0 * 8 * d * d * width,
                      f"loss.kind = 'finite_second_order' at d = {d} (the window composition's covariance, d³ entries)",
                      "use fewer tokens, or loss.kind = 'monte_carlo' or 'mean_field'")
@@ -494,12 +543,19 @@ def make_loss_function(
         P, log_counts, query, probability = _count_law_arrays(chain, context_count_law(chain, s))
         core = ModelLoss(_count_law_core, model)
         return Partial(core, P=P, log_counts=log_counts, query=query, probability=probability)
-    if kind == "finite_second_order":
+    if kind in ("finite_second_order", "finite_control_variate"):
         if not isinstance(model, OneLayerTransformer):
-            raise ValueError(f"loss.kind = 'finite_second_order' is written for the one-layer model, got {type(model).__name__}")
-        return second_order_loss(model, chain, window_composition(chain, int(s)))
+            raise ValueError(f"loss.kind = {kind!r} is written for the one-layer model, got {type(model).__name__}")
+        if kind == "finite_second_order":
+            return second_order_loss(model, chain, window_composition(chain, int(s)))
     if not isinstance(mc_samples, (int, np.integer)) or mc_samples < 2:
         raise ValueError(f"{settings['mc_samples']} must be an integer >= 2, got {mc_samples!r}")
+    if kind == "finite_control_variate":
+        composition = window_composition(chain, int(s))
+        return Partial(ModelLoss(_control_variate_core, model), P=jnp.asarray(chain.P),
+                       query_probability=jnp.asarray(composition.query_probability),
+                       mean=jnp.asarray(composition.mean), covariance=jnp.asarray(composition.covariance),
+                       contexts=jnp.asarray(chain.sample(mc_samples, s, mc_seed)))
     sequences = chain.sample(mc_samples, s + 1, mc_seed)
     core = ModelLoss(_sampled_loss_core, model)
     return Partial(core, contexts=jnp.asarray(sequences[:, :-1]), targets=jnp.asarray(sequences[:, -1]))
