@@ -79,7 +79,7 @@ def correction_check(chain, model, s: int, trajectory, times: np.ndarray, sample
     windows = jnp.asarray(chain.sample(samples, s + 1, seed=123))
     pi = jnp.asarray(chain.pi)
 
-    def per_window(params):
+    def per_window(params, windows):  # the windows an argument, not a constant XLA would fold at compile time
         logits = model.forward(params, windows[:, :-1])
         at_s = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, windows[:, -1:], -1)[:, 0]
         mean_field = model.mean_field_logits(params, pi)[windows[:, -2]]
@@ -88,14 +88,15 @@ def correction_check(chain, model, s: int, trajectory, times: np.ndarray, sample
 
     correction = jax.jit(lambda params: second(params) - limit(params))
     gradient = jax.jit(jax.grad(second))
-    along = jax.jit(lambda params, u: (jax.jvp(correction, (params,), (u,))[1], *jax.jvp(per_window, (params,), (u,))))
+    along = jax.jit(lambda params, u, windows: (jax.jvp(correction, (params,), (u,))[1],
+                                                *jax.jvp(lambda p: per_window(p, windows), (params,), (u,))))
     rows = []
     for t in times:
         params = trajectory.at(int(np.argmin(np.abs(trajectory.t - t))))
         g = gradient(params)
         norm = np.sqrt(sum(float(jnp.sum(value**2)) for value in g.values()))
         u = {name: -value / norm for name, value in g.items()}
-        slope, sampled, sampled_slope = along(params, u)
+        slope, sampled, sampled_slope = along(params, u, windows)
         sampled, sampled_slope = np.asarray(sampled), np.asarray(sampled_slope)
         rows.append({"t": float(t), "second_order": float(correction(params)), "sampled": float(sampled.mean()),
                      "stderr": float(sampled.std(ddof=1) / np.sqrt(samples)), "slope": float(slope),
@@ -161,7 +162,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if arguments.out is not None:
-        write_section(arguments.out, f"finite-context-{name}",
+        write_section(arguments.out, f"finite-context-{name}", f"## The finite-context flow ({name})\n\n"
                       f"`python benchmarks/finite_context_flow.py --corpus {arguments.corpus}`\n\n{text}")
 
 
