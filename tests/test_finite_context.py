@@ -162,3 +162,22 @@ def test_the_control_variate_loss_is_unbiased_and_samples_only_the_remainder():
     stderr = np.std(by_control_variate, ddof=1) / np.sqrt(40)
     assert abs(np.mean(by_control_variate) - exact) < 4 * stderr
     assert np.std(by_control_variate) < np.std(plain) / 3
+
+
+def test_the_control_variate_loss_has_its_exact_gradient_and_the_second_order_losss_hessian():
+    """The sampled remainder enters the gradient exactly (central differences) and the Hessian not at all, so the
+    implicit methods' Newton matrix costs what the second-order loss's does."""
+    from jax.flatten_util import ravel_pytree
+
+    chain = random_chain(4, seed=9)
+    model = OneLayerTransformer(d=4, m=3, k=3)
+    flat, unravel = ravel_pytree(random_params(model, 1.5, seed=3))
+    control_variate = lambda theta: flowsim.make_loss_function(  # noqa: E731
+        model, chain, "finite_control_variate", 8, mc_samples=500)(unravel(theta))
+    second_order = lambda theta: population_loss_finite_second_order(unravel(theta), chain, 8, model)  # noqa: E731
+    direction = np.random.default_rng(0).standard_normal(flat.shape)
+    h = 1e-6
+    by_differences = (control_variate(flat + h * direction) - control_variate(flat - h * direction)) / (2 * h)
+    assert float(jax.grad(control_variate)(flat) @ direction) == pytest.approx(float(by_differences), rel=1e-7)
+    assert abs(float(control_variate(flat) - second_order(flat))) > 1e-4  # the remainder is there
+    np.testing.assert_allclose(jax.hessian(control_variate)(flat), jax.hessian(second_order)(flat), atol=1e-12)

@@ -202,15 +202,12 @@ def _second_order_core(model: OneLayerTransformer, params: Params, P: jax.Array,
     return jnp.sum(query_probability * (x.loss + 0.5 * (logit_curvature + attention_curvature)))
 
 
-def _control_variate_core(model: OneLayerTransformer, params: Params, P: jax.Array, query_probability: jax.Array,
-                          mean: jax.Array, covariance: jax.Array, contexts: jax.Array) -> jax.Array:
-    """The second-order loss plus the mean over sampled windows of what it leaves out: for window n (query q, type
-    frequencies x), ℓ_q(x) minus its second-order Taylor polynomial T_q(x) around μ_q. E[T_q(x) | q] is exactly
-    the second-order loss's term for q, so the sum is an unbiased estimate of the finite-s loss whatever the
-    expansion's error; where the expansion holds only the small remainder is sampled. ℓ_q(x) takes the target's
-    law P[q] (a Markov chain's next token depends on the window only through q), not a sampled target.
-    μ_q · U = 0 and μ_q · ω = 1, so each window's Taylor terms are sums over its s tokens: O(N (s + d) m) for N
-    windows, besides the second-order loss's O(d³ m)."""
+def _sampled_remainder(model: OneLayerTransformer, params: Params, P: jax.Array, mean: jax.Array,
+                       contexts: jax.Array) -> jax.Array:
+    """The mean over sampled windows of what the second-order loss leaves out: for window n (query q, type
+    frequencies x), ℓ_q(x) minus its second-order Taylor polynomial T_q(x) around μ_q (``QueryExpansion``). ℓ_q(x)
+    takes the target's law P[q] (a Markov chain's next token depends on the window only through q), not a sampled
+    target. μ_q · U = 0 and μ_q · ω = 1, so each window's Taylor terms are sums over its s tokens: O(N (s + d) m)."""
     x = _query_expansion(model, params, P, mean)
     s = contexts.shape[1]
     query = contexts[:, -1]
@@ -224,8 +221,34 @@ def _control_variate_core(model: OneLayerTransformer, params: Params, P: jax.Arr
     weight_step = jnp.sum(omega, axis=1) - 1.0  # ω · δ
     quadratic = (jnp.einsum("nm,nmk,nk->n", projected, x.curvature[query], projected)
                  + 2.0 * weight_step * (e_mean * weight_step - (jnp.sum(omega * e, axis=1) - e_mean)))
-    taylor = x.loss[query] + slope + 0.5 * quadratic
-    return _second_order_core(model, params, P, query_probability, mean, covariance) + jnp.mean(window_loss - taylor)
+    return jnp.mean(window_loss - x.loss[query] - slope - 0.5 * quadratic)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _remainder_without_curvature(model: OneLayerTransformer, params: Params, P: jax.Array, mean: jax.Array,
+                                 contexts: jax.Array) -> jax.Array:
+    """``_sampled_remainder`` with its exact value and gradient and no second derivative: the gradient flow's
+    Jacobian (the loss's Hessian) then runs through the second-order loss alone, O(d³ m) a product, not through
+    every sampled window; the implicit methods' Newton matrix is that much cheaper and only approximate."""
+    return _sampled_remainder(model, params, P, mean, contexts)
+
+
+@_remainder_without_curvature.defjvp
+def _remainder_without_curvature_jvp(model, primals, tangents):
+    params, P, mean, contexts = primals
+    value, gradient = jax.value_and_grad(_sampled_remainder, argnums=1)(model, params, P, mean, contexts)
+    gradient = jax.lax.stop_gradient(gradient)
+    return value, sum(jnp.vdot(gradient[name], tangents[0][name]) for name in gradient)
+
+
+def _control_variate_core(model: OneLayerTransformer, params: Params, P: jax.Array, query_probability: jax.Array,
+                          mean: jax.Array, covariance: jax.Array, contexts: jax.Array) -> jax.Array:
+    """The second-order loss plus ``_sampled_remainder`` on the windows ``contexts``. E[T_q(x) | q] is exactly the
+    second-order loss's term for q, so the sum is an unbiased estimate of the finite-s loss whatever the
+    expansion's error; where the expansion holds only the small remainder is sampled. Its Hessian is the
+    second-order loss's (``_remainder_without_curvature``)."""
+    return (_second_order_core(model, params, P, query_probability, mean, covariance)
+            + _remainder_without_curvature(model, params, P, mean, contexts))
 
 
 # ---------------------------------------------------------------------------------
