@@ -1,7 +1,7 @@
 """The flow of the loss at the run's context length s beside today's mean-field flow and SGD, on a text example.
 
     python benchmarks/finite_context_flow.py --corpus bridge/tinystories-d64.toml [--folder runs/cycle-tinystories-d64]
-                                             [--samples 100000] [--out benchmarks/RESULTS.md]
+                                             [--samples 100000] [--control-variate 4096] [--out benchmarks/RESULTS.md]
 
 Reads the example's seed-0 SGD run (FOLDER/sgd, made by `python benchmarks/text_cycle.py --corpus CONFIG`) and
 integrates, from its own θ(0) and on its checkpoint times, the surrogate chain's flow under three losses:
@@ -10,7 +10,9 @@ integrates, from its own θ(0) and on its checkpoint times, the surrogate chain'
 * the finite-s loss to second order in the window's composition (``loss.kind = "finite_second_order"``: the
   composition's exact mean and covariance given the query, from P at the run's s);
 * the same with each covariance C_q replaced by that of independent tokens drawn from the window's mean composition
-  (``independent_tokens``): the ablation that says whether the Markov correlations between positions matter.
+  (``independent_tokens``): the ablation that says whether the Markov correlations between positions matter;
+* with ``--control-variate N``, the unbiased finite-s loss (``"finite_control_variate"``: the second-order loss plus
+  its remainder on N sampled windows, seed 0), whose flow costs minutes more.
 
 Each is read as the run is (the run's probe set, the causal detectors). A second table checks the second-order
 loss where the flow goes: at ten times fixed in advance (log-spaced from the condensation scale to the horizon), the
@@ -44,7 +46,7 @@ def independent_tokens(composition):
     return dataclasses.replace(composition, covariance=covariance)
 
 
-def flow_events(config, data, chain, model, run: Path, kind: str) -> tuple[dict, float, object]:
+def flow_events(config, data, chain, model, run: Path, kind: str, samples: int = 0) -> tuple[dict, float, object]:
     """The surrogate's flow under ``kind`` from the run's θ(0) on its checkpoint times: its events read on the probe
     set, its solve seconds, its trajectory."""
     from flowsim.bridge.compare import measured_like_the_run
@@ -60,7 +62,7 @@ def flow_events(config, data, chain, model, run: Path, kind: str) -> tuple[dict,
     if kind == "independent_tokens":
         loss = second_order_loss(model, chain, independent_tokens(window_composition(chain, config.data.s)))
     else:
-        loss = make_loss_function(model, chain, kind, config.data.s)
+        loss = make_loss_function(model, chain, kind, config.data.s, mc_samples=max(samples, 2))
     started = time.perf_counter()
     result = solve_flow(GradientFlow(loss, params0), params0, Observables.load(run).t, method="auto",
                         rtol=config.compare.rtol, atol=config.compare.atol)
@@ -117,8 +119,11 @@ def main() -> None:
     parser.add_argument("--corpus", required=True, help="a bridge config (the d = 64 examples)")
     parser.add_argument("--folder", type=Path, default=None, help="the text_cycle.py folder (default runs/cycle-NAME)")
     parser.add_argument("--samples", type=int, default=100_000, help="windows for the check of the second-order loss")
+    parser.add_argument("--control-variate", type=int, default=0, metavar="N",
+                        help="also the control-variate loss's flow on N sampled windows (0: not run)")
     parser.add_argument("--out", type=Path, default=None, help="a markdown file to write the tables into (its section)")
     arguments = parser.parse_args()
+    losses = LOSSES + (("finite_control_variate",) if arguments.control_variate else ())
     name = Path(arguments.corpus).stem
     run = (arguments.folder or Path("runs") / f"cycle-{name}") / "sgd"
     if not (run / "trajectory.npz").is_file():
@@ -131,23 +136,25 @@ def main() -> None:
     names = [str(name) for name in measured.constants["type_names"]]
     sgd = detect_stages(measured).events()
     flows, seconds, trajectories = {}, {}, {}
-    for kind in LOSSES:
+    for kind in losses:
         print(f"{name}: the {kind} flow", flush=True)
-        flows[kind], seconds[kind], trajectories[kind] = flow_events(config, data, chain, model, run, kind)
+        flows[kind], seconds[kind], trajectories[kind] = flow_events(config, data, chain, model, run, kind,
+                                                                     arguments.control_variate)
 
     show = lambda value: "–" if value is None else f"{value:.4g}"  # noqa: E731
     error = lambda value, reference: ("–" if value is None or reference is None  # noqa: E731
                                       else f"{100 * (value - reference) / reference:+.0f}%")
-    events = sorted(set(sgd) | {event for kind in LOSSES for event in flows[kind]},
-                    key=lambda event: min([sgd.get(event, np.inf)] + [flows[kind].get(event, np.inf) for kind in LOSSES]))
+    events = sorted(set(sgd) | {event for kind in losses for event in flows[kind]},
+                    key=lambda event: min([sgd.get(event, np.inf)] + [flows[kind].get(event, np.inf) for kind in losses]))
     lines = [f"{config.data.kind}, d = {config.data.vocab_size + 1}, s = {config.data.s}, SGD seed {config.data.seed} "
              f"at lr {config.optim.lr:g} to t = {config.optim.lr * config.optim.steps:g}; every flow from the run's θ(0), "
-             "read on its probe set; solve seconds " + ", ".join(f"{kind} {seconds[kind]:.0f}" for kind in LOSSES), "",
-             "| event | token | SGD | mean-field flow | vs SGD | second-order flow | vs SGD | independent tokens | vs SGD |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "read on its probe set; solve seconds " + ", ".join(f"{kind} {seconds[kind]:.0f}" for kind in losses), "",
+             "| event | token | SGD | mean-field flow | vs SGD | second-order flow | vs SGD | independent tokens | vs SGD |"
+             + (f" control variate, N = {arguments.control_variate} | vs SGD |" if arguments.control_variate else ""),
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if arguments.control_variate else "")]
     for event in events:
         token = names[event[1]] if event[1] is not None else "-"
-        cells = [f"{show(flows[kind].get(event))} | {error(flows[kind].get(event), sgd.get(event))}" for kind in LOSSES]
+        cells = [f"{show(flows[kind].get(event))} | {error(flows[kind].get(event), sgd.get(event))}" for kind in losses]
         lines.append(f"| {event_label(event)} | {token} | {show(sgd.get(event))} | " + " | ".join(cells) + " |")
 
     horizon = config.optim.lr * config.optim.steps
@@ -162,8 +169,9 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if arguments.out is not None:
-        write_section(arguments.out, f"finite-context-{name}", f"## The finite-context flow ({name})\n\n"
-                      f"`python benchmarks/finite_context_flow.py --corpus {arguments.corpus}`\n\n{text}")
+        command = f"python benchmarks/finite_context_flow.py --corpus {arguments.corpus}" + (
+            f" --control-variate {arguments.control_variate}" if arguments.control_variate else "")
+        write_section(arguments.out, f"finite-context-{name}", f"## The finite-context flow ({name})\n\n`{command}`\n\n{text}")
 
 
 if __name__ == "__main__":
