@@ -455,7 +455,8 @@ def table(rows: list[Row], measured: bool = True) -> str:
         note = row.note if measured or row.note not in (NOT_MEASURED, NOT_PREDICTED) else ""
         lines.append(line + (f"  {note}" if note else ""))
     lines.append("formula: closed forms in the chain's constants, no flow integrated (theory.formulas; '-': no formula "
-                 "for that event yet); reduced: read on the rank-r flows from θ(0) (theory.cycles)")
+                 "for that event yet); reduced: read on the rank-r flows from θ(0) (theory.cycles); both tiers derive "
+                 "from the mean-field (s -> infinity) loss")
     if measured:
         lines.append("grid: the run's save-time spacing at the measured time (relative): a detector's time moves by up to "
                      "about that much with the save grid; every row but σ2, σ3, ... is read on these save times, as the run is")

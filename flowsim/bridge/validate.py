@@ -188,8 +188,9 @@ def validation_table(payload: dict) -> str:
              "second column and SGD read the run's probe set (its queries' windows, types folded), as `flowsim bridge "
              "compare` does.", "",
              "The theory has two tiers: the formula (closed forms, no flow integrated; condensation, the first "
-             "focus and σ1's restart up to d = 64) and the reduced flows (`theory`)." + (f" {payload['formula_failure']}." if payload.get("formula_failure")
-                                                            else ""), "",
+             "focus and σ1's restart up to d = 64) and the reduced flows (`theory`), both derived from the mean-field "
+             "(s → ∞) loss." + (f" {payload['formula_failure']}." if payload.get("formula_failure") else ""), "",
+             f"The ODE's loss: the {payload['ode'].get('ode', 'surrogate chain')}.", "",
              "| event | token | formula | theory | ODE (vocabulary) | ODE (probe set) | SGD | formula vs ODE | theory vs ODE "
              "| theory vs SGD | ODE vs SGD | note |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
