@@ -398,6 +398,8 @@ def test_bridge_validate_puts_theory_ode_and_sgd_side_by_side_and_reuses_every_p
     import flowsim.bridge.compare
     import flowsim.runs.predictions
     from flowsim.cli import app
+    from flowsim.observe.observables import Observables
+    from flowsim.observe.stages import detect_stages
 
     out = tmp_path / "validate"
     arguments = ["bridge", "validate", "tinystories", "--out", str(out), "--quiet", "--set", f"data.data_dir='{DATA_DIR}'",
@@ -417,6 +419,12 @@ def test_bridge_validate_puts_theory_ode_and_sgd_side_by_side_and_reuses_every_p
     # σ0(W0) reads the same on the whole vocabulary and on the probe set: the ODE's two readings agree there
     assert condensation["ode_full_vocabulary"] == pytest.approx(condensation["ode"], rel=1e-6), condensation
     assert condensation["theory_vs_ode"] < 0.10, condensation
+    # the flow of the loss at the run's s beside it, cached like the first ODE and read like it
+    finite = Observables.load(out / "sgd" / "ode-finite_second_order")
+    finite_events = detect_stages(finite).events()
+    for row in payload["rows"]:
+        assert row["ode_finite_s"] == finite_events.get((row["stage"], row["query"], row["direction"], row["occurrence"]))
+    assert finite["loss"][-1] != pytest.approx(Observables.load(out / "sgd" / "ode")["loss"][-1], rel=1e-3)  # another loss
     assert condensation["theory_vs_sgd"] == pytest.approx(abs(condensation["theory"] - condensation["sgd"]) / condensation["sgd"])
     # the formula tier's column: condensation by the closed form, its error against the ODE on the vocabulary
     assert condensation["formula"] is not None and condensation["formula_vs_ode"] == pytest.approx(
@@ -426,6 +434,7 @@ def test_bridge_validate_puts_theory_ode_and_sgd_side_by_side_and_reuses_every_p
     assert all(np.isfinite(value) and value > 0 for value in payload["seconds"].values())
     table = (out / "validate.md").read_text()
     assert "| event | token | formula | theory |" in table and f"| condensation - #1 | - | {condensation['formula']:.4g} |" in table
+    assert "| ODE at s | SGD |" in table and "derived from the mean-field (s → ∞) loss" in table
     assert (out / "sgd" / "overlay.png").is_file()
     with monkeypatch.context() as patched:  # the run, the ODE and the theory are all reused
         patched.setattr(flowsim.bridge.compare, "solve_flow", lambda *a, **k: pytest.fail("the ODE was integrated again"))

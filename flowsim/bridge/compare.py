@@ -6,8 +6,8 @@
   are read by identical code.
 * Text: a Markov surrogate, the bigram chain of the training split over the run's whole
   vocabulary (``surrogate.text_surrogate``: d = vocab_size + 1, by default interpolated with the
-  unigram law so that its π is the corpus's token frequencies), with the mean-field loss (or, with
-  ``compare.surrogate_loss = "sampled"``, its loss at the run's s on sampled sequences),
+  unigram law so that its π is the corpus's token frequencies), with the mean-field loss (or, by
+  ``compare.surrogate_loss``, its loss at the run's s: to second order, with a sampled remainder, or sampled),
   from the run's own initial parameters and measured with the run's probe set as well;
   folding into tracked types and "other" is only how both sides are displayed.
 
@@ -143,17 +143,22 @@ def measured_like_the_run(model, trajectory: Trajectory, data: DataSource) -> Ob
     return stack_observables(trajectory.t, rows, probe.pi, family_of(model).kind)
 
 
-def ode_beside(run_dir: Path, progress: bool = False) -> tuple[Observables, dict]:
+def ode_beside(run_dir: Path, progress: bool = False, surrogate_loss: str | None = None) -> tuple[Observables, dict]:
     """``ode_observables`` on the run's checkpoint times, cached in RUN/ode/ (observables.npz
-    and ode.json); recomputed when the run's start, checkpoints, [compare] settings or the stage detectors changed."""
+    and ode.json); recomputed when the run's start, checkpoints, [compare] settings or the stage detectors changed.
+    ``surrogate_loss`` (text runs) puts the flow of another of the surrogate's losses beside the run instead of
+    ``compare.surrogate_loss``'s, cached in RUN/ode-LOSS/."""
     run_dir = Path(run_dir)
     config = load_bridge_config(run_dir / CONFIG_FILE)
+    own = surrogate_loss is None or surrogate_loss == config.compare.surrogate_loss
+    if not own:
+        config = config.model_copy(update={"compare": config.compare.model_copy(update={"surrogate_loss": surrogate_loss})})
     t = Observables.load(run_dir).t
     key = {"compare": config.compare.model_dump(), "t_digest": hashlib.sha256(np.asarray(t, float).tobytes()).hexdigest(),
            "trajectory_sha256": file_digest(run_dir / TRAJECTORY_FILE),  # the start the ODE integrates from
            "readings": ["probe set", "full vocabulary"],  # what the ODE's description holds (older caches: the first)
            "detectors": file_digest(Path(stages.__file__))}  # the full-vocabulary events are the detectors' reading
-    ode_dir = run_dir / ODE_DIR
+    ode_dir = run_dir / (ODE_DIR if own else f"{ODE_DIR}-{surrogate_loss}")
     if (ode_dir / ODE_JSON).is_file() and (ode_dir / OBSERVABLES_NPZ).is_file():
         try:
             cached = read_json(ode_dir / ODE_JSON)

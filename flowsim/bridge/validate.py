@@ -4,7 +4,9 @@ Three routes to the same stage events, all from the SGD run's own initial parame
 
 * **SGD**: the bridge run of the corpus's shipped one-layer example (``bridge/CORPUS-onelayer.toml``:
   d = 1001, lr and steps in the flow regime), labelled by flowsim's detectors;
-* **ODE**: the exact mean-field gradient flow of the corpus's bigram surrogate (``flowsim bridge compare``);
+* **ODE**: the exact mean-field gradient flow of the corpus's bigram surrogate (``flowsim bridge compare``), and,
+  where its d³ covariance fits the memory budget, the flow of the same chain's loss at the run's s to second order
+  in the window's composition ("ODE at s", ``loss.kind = "finite_second_order"``);
 * **theory**: ``predict_run`` on the same surrogate, model and start (Stages I-IV), cut at the run's
   horizon t = lr × steps, with no integration of the full flow.
 
@@ -32,20 +34,24 @@ from typing import Callable
 
 import numpy as np
 
-from flowsim.bridge.compare import compare_bridge_run, relative_error
+from flowsim.bridge.compare import compare_bridge_run, ode_beside, relative_error
 from flowsim.bridge.config import BridgeConfig, load_bridge_config
 from flowsim.bridge.surrogate import text_surrogate
 from flowsim.bridge.train import DataSource, build_data, train
 from flowsim.config import ConfigError, RunConfig, find_config
+from flowsim.common.budget import BudgetError
 from flowsim.common.io import write_atomic_json, write_atomic_npz, write_atomic_text
+from flowsim.model.losses import check_loss_size
+from flowsim.model.models import model_from_config
 from flowsim.observe.observables import Observables
 from flowsim.runs.rundir import TRAJECTORY_FILE
-from flowsim.observe.stages import event_label
+from flowsim.observe.stages import detect_stages, event_label
 from flowsim.solve.trajectory import Trajectory
 
 VALIDATE_JSON = "validate.json"
 VALIDATE_MD = "validate.md"
-SIDES = ("theory", "ode_full_vocabulary", "ode", "sgd")
+SIDES = ("theory", "ode_full_vocabulary", "ode", "ode_finite_s", "sgd")
+FINITE_S_LOSS = "finite_second_order"  # the finite-context flow put beside the mean-field one where its d³ fits
 
 
 def example_config(corpus: str, short: bool = False) -> Path:
@@ -137,6 +143,18 @@ def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool 
     seconds["ode"] = time.perf_counter() - started
     keyed = {(row.stage, row.query, row.direction, row.occurrence): row for row in compared}
     data = build_data(config)
+    finite_s, finite_s_note = {}, ""
+    if config.compare.surrogate_loss == "mean_field":  # the flow of the loss at the run's s beside it, where it fits
+        model = model_from_config(config.model, config.data.vocab_size)
+        try:
+            check_loss_size(FINITE_S_LOSS, config.data.vocab_size + 1, config.data.s, model)
+        except BudgetError as error:
+            finite_s_note = f"no finite-s flow: {error}"
+        else:
+            started = time.perf_counter()
+            progress(f"ODE: the surrogate's flow of its loss at s = {config.data.s} ({FINITE_S_LOSS})")
+            finite_s = detect_stages(ode_beside(out / "sgd", bars, surrogate_loss=FINITE_S_LOSS)[0]).events()
+            seconds["ode_finite_s"] = time.perf_counter() - started
     full_vocabulary = {key: event["t"] for event in description.get("full_vocabulary_events", [])
                        if (key := folded_key(data, event["stage"], event["query"], event["direction"])) is not None}
     names = [str(name) for name in Observables.load(out / "sgd").constants["type_names"]]
@@ -155,23 +173,24 @@ def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool 
         by_theory, notes, constants = theory_events(run_config, data, progress)
         seconds["theory"] = time.perf_counter() - started
     rows = []
-    for key in set(keyed) | set(by_theory) | set(notes) | set(full_vocabulary) | set(by_formula):
+    for key in set(keyed) | set(by_theory) | set(notes) | set(full_vocabulary) | set(by_formula) | set(finite_s):
         stage, query, direction, occurrence = key
         ode, sgd = (keyed[key].predicted, keyed[key].measured) if key in keyed else (None, None)
         times = {"formula": by_formula.get(key), "theory": by_theory.get(key),
-                 "ode_full_vocabulary": full_vocabulary.get(key), "ode": ode, "sgd": sgd}
+                 "ode_full_vocabulary": full_vocabulary.get(key), "ode": ode, "ode_finite_s": finite_s.get(key), "sgd": sgd}
         rows.append({"stage": stage, "query": query, "direction": direction, "occurrence": occurrence,
                      "token": names[query] if query is not None else "-", **times,
                      "formula_vs_ode": relative_error(times["formula"], times["ode_full_vocabulary"]),
                      "theory_vs_ode": relative_error(times["theory"], times["ode_full_vocabulary"]),
                      "theory_vs_sgd": relative_error(times["theory"], sgd), "ode_vs_sgd": relative_error(ode, sgd),
+                     "ode_finite_s_vs_sgd": relative_error(times["ode_finite_s"], sgd),
                      "note": notes.get(key, "")})
     first = lambda row: min([row[side] for side in SIDES if row[side] is not None], default=np.inf)  # noqa: E731
     rows.sort(key=lambda row: (first(row), str((row["stage"], row["query"], row["direction"], row["occurrence"]))))
     payload = {"corpus": config.data.kind, "d": config.data.vocab_size + 1, "lr": config.optim.lr,
                "steps": config.optim.steps, "t_end": config.optim.lr * config.optim.steps, "init_eps": config.model.init_eps,
                "surrogate": description.get("estimator"), "ode": description, "theory_constants": constants,
-               "formula_failure": formula_failure,
+               "formula_failure": formula_failure, "finite_s_note": finite_s_note,
                "seconds": seconds, "rows": rows}
     write_atomic_json(out / VALIDATE_JSON, payload)
     write_atomic_text(out / VALIDATE_MD, validation_table(payload))
@@ -190,14 +209,17 @@ def validation_table(payload: dict) -> str:
              "The theory has two tiers: the formula (closed forms, no flow integrated; condensation, the first "
              "focus and σ1's restart up to d = 64) and the reduced flows (`theory`), both derived from the mean-field "
              "(s → ∞) loss." + (f" {payload['formula_failure']}." if payload.get("formula_failure") else ""), "",
-             f"The ODE's loss: the {payload['ode'].get('ode', 'surrogate chain')}.", "",
-             "| event | token | formula | theory | ODE (vocabulary) | ODE (probe set) | SGD | formula vs ODE | theory vs ODE "
-             "| theory vs SGD | ODE vs SGD | note |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             f"The ODE's loss: the {payload['ode'].get('ode', 'surrogate chain')}. ODE at s: the same chain's loss at "
+             f"the run's s to second order in the window's composition (loss.kind = '{FINITE_S_LOSS}'), read on the "
+             "probe set." + (f" {payload['finite_s_note']}." if payload.get("finite_s_note") else ""), "",
+             "| event | token | formula | theory | ODE (vocabulary) | ODE (probe set) | ODE at s | SGD | formula vs ODE "
+             "| theory vs ODE | theory vs SGD | ODE vs SGD | ODE at s vs SGD | note |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for row in payload["rows"]:
         event = event_label((row["stage"], row["query"], row["direction"], row["occurrence"]))
         lines.append(f"| {event} | {row['token']} | {show(row.get('formula'))} | {show(row['theory'])} "
-                     f"| {show(row.get('ode_full_vocabulary'))} | {show(row['ode'])} | {show(row['sgd'])} "
-                     f"| {percent(row.get('formula_vs_ode'))} | {percent(row['theory_vs_ode'])} "
-                     f"| {percent(row['theory_vs_sgd'])} | {percent(row['ode_vs_sgd'])} | {row['note']} |")
+                     f"| {show(row.get('ode_full_vocabulary'))} | {show(row['ode'])} | {show(row.get('ode_finite_s'))} "
+                     f"| {show(row['sgd'])} | {percent(row.get('formula_vs_ode'))} | {percent(row['theory_vs_ode'])} "
+                     f"| {percent(row['theory_vs_sgd'])} | {percent(row['ode_vs_sgd'])} "
+                     f"| {percent(row.get('ode_finite_s_vs_sgd'))} | {row['note']} |")
     return "\n".join(lines) + "\n"
