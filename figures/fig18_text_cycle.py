@@ -126,6 +126,6 @@ CAPTION = ("The cycle on real text (one-layer model at the real vocabulary, SGD 
            "second and third singular directions open (restarts, bottom). Markers: SGD; lines: the exact "
            "mean-field flow of the corpus's bigram surrogate from the run's own initial parameters, read on the "
            "run's probe set; ticks: the theory's onsets. TinyStories (t = 3000) goes through a whole cycle on both sides. "
-           "On WikiText-2 (t = 3000) SGD opens σ1 and σ2 (its frequent words, not drawn, focus after σ1 opens) and the "
+           "On WikiText-2 (t = 3000) SGD opens σ1 and σ2 (its frequent words, not drawn, focus as σ1 opens) and the "
            "tracked words' attention spreads, while the surrogate's flow only condenses (its σ1 stalls): no whole "
            "cycle there.")
