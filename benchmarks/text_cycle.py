@@ -61,6 +61,7 @@ def cycle_rows(full: dict, half: dict, quarter: dict | None = None) -> list[dict
                      "shift_half": shift_half, "flow_regime_sgd": reference, "regime_reached": bool(reached),
                      "ode_vs_flow_regime_sgd": relative(ode, reference),
                      "theory": full_row["theory"] if full_row else None,
+                     "ode_finite_s": full_row.get("ode_finite_s") if full_row else None,
                      "formula": full_row.get("formula") if full_row else None,
                      "theory_vs_ode": relative(full_row["theory"], full_row["ode_full_vocabulary"]) if full_row else None})
     return rows
@@ -74,17 +75,23 @@ def table(rows: list[dict], full: dict) -> str:
     quarter = any(row.get("sgd_quarter") is not None for row in rows)
     rates = f"{full['lr']:g}, {full['lr'] / 2:g}" + (f" and {full['lr'] / 4:g}" if quarter else "")
     extra_head, extra_rule = (" SGD lr/4 | lr/4 moved it (from lr/2) |", "---:|---:|") if quarter else ("", "")
+    finite = any(row.get("ode_finite_s") is not None for row in rows)
+    finite_head, finite_rule = (" ODE at s (probe set) | ODE at s vs flow-regime SGD |", "---:|---:|") if finite else ("", "")
     lines = [f"{full['corpus']}, d = {full['d']}, SGD lr = {rates} to t = {full['t_end']:g}; "
-             f"surrogate: {full['surrogate']}" + ("; * : no two successive lr within 5%, the smallest lr's time" if quarter else ""), "",
+             f"surrogate: {full['surrogate']}" + ("; * : no two successive lr within 5%, the smallest lr's time" if quarter else "")
+             + ("; ODE at s: the surrogate's loss at the run's s to second order" if finite else ""), "",
              f"| event | token | formula | theory | ODE (vocabulary) | ODE (probe set) | SGD lr | SGD lr/2 | lr/2 moved it |{extra_head} "
-             "ODE vs flow-regime SGD | theory vs ODE |", f"|---|---|---:|---:|---:|---:|---:|---:|---:|{extra_rule}---:|---:|"]
+             f"ODE vs flow-regime SGD | theory vs ODE |{finite_head}",
+             f"|---|---|---:|---:|---:|---:|---:|---:|---:|{extra_rule}---:|---:|{finite_rule}"]
     for row in rows:
         extra = f" {show(row['sgd_quarter'])} | {percent(row['shift_half'])} |" if quarter else ""
         flag = "*" if quarter and not row["regime_reached"] and row["ode_vs_flow_regime_sgd"] is not None else ""
         lines.append(f"| {event_label(key(row))} | {row['token']} | {show(row.get('formula'))} | {show(row['theory'])} "
                      f"| {show(row['ode_full_vocabulary'])} | {show(row['ode'])} | {show(row['sgd'])} "
                      f"| {show(row['sgd_half'])} | {percent(row['shift'])} |{extra} {percent(row['ode_vs_flow_regime_sgd'])}{flag} "
-                     f"| {percent(row['theory_vs_ode'])} |")
+                     f"| {percent(row['theory_vs_ode'])} |"
+                     + (f" {show(row['ode_finite_s'])} | {percent(relative(row['ode_finite_s'], row['flow_regime_sgd']))} |"
+                        if finite else ""))
     return "\n".join(lines)
 
 
@@ -150,11 +157,11 @@ def main() -> None:
     config = load_bridge_config(example_config(arguments.corpus))
     report = lambda message: print(f"{name}: {message}", flush=True)  # noqa: E731
     full = validate(arguments.corpus, folder, theory=not arguments.no_theory, progress=report)
-    half = validate(arguments.corpus, Path(f"{folder}-half"), theory=False, progress=report,
+    half = validate(arguments.corpus, Path(f"{folder}-half"), theory=False, finite_s=False, progress=report,
                     overrides=[f"optim.lr={config.optim.lr / 2}", f"optim.steps={2 * config.optim.steps}"])
     quarter = None
     if arguments.quarter:
-        quarter = validate(arguments.corpus, Path(f"{folder}-quarter"), theory=False, progress=report,
+        quarter = validate(arguments.corpus, Path(f"{folder}-quarter"), theory=False, finite_s=False, progress=report,
                            overrides=[f"optim.lr={config.optim.lr / 4}", f"optim.steps={4 * config.optim.steps}"])
     text = table(cycle_rows(full, half, quarter), full)
     try:
@@ -163,7 +170,7 @@ def main() -> None:
         parser.error(f"--seeds must be comma-separated integers, got {arguments.seeds!r}")
     if seeds:
         payloads = {0: full, **{seed: validate(arguments.corpus, Path(f"{folder}-seed{seed}"), [f"data.seed={seed}"],
-                                                theory=False, progress=report) for seed in seeds}}
+                                                theory=False, finite_s=False, progress=report) for seed in seeds}}
         text += "\n\n" + seeds_table(payloads)
     print(text)
     print("seconds:", {"lr": full["seconds"], "lr/2": half["seconds"], **({"lr/4": quarter["seconds"]} if quarter else {})})

@@ -61,3 +61,17 @@ def test_the_first_cycle_is_a_focus_then_a_later_dilution_then_a_later_restart()
     assert cycle_horizon.first_cycle(intervals) == (100.0, 300.0, 4000.0)  # the restarts before the dilution do not count
     assert cycle_horizon.first_cycle(intervals[:4]) is None
     assert cycle_horizon.proposed_horizon((100.0, 300.0, 4000.0), lr=0.025) == 5200.0  # 1.3 x 4000, a multiple of 2.5
+
+
+def test_the_flow_at_s_gets_its_own_columns_where_validate_read_it():
+    """A full run whose rows carry the flow at the run's s (``ode_finite_s``) adds its time and its error against the
+    flow-regime SGD time; without it the table keeps its columns."""
+    finite_row = {**row("focus", 1, 100.0, ode=400.0), "ode_finite_s": 98.0}
+    full, half = {"rows": [finite_row]}, {"rows": [row("focus", 1, 102.0)]}
+    rows = text_cycle.cycle_rows(full, half)
+    text = text_cycle.table(rows, {"corpus": "c", "d": 5, "lr": 0.5, "t_end": 10, "surrogate": "s"})
+    assert "| ODE at s (probe set) | ODE at s vs flow-regime SGD |" in text
+    assert text.splitlines()[-1].endswith("| 98 | 2.0% |")  # against lr's 100, in the flow regime
+    plain = text_cycle.table(text_cycle.cycle_rows({"rows": [row("focus", 1, 100.0)]}, half),
+                             {"corpus": "c", "d": 5, "lr": 0.5, "t_end": 10, "surrogate": "s"})
+    assert "ODE at s" not in plain

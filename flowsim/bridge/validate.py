@@ -122,9 +122,10 @@ def folded_key(data: DataSource, stage: str, query: int | None, direction: int |
 
 
 def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool = True, short: bool = False,
-             progress: Callable[[str], None] = lambda message: None, bars: bool = False) -> dict:
+             finite_s: bool = True, progress: Callable[[str], None] = lambda message: None, bars: bool = False) -> dict:
     """Train, integrate the surrogate's ODE, run the theory, and write validate.json and validate.md in ``out``
-    (``short``: the shipped example's first stages only, ``example_config``)."""
+    (``short``: the shipped example's first stages only, ``example_config``; ``finite_s``: also the flow of the
+    loss at the run's s where it fits)."""
     out = Path(out)
     config = load_bridge_config(example_config(corpus, short), list(overrides))
     if config.data.kind == "markov" or config.model.kind != "one_layer":
@@ -144,7 +145,7 @@ def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool 
     keyed = {(row.stage, row.query, row.direction, row.occurrence): row for row in compared}
     data = build_data(config)
     finite_s, finite_s_note = {}, ""
-    if config.compare.surrogate_loss == "mean_field":  # the flow of the loss at the run's s beside it, where it fits
+    if finite_s and config.compare.surrogate_loss == "mean_field":  # the loss at the run's s beside it, where it fits
         model = model_from_config(config.model, config.data.vocab_size)
         try:
             check_loss_size(FINITE_S_LOSS, config.data.vocab_size + 1, config.data.s, model)
