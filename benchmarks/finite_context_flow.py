@@ -38,12 +38,11 @@ CHECK_TIMES = 10
 
 def independent_tokens(composition):
     """The composition with each C_q replaced by that of a window whose other s - 1 tokens are drawn independently
-    from its mean composition given q: C_q = (s - 1)/s² (diag ν - ν νᵀ), ν = (s μ_q - e_q)/(s - 1). The means are
-    kept; the Markov correlations between positions are dropped."""
-    s, d = composition.s, composition.mean.shape[1]
-    others = (s * composition.mean - np.eye(d)) / max(s - 1, 1)
-    covariance = (s - 1) / s**2 * (np.einsum("qj,jk->qjk", others, np.eye(d)) - others[:, :, None] * others[:, None, :])
-    return dataclasses.replace(composition, covariance=covariance)
+    from its mean composition given q (``flowsim.model.windows.independent_covariance``). The means are kept; the
+    Markov correlations between positions are dropped."""
+    from flowsim.model.windows import independent_covariance
+
+    return dataclasses.replace(composition, covariance=independent_covariance(composition.mean, composition.s))
 
 
 def flow_events(config, data, chain, model, run: Path, kind: str, samples: int = 0) -> tuple[dict, float, object]:

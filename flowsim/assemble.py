@@ -139,7 +139,8 @@ def prepare(config: RunConfig) -> PreparedRun:
         if isinstance(chain, InductionTask):
             loss = make_task_loss(model, chain, config.loss.kind, config.loss.mc_samples, config.loss.mc_seed)
         else:
-            loss = make_loss_function(model, chain, config.loss.kind, config.loss.s, config.loss.mc_samples, config.loss.mc_seed)
+            loss = make_loss_function(model, chain, config.loss.kind, config.loss.s, config.loss.mc_samples, config.loss.mc_seed,
+                                      kept_types=config.loss.kept_types)
         flow = GradientFlow(loss, params0, rates, smoothing)
     except ValueError as error:
         raise ConfigError(str(error)) from None

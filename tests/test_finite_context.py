@@ -181,3 +181,46 @@ def test_the_control_variate_loss_has_its_exact_gradient_and_the_second_order_lo
     assert float(jax.grad(control_variate)(flat) @ direction) == pytest.approx(float(by_differences), rel=1e-7)
     assert abs(float(control_variate(flat) - second_order(flat))) > 1e-4  # the remainder is there
     np.testing.assert_allclose(jax.hessian(control_variate)(flat), jax.hessian(second_order)(flat), atol=1e-12)
+
+
+@pytest.mark.parametrize("start", ["stationary", "uniform"])
+def test_the_folded_covariance_is_exact_on_the_kept_types_and_independent_elsewhere(start):
+    """folded_window_composition keeps C_q exactly between the K most frequent types and, outside that block, the
+    covariance of independent tokens drawn from the window's mean composition; with K = d it is C_q."""
+    from flowsim.model.windows import folded_window_composition, independent_covariance
+
+    chain = MarkovChain(P=random_chain(6, seed=13).P, start=start)
+    full = window_composition(chain, 9)
+    np.testing.assert_allclose(folded_window_composition(chain, 9, 6).covariance(), full.covariance, atol=1e-15)
+    folded = folded_window_composition(chain, 9, 2)
+    assert list(folded.kept) == sorted(np.argsort(-chain.pi)[:2])
+    np.testing.assert_array_equal(folded.mean, full.mean)
+    covariance, block = folded.covariance(), np.ix_(np.arange(6), folded.kept, folded.kept)
+    np.testing.assert_allclose(covariance[block], full.covariance[block], atol=1e-15)
+    outside = independent_covariance(full.mean, 9)
+    outside[block] = covariance[block]
+    np.testing.assert_allclose(covariance, outside, atol=1e-15)
+    assert np.abs(covariance - full.covariance).max() > 1e-4
+
+
+def test_the_folded_loss_is_the_second_order_loss_with_the_folded_covariance():
+    """The folded route's products (diagonal plus rank one, and the kept block) give the loss and gradient of the
+    full route fed the folded covariance as a d³ array; kept_types = d is the exact loss."""
+    from flowsim.model.losses import folded_second_order_loss, second_order_loss
+    from flowsim.model.windows import WindowComposition, folded_window_composition
+
+    chain = random_chain(6, seed=14)
+    model = OneLayerTransformer(d=6, m=3, k=2, value_matrix=True, residual=True)
+    params = random_params(model, 1.2, seed=2)
+    folded = folded_window_composition(chain, 9, 3)
+    as_array = WindowComposition(9, folded.query_probability, folded.mean, folded.covariance())
+    by_fold, by_array = folded_second_order_loss(model, chain, folded), second_order_loss(model, chain, as_array)
+    assert float(by_fold(params)) == pytest.approx(float(by_array(params)), rel=1e-13)
+    fold_gradient, array_gradient = jax.grad(by_fold)(params), jax.grad(by_array)(params)
+    for name in params:
+        np.testing.assert_allclose(fold_gradient[name], array_gradient[name], atol=1e-12)
+    every_type = flowsim.make_loss_function(model, chain, "finite_second_order", s=9, kept_types=6)
+    assert float(every_type(params)) == pytest.approx(float(population_loss_finite_second_order(params, chain, 9, model)),
+                                                      rel=1e-14)
+    fewer = flowsim.make_loss_function(model, chain, "finite_second_order", s=9, kept_types=3)
+    assert float(fewer(params)) == pytest.approx(float(by_fold(params)), rel=1e-14)

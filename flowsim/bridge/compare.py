@@ -95,7 +95,9 @@ def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress
         chain, extra = text_surrogate(data.corpus, config.compare)
         loss_kind = {"sampled": "monte_carlo"}.get(config.compare.surrogate_loss, config.compare.surrogate_loss)
         law = {"monte_carlo": f"loss at s = {config.data.s} on {config.compare.samples} sampled sequences of",
-               "finite_second_order": f"loss at s = {config.data.s} to second order in the window's composition on",
+               "finite_second_order": (f"loss at s = {config.data.s} to second order in the window's composition"
+                                       + (f" (Markov correlations among the {config.compare.kept_types} most frequent "
+                                          "types)" if config.compare.kept_types else "") + " on"),
                "finite_control_variate": (f"loss at s = {config.data.s} to second order in the window's composition, "
                                           f"plus its remainder on {config.compare.samples} sampled windows, on"),
                "mean_field": "mean-field loss on"}[loss_kind]
@@ -104,7 +106,8 @@ def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress
     params0 = Trajectory.load(run_dir / TRAJECTORY_FILE).at(0)  # the run's own start
     try:
         loss = make_loss_function(model, chain, loss_kind, config.data.s, mc_samples=config.compare.samples,
-                                  settings={"s": "data.s", "mc_samples": "compare.samples"})
+                                  settings={"s": "data.s", "mc_samples": "compare.samples"},
+                                  kept_types=config.compare.kept_types)
         flow = GradientFlow(loss, params0)
     except ValueError as error:
         raise ConfigError(str(error)) from None

@@ -148,7 +148,8 @@ def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool 
     if finite_s and config.compare.surrogate_loss == "mean_field":  # the loss at the run's s beside it, where it fits
         model = model_from_config(config.model, config.data.vocab_size)
         try:
-            check_loss_size(FINITE_S_LOSS, config.data.vocab_size + 1, config.data.s, model)
+            check_loss_size(FINITE_S_LOSS, config.data.vocab_size + 1, config.data.s, model,
+                            kept_types=config.compare.kept_types)
         except BudgetError as error:
             finite_s_note = f"no finite-s flow: {error}"
         else:

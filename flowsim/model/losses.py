@@ -48,7 +48,13 @@ from flowsim.model.chains import MarkovChain
 from flowsim.config import LossKind
 from flowsim.model.models import Model, OneLayerTransformer, Params, model_for_params
 from flowsim.model.tasks import InductionTask
-from flowsim.model.windows import WindowComposition, window_composition, window_composition_bytes
+from flowsim.model.windows import (
+    FoldedWindowComposition,
+    WindowComposition,
+    folded_window_composition,
+    window_composition,
+    window_composition_bytes,
+)
 
 LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
 
@@ -186,6 +192,15 @@ def _query_expansion(model: OneLayerTransformer, params: Params, P: jax.Array, m
         curvature=jnp.einsum("nd,qd,md->qnm", W1, probabilities, W1) - head[:, :, None] * head[:, None, :])
 
 
+def _curvature_traces(x: QueryExpansion, U: jax.Array, CU: jax.Array, C_weights: jax.Array) -> jax.Array:
+    """tr(C_q ∇²ℓ_q) per query from C_q's products with U and ω (``CU``, ``C_weights``):
+    ⟨Uᵀ C U, N⟩ + 2 (a · e) ωᵀ C ω - 2 ωᵀ C (ω ∘ e). O(d² m²)."""
+    logit_curvature = jnp.einsum("qjn,qjm,qnm->q", U, CU, x.curvature)
+    attention_curvature = 2.0 * (jnp.sum(x.attention * x.e, axis=-1) * jnp.sum(x.weights * C_weights, axis=-1)
+                                 - jnp.sum(x.weights * x.e * C_weights, axis=-1))
+    return logit_curvature + attention_curvature
+
+
 def _second_order_core(model: OneLayerTransformer, params: Params, P: jax.Array, query_probability: jax.Array,
                        mean: jax.Array, covariance: jax.Array) -> jax.Array:
     """Σ_q p_q [ℓ_q(μ_q) + ½ tr(C_q ∇²ℓ_q(μ_q))], with (``QueryExpansion``)
@@ -195,11 +210,28 @@ def _second_order_core(model: OneLayerTransformer, params: Params, P: jax.Array,
     Cost: O(d³ m) for the C_q U products, O(d² m²) for the rest."""
     x = _query_expansion(model, params, P, mean)
     U = x.weights[:, :, None] * (x.values[None, :, :] - x.mixed[:, None, :])  # (q, j, m)
-    logit_curvature = jnp.einsum("qjn,qjm,qnm->q", U, jnp.einsum("qjk,qkm->qjm", covariance, U), x.curvature)
-    C_weights = jnp.einsum("qjk,qk->qj", covariance, x.weights)
-    attention_curvature = 2.0 * (jnp.sum(x.attention * x.e, axis=-1) * jnp.sum(x.weights * C_weights, axis=-1)
-                                 - jnp.sum(x.weights * x.e * C_weights, axis=-1))
-    return jnp.sum(query_probability * (x.loss + 0.5 * (logit_curvature + attention_curvature)))
+    traces = _curvature_traces(x, U, jnp.einsum("qjk,qkm->qjm", covariance, U),
+                               jnp.einsum("qjk,qk->qj", covariance, x.weights))
+    return jnp.sum(query_probability * (x.loss + 0.5 * traces))
+
+
+def _second_order_folded_core(model: OneLayerTransformer, params: Params, P: jax.Array, query_probability: jax.Array,
+                              mean: jax.Array, others: jax.Array, independent_scale: jax.Array, kept: jax.Array,
+                              correction: jax.Array) -> jax.Array:
+    """``_second_order_core`` with C_q = I_q + B_q (``flowsim.model.windows.FoldedWindowComposition``): I_q =
+    c (diag ν_q - ν_q ν_qᵀ), c = ``independent_scale``, multiplies in O(d m) a query, and B_q on the K kept types
+    in O(K² m). Cost: O(d² m² + d K² m)."""
+    x = _query_expansion(model, params, P, mean)
+    U = x.weights[:, :, None] * (x.values[None, :, :] - x.mixed[:, None, :])
+
+    def product(Y: jax.Array) -> jax.Array:  # C_q Y for Y of shape (q, d) or (q, d, m)
+        weights = others.reshape(others.shape + (1,) * (Y.ndim - 2))
+        independent = independent_scale * (weights * Y - weights * jnp.sum(weights * Y, axis=1, keepdims=True))
+        folded = jnp.einsum("qjk,qk...->qj...", correction, Y[:, kept])
+        return independent.at[:, kept].add(folded)
+
+    traces = _curvature_traces(x, U, product(U), product(x.weights))
+    return jnp.sum(query_probability * (x.loss + 0.5 * traces))
 
 
 def _sampled_remainder(model: OneLayerTransformer, params: Params, P: jax.Array, mean: jax.Array,
@@ -414,6 +446,16 @@ def second_order_loss(model: OneLayerTransformer, chain: MarkovChain, compositio
                    mean=jnp.asarray(composition.mean), covariance=jnp.asarray(composition.covariance))
 
 
+def folded_second_order_loss(model: OneLayerTransformer, chain: MarkovChain,
+                             composition: FoldedWindowComposition) -> Partial:
+    """``loss(params)``: the finite-s loss to second order with the folded covariance (``_second_order_folded_core``)."""
+    return Partial(ModelLoss(_second_order_folded_core, model), P=jnp.asarray(chain.P),
+                   query_probability=jnp.asarray(composition.query_probability), mean=jnp.asarray(composition.mean),
+                   others=jnp.asarray(composition.others),
+                   independent_scale=jnp.asarray((composition.s - 1) / composition.s**2),
+                   kept=jnp.asarray(composition.kept), correction=jnp.asarray(composition.correction))
+
+
 def population_loss_finite_second_order(params: Params, chain: MarkovChain, s: int, model: OneLayerTransformer) -> jax.Array:
     """The finite-s loss to second order in the window's composition (``_second_order_core``): error O(1/s²)."""
     composition = window_composition(chain, s)
@@ -510,7 +552,7 @@ LOSS_SETTINGS = {"s": "loss.s", "mc_samples": "loss.mc_samples"}  # the settings
 
 
 def check_loss_size(kind: str, d: int, s: int, model: Model, mc_samples: int = 0,
-                    settings: dict[str, str] = LOSS_SETTINGS) -> None:
+                    settings: dict[str, str] = LOSS_SETTINGS, kept_types: int | None = None) -> None:
     """Refuse (``flowsim.common.budget.BudgetError``) a finite-s or Monte Carlo loss too large for the
     memory budget, before anything is allocated. Per state (or sampled context) the estimate
     counts its arrays and the activations of a Hessian-vector product: 8·(8d + 2m) bytes per
@@ -526,10 +568,14 @@ def check_loss_size(kind: str, d: int, s: int, model: Model, mc_samples: int = 0
                      f"loss.kind = 'finite' with s = {s}, d = {d} ({states:.3g} count states; building them takes "
                      f"about {operations:.2g} operations, {operations / 1e9:.2g} s at 1e9 per second)",
                      f"lower {settings['s']}, or use loss.kind = 'monte_carlo' or 'mean_field'")
+    elif kind in ("finite_second_order", "finite_control_variate") and kept_types is not None and kept_types < d:
+        check_memory(8.0 * (s * d * d + 3 * d * kept_types**2 + 8 * d * d * width),
+                     f"loss.kind = 'finite_second_order' at d = {d} with {kept_types} kept types (P's s powers, "
+                     "the kept block of every query's covariance)", "keep fewer types or lower s")
     elif kind in ("finite_second_order", "finite_control_variate"):
         check_memory(window_composition_bytes(d) + 8.0 * 8 * d * d * width,
-                     f"loss.kind = 'finite_second_order' at d = {d} (the window composition's covariance, d³ entries)",
-                     "use fewer tokens, or loss.kind = 'monte_carlo' or 'mean_field'")
+                     f"loss.kind = {kind!r} at d = {d} (the window composition's covariance, d³ entries)",
+                     "use fewer tokens, keep fewer types (kept_types), or loss.kind = 'monte_carlo' or 'mean_field'")
     elif kind == "monte_carlo":
         check_memory(8.0 * mc_samples * ((s + 1) * (2 * min(d, width) + 2 * width) + 4 * d),
                      f"the Monte Carlo loss on {mc_samples} sequences of s = {s}",
@@ -544,6 +590,7 @@ def make_loss_function(
     mc_samples: int = 4096,
     mc_seed: int = 0,
     settings: dict[str, str] = LOSS_SETTINGS,
+    kept_types: int | None = None,
 ) -> Partial:
     """The loss as a function of the parameters alone, ``loss(params) -> scalar``.
 
@@ -552,6 +599,8 @@ def make_loss_function(
     constants into the compiled code. ``monte_carlo`` is the empirical loss on one
     fixed set of ``mc_samples`` sampled sequences (seeded): its flow is deterministic.
     ``settings`` names s and ``mc_samples`` in error messages (``LOSS_SETTINGS``: the run config's keys).
+    ``kept_types`` (``finite_second_order``): keep the window covariance's Markov correlations among that many most
+    frequent types only (``folded_window_composition``: O(d K²) memory instead of d³); None keeps them all.
     """
     if model.d != chain.d:
         raise ValueError(f"the model has d = {model.d} tokens but the chain has d = {chain.d}")
@@ -561,7 +610,8 @@ def make_loss_function(
         return Partial(ModelLoss(_mean_field_core, model), pi=jnp.asarray(chain.pi), P=jnp.asarray(chain.P))
     if s is None or not isinstance(s, (int, np.integer)) or s < 1:
         raise ValueError(f"loss.kind = {kind!r} needs a positive integer context length {settings['s']}, got {s!r}")
-    check_loss_size(kind, chain.d, int(s), model, mc_samples, settings)
+    check_loss_size(kind, chain.d, int(s), model, mc_samples, settings,
+                    kept_types if kind == "finite_second_order" else None)
     if kind == "finite":
         P, log_counts, query, probability = _count_law_arrays(chain, context_count_law(chain, s))
         core = ModelLoss(_count_law_core, model)
@@ -569,6 +619,8 @@ def make_loss_function(
     if kind in ("finite_second_order", "finite_control_variate"):
         if not isinstance(model, OneLayerTransformer):
             raise ValueError(f"loss.kind = {kind!r} is written for the one-layer model, got {type(model).__name__}")
+        if kind == "finite_second_order" and kept_types is not None and kept_types < chain.d:
+            return folded_second_order_loss(model, chain, folded_window_composition(chain, int(s), int(kept_types)))
         if kind == "finite_second_order":
             return second_order_loss(model, chain, window_composition(chain, int(s)))
     if not isinstance(mc_samples, (int, np.integer)) or mc_samples < 2:

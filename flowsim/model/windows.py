@@ -14,6 +14,11 @@ needs only μ_q and C_q, which follow from P by sums over positions, with no sam
 
 with ρ_t = ρ_1 P^{t-1} and E[· ; q] = E[· 1{x_s = q}]. The pair sum is carried position by position: F_{t'}[j, k]
 = Σ_{t<t'} Prob(x_t = j, x_{t'} = k) obeys F_{t'+1} = (F_{t'} + diag ρ_{t'}) P.
+
+The covariance has d³ entries (8 GB at d = 1001). ``folded_window_composition`` keeps it exactly only among K kept
+types: C_q = I_q + B_q, with I_q the covariance of a window whose other s - 1 tokens are independent draws from its
+mean composition (diagonal plus rank one: O(d) numbers) and B_q = C_q - I_q on the kept types only, zero elsewhere.
+So a window's Markov correlations are kept between the kept types and dropped for the rest.
 """
 
 from __future__ import annotations
@@ -40,44 +45,119 @@ class WindowComposition:
     covariance: np.ndarray
 
 
+@dataclass(frozen=True)
+class FoldedWindowComposition:
+    """``WindowComposition`` with C_q = I_q + B_q (module docstring): ``kept`` (K,) the types whose Markov correlations
+    are kept, ``correction`` (d, K, K) block q is B_q. O(d K²) numbers instead of d³."""
+
+    s: int
+    query_probability: np.ndarray
+    mean: np.ndarray
+    kept: np.ndarray
+    correction: np.ndarray
+
+    @property
+    def others(self) -> np.ndarray:
+        """ν_q = (s μ_q - e_q)/(s - 1): the mean composition of the s - 1 tokens besides the query (rows q)."""
+        return independent_others(self.mean, self.s)
+
+    def covariance(self) -> np.ndarray:
+        """The folded C_q as a (d, d, d) array (for checks at small d)."""
+        d = self.mean.shape[0]
+        covariance = independent_covariance(self.mean, self.s)
+        covariance[np.ix_(np.arange(d), self.kept, self.kept)] += self.correction
+        return covariance
+
+
+def independent_others(mean: np.ndarray, s: int) -> np.ndarray:
+    """ν_q = (s μ_q - e_q)/(s - 1) for each row q of ``mean`` (s = 1: the query alone, ν = 0)."""
+    d = mean.shape[1]
+    return (s * mean - np.eye(d)) / (s - 1) if s > 1 else np.zeros_like(mean)
+
+
+def independent_covariance(mean: np.ndarray, s: int) -> np.ndarray:
+    """I_q = (s - 1)/s² (diag ν_q - ν_q ν_qᵀ): Cov(c / s | q) for a window whose s - 1 tokens besides the query are
+    independent draws from ν_q (``independent_others``), as (d, d, d). O(d³): for checks and small d."""
+    others = independent_others(mean, s)
+    d = mean.shape[1]
+    return (s - 1) / s**2 * (np.einsum("qj,jk->qjk", others, np.eye(d)) - others[:, :, None] * others[:, None, :])
+
+
 def window_composition_bytes(d: int) -> float:
     """The memory the moments take while they are built: about four d³ float64 arrays."""
     return 4 * 8.0 * d**3
+
+
+def _position_laws(chain: MarkovChain, s: int) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """(P, the marginals ρ_1..ρ_s, the powers P^0..P^{s-1}, E[c_j ; x_s = q] as [j, q]). O(s d³)."""
+    if not isinstance(s, (int, np.integer)) or s < 1:
+        raise ValueError(f"the window length s must be a positive integer, got {s!r}")
+    P = np.asarray(chain.P, dtype=float)
+    marginals = [np.asarray(chain.start_distribution, dtype=float)]
+    for _ in range(1, s):
+        marginals.append(marginals[-1] @ P)
+    powers = [np.eye(chain.d)]
+    for _ in range(1, s):
+        powers.append(powers[-1] @ P)
+    first = sum(marginals[t - 1][:, None] * powers[s - t] for t in range(1, s + 1))
+    return P, marginals, powers, first
+
+
+def _normalised(first: np.ndarray, query_probability: np.ndarray, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(seen queries, 1 / p_q where seen, μ as rows q; an unseen query's row e_q)."""
+    seen = query_probability > 0
+    scale = np.where(seen, 1.0 / np.where(seen, query_probability, 1.0), 0.0)
+    mean = first.T * scale[:, None] / s
+    mean[~seen] = np.eye(len(seen))[~seen]
+    return seen, scale, mean
 
 
 def window_composition(chain: MarkovChain, s: int) -> WindowComposition:
     """The exact mean and covariance of c / s given x_s for windows of length s (module docstring).
 
     Cost: O(s d³) time (one d × d product and one d³ outer product per position), O(d³ + s d²) memory."""
-    if not isinstance(s, (int, np.integer)) or s < 1:
-        raise ValueError(f"the window length s must be a positive integer, got {s!r}")
     d = chain.d
     check_memory(window_composition_bytes(d), f"the window composition's covariance at d = {d} ({d}³ entries)",
                  "use a smaller vocabulary")
-    P = np.asarray(chain.P, dtype=float)
-    marginals = [np.asarray(chain.start_distribution, dtype=float)]  # ρ_t, t = 1..s
-    for _ in range(1, s):
-        marginals.append(marginals[-1] @ P)
-    powers = [np.eye(d)]  # P^u, u = 0..s-1
-    for _ in range(1, s):
-        powers.append(powers[-1] @ P)
-
-    first = np.zeros((d, d))  # E[c_j ; q] as [j, q]
-    for t in range(1, s + 1):
-        first += marginals[t - 1][:, None] * powers[s - t]
+    P, marginals, powers, first = _position_laws(chain, s)
     pairs = np.zeros((d, d, d))  # Σ_{t<t'} Prob(x_t = j, x_t' = k, x_s = q) as [j, k, q]
     earlier = np.zeros((d, d))  # F_{t'}
     for t_later in range(2, s + 1):
         earlier = (earlier + np.diag(marginals[t_later - 2])) @ P
         pairs += earlier[:, :, None] * powers[s - t_later][None, :, :]
-
-    query_probability = marginals[-1]
-    seen = query_probability > 0
-    scale = np.where(seen, 1.0 / np.where(seen, query_probability, 1.0), 0.0)
-    mean = first.T * scale[:, None] / s
+    seen, scale, mean = _normalised(first, marginals[-1], s)
     second = np.transpose(pairs + np.transpose(pairs, (1, 0, 2)), (2, 0, 1))  # [q, j, k]
     second[:, np.arange(d), np.arange(d)] += first.T
-    mean[~seen] = np.eye(d)[~seen]
     covariance = second * (scale / s**2)[:, None, None] - mean[:, :, None] * mean[:, None, :]
     covariance[~seen] = 0.0
-    return WindowComposition(s=int(s), query_probability=query_probability, mean=mean, covariance=covariance)
+    return WindowComposition(s=int(s), query_probability=marginals[-1], mean=mean, covariance=covariance)
+
+
+def folded_window_composition(chain: MarkovChain, s: int, kept: int) -> FoldedWindowComposition:
+    """The window's exact mean and its covariance with the Markov correlations kept among the ``kept`` most frequent
+    types (by π; ties by index) and dropped for the rest (module docstring). ``kept`` = d gives the exact covariance.
+
+    Cost: O(s d³) time for P's powers, O(s d² + d K²) memory (K = ``kept``)."""
+    d = chain.d
+    if not isinstance(kept, (int, np.integer)) or not 1 <= kept <= d:
+        raise ValueError(f"the kept types must be a count from 1 to d = {d}, got {kept!r}")
+    types = np.sort(np.argsort(-np.asarray(chain.pi), kind="stable")[:kept])
+    check_memory(8.0 * (s * d * d + 3 * d * kept * kept), f"the folded window composition at d = {d}, s = {s}, "
+                 f"{kept} kept types", "keep fewer types or lower s")
+    P, marginals, powers, first = _position_laws(chain, s)
+    pairs = np.zeros((kept, kept, d))  # as in window_composition, j and k among the kept types
+    earlier = np.zeros((kept, d))  # F_{t'} on the kept rows
+    for t_later in range(2, s + 1):
+        earlier = (earlier + np.eye(d)[types] * marginals[t_later - 2][types, None]) @ P
+        pairs += earlier[:, types, None] * powers[s - t_later][types][None, :, :]
+    seen, scale, mean = _normalised(first, marginals[-1], s)
+    second = np.transpose(pairs + np.transpose(pairs, (1, 0, 2)), (2, 0, 1))  # [q, j, k] over the kept types
+    second[:, np.arange(kept), np.arange(kept)] += first[types].T
+    kept_mean = mean[:, types]
+    covariance = second * (scale / s**2)[:, None, None] - kept_mean[:, :, None] * kept_mean[:, None, :]
+    others = independent_others(mean, s)[:, types]
+    independent = (s - 1) / s**2 * (np.einsum("qj,jk->qjk", others, np.eye(kept)) - others[:, :, None] * others[:, None, :])
+    correction = covariance - independent
+    correction[~seen] = 0.0
+    return FoldedWindowComposition(s=int(s), query_probability=marginals[-1], mean=mean, kept=types,
+                                   correction=correction)
