@@ -65,7 +65,7 @@ def test_the_written_curvature_is_autodiffs_hessian(options):
         return jax.nn.logsumexp(logits) - P[q] @ logits
 
     queries, means = jnp.arange(chain.d), jnp.asarray(composition.mean)
-    values, hessians = jax.vmap(query_loss)(means, queries), jax.vmap(jax.hessian(query_loss))(means, queries)
+    values, hessians = jax.jit(jax.vmap(query_loss))(means, queries), jax.jit(jax.vmap(jax.hessian(query_loss)))(means, queries)
     by_hessian = jnp.sum(composition.query_probability * (
         values + 0.5 * jnp.sum(hessians * composition.covariance, axis=(1, 2))))
     written = _second_order_core(model, params, P, *(jnp.asarray(a) for a in (
@@ -172,15 +172,17 @@ def test_the_control_variate_loss_has_its_exact_gradient_and_the_second_order_lo
     chain = random_chain(4, seed=9)
     model = OneLayerTransformer(d=4, m=3, k=3)
     flat, unravel = ravel_pytree(random_params(model, 1.5, seed=3))
-    control_variate = lambda theta: flowsim.make_loss_function(  # noqa: E731
-        model, chain, "finite_control_variate", 8, mc_samples=500)(unravel(theta))
-    second_order = lambda theta: population_loss_finite_second_order(unravel(theta), chain, 8, model)  # noqa: E731
+    control_variate_loss = flowsim.make_loss_function(model, chain, "finite_control_variate", 8, mc_samples=500)
+    second_order_loss = flowsim.make_loss_function(model, chain, "finite_second_order", 8)
+    control_variate = jax.jit(lambda theta: control_variate_loss(unravel(theta)))
+    second_order = jax.jit(lambda theta: second_order_loss(unravel(theta)))
     direction = np.random.default_rng(0).standard_normal(flat.shape)
     h = 1e-6
     by_differences = (control_variate(flat + h * direction) - control_variate(flat - h * direction)) / (2 * h)
-    assert float(jax.grad(control_variate)(flat) @ direction) == pytest.approx(float(by_differences), rel=1e-7)
+    assert float(jax.jit(jax.grad(control_variate))(flat) @ direction) == pytest.approx(float(by_differences), rel=1e-7)
     assert abs(float(control_variate(flat) - second_order(flat))) > 1e-4  # the remainder is there
-    np.testing.assert_allclose(jax.hessian(control_variate)(flat), jax.hessian(second_order)(flat), atol=1e-12)
+    np.testing.assert_allclose(jax.jit(jax.hessian(control_variate))(flat), jax.jit(jax.hessian(second_order))(flat),
+                               atol=1e-12)
 
 
 @pytest.mark.parametrize("start", ["stationary", "uniform"])
@@ -216,7 +218,8 @@ def test_the_folded_loss_is_the_second_order_loss_with_the_folded_covariance():
     as_array = WindowComposition(9, folded.query_probability, folded.mean, folded.covariance())
     by_fold, by_array = folded_second_order_loss(model, chain, folded), second_order_loss(model, chain, as_array)
     assert float(by_fold(params)) == pytest.approx(float(by_array(params)), rel=1e-13)
-    fold_gradient, array_gradient = jax.grad(by_fold)(params), jax.grad(by_array)(params)
+    gradient = jax.jit(lambda p, loss: jax.grad(loss)(p))
+    fold_gradient, array_gradient = gradient(params, by_fold), gradient(params, by_array)
     for name in params:
         np.testing.assert_allclose(fold_gradient[name], array_gradient[name], atol=1e-12)
     every_type = flowsim.make_loss_function(model, chain, "finite_second_order", s=9, kept_types=6)
