@@ -425,6 +425,10 @@ def test_bridge_validate_puts_theory_ode_and_sgd_side_by_side_and_reuses_every_p
     for row in payload["rows"]:
         assert row["ode_finite_s"] == finite_events.get((row["stage"], row["query"], row["direction"], row["occurrence"]))
     assert finite["loss"][-1] != pytest.approx(Observables.load(out / "sgd" / "ode")["loss"][-1], rel=1e-3)  # another loss
+    for row in payload["rows"]:  # a row the loss at s moves by more than 5% is marked as the mean-field loss's
+        moved = (row["ode"] is not None and row["ode_finite_s"] is not None
+                 and abs(row["ode_finite_s"] - row["ode"]) > 0.05 * row["ode"])
+        assert ("mean-field prediction: the flow at s moves it" in row["note"]) == moved, row
     assert condensation["theory_vs_sgd"] == pytest.approx(abs(condensation["theory"] - condensation["sgd"]) / condensation["sgd"])
     # the formula tier's column: condensation by the closed form, its error against the ODE on the vocabulary
     assert condensation["formula"] is not None and condensation["formula_vs_ode"] == pytest.approx(
@@ -903,3 +907,10 @@ def test_a_corpus_of_your_own_trains_as_data_kind_text(tmp_path):
         load_bridge_config(None, ["data.kind='wikitext2'", "data.train_file='a.txt'", "data.valid_file='b.txt'"])
     with pytest.raises(flowsim.config.ConfigError, match="text: .*nowhere.txt not found"):
         train(load_bridge_config(None, [*settings[:1], "data.train_file='nowhere.txt'", *settings[2:]]), tmp_path / "x", progress=False)
+
+
+def test_a_row_the_flow_at_s_moves_by_more_than_5_percent_is_marked_a_mean_field_prediction():
+    from flowsim.bridge.validate import loss_moves
+
+    assert loss_moves(100.0, 104.9) == "" and loss_moves(None, 300.0) == "" and loss_moves(100.0, None) == ""
+    assert loss_moves(1400.0, 250.0) == "mean-field prediction: the flow at s moves it 82%"
