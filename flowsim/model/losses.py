@@ -173,6 +173,11 @@ class QueryExpansion(NamedTuple):
     e: jax.Array  # (d, d)
     curvature: jax.Array  # N, (d, m, m)
 
+    @property
+    def steps(self) -> jax.Array:
+        """U = diag(ω) (E - 1 āᵀ) per query, (d, d, m)."""
+        return self.weights[:, :, None] * (self.values[None, :, :] - self.mixed[:, None, :])
+
 
 def _query_expansion(model: OneLayerTransformer, params: Params, P: jax.Array, mean: jax.Array) -> QueryExpansion:
     """``QueryExpansion`` at the mean compositions (rows of ``mean``). Cost: O(d² (m + k) + d² m²)."""
@@ -209,7 +214,7 @@ def _second_order_core(model: OneLayerTransformer, params: Params, P: jax.Array,
 
     Cost: O(d³ m) for the C_q U products, O(d² m²) for the rest."""
     x = _query_expansion(model, params, P, mean)
-    U = x.weights[:, :, None] * (x.values[None, :, :] - x.mixed[:, None, :])  # (q, j, m)
+    U = x.steps
     traces = _curvature_traces(x, U, jnp.einsum("qjk,qkm->qjm", covariance, U),
                                jnp.einsum("qjk,qk->qj", covariance, x.weights))
     return jnp.sum(query_probability * (x.loss + 0.5 * traces))
@@ -222,7 +227,7 @@ def _second_order_folded_core(model: OneLayerTransformer, params: Params, P: jax
     c (diag ν_q - ν_q ν_qᵀ), c = ``independent_scale``, multiplies in O(d m) a query, and B_q on the K kept types
     in O(K² m). Cost: O(d² m² + d K² m)."""
     x = _query_expansion(model, params, P, mean)
-    U = x.weights[:, :, None] * (x.values[None, :, :] - x.mixed[:, None, :])
+    U = x.steps
 
     def product(Y: jax.Array) -> jax.Array:  # C_q Y for Y of shape (q, d) or (q, d, m)
         weights = others.reshape(others.shape + (1,) * (Y.ndim - 2))
@@ -458,9 +463,7 @@ def folded_second_order_loss(model: OneLayerTransformer, chain: MarkovChain,
 
 def population_loss_finite_second_order(params: Params, chain: MarkovChain, s: int, model: OneLayerTransformer) -> jax.Array:
     """The finite-s loss to second order in the window's composition (``_second_order_core``): error O(1/s²)."""
-    composition = window_composition(chain, s)
-    return _second_order_core(model, params, jnp.asarray(chain.P), jnp.asarray(composition.query_probability),
-                              jnp.asarray(composition.mean), jnp.asarray(composition.covariance))
+    return second_order_loss(model, chain, window_composition(chain, s))(params)
 
 
 def population_loss_finite(params: Params, chain: MarkovChain, s: int, model: Model) -> jax.Array:
