@@ -17,7 +17,8 @@ theory.
 
 ``--seeds`` also runs the example at those seeds (``data.seed``: the initial draw and the batches; SGD and the ODE
 from each seed's own start, into FOLDER-seedS) and tabulates, per event, SGD's and the ODE's mean ± SD over the
-seeds with seed 0, and the distance between the two means in SGD's SDs: where SGD's noise decides a time.
+seeds with seed 0, and the distance between the two means in SGD's SDs: where SGD's noise decides a time. Where
+validate reads the flow of the loss at the run's s (d = 64), its mean ± SD and distance are tabulated beside them.
 """
 
 from __future__ import annotations
@@ -103,29 +104,35 @@ def spread(values: list[float]) -> tuple[float, float] | None:
 
 
 def seeds_table(payloads: dict[int, dict]) -> str:
-    """Per event seen at every seed: SGD's and the ODE's mean ± SD over the seeds, and |ODE mean - SGD mean| in SGD's
-    SDs; events some seeds lack say how many have them."""
+    """Per event seen at any seed: SGD's, the mean-field ODE's and (where validate read it) the ODE at s's mean ± SD
+    over the seeds, and each ODE's |mean - SGD mean| in SGD's SDs; events some seeds lack say how many have them."""
     from flowsim.observe.stages import event_label
 
+    sides = ("sgd", "ode", "ode_finite_s")
     events: dict[tuple, dict[str, list[float]]] = {}
     for payload in payloads.values():
         for row in payload["rows"]:
-            entry = events.setdefault(key(row), {"sgd": [], "ode": [], "token": row["token"]})
-            for side in ("sgd", "ode"):
-                if row[side] is not None:
+            entry = events.setdefault(key(row), {**{side: [] for side in sides}, "token": row["token"]})
+            for side in sides:
+                if row.get(side) is not None:
                     entry[side].append(row[side])
+    finite = any(entry["ode_finite_s"] for entry in events.values())
+    shown_sides = sides if finite else sides[:2]
     n = len(payloads)
     lines = [f"seeds {sorted(payloads)}", "", "| event | token | SGD mean ± SD (seeds) | ODE mean ± SD (seeds) "
-             "| ODE vs SGD, in SGD's SDs |", "|---|---|---:|---:|---:|"]
-    seen = {event: entry for event, entry in events.items() if entry["sgd"] or entry["ode"]}  # not the theory's alone
-    for event, entry in sorted(seen.items(), key=lambda item: min(item[1]["sgd"] + item[1]["ode"])):
-        shown = {}
-        for side in ("sgd", "ode"):
+             "| ODE vs SGD, in SGD's SDs |" + (" ODE at s mean ± SD (seeds) | ODE at s vs SGD, in SGD's SDs |" if finite else ""),
+             "|---|---|---:|---:|---:|" + ("---:|---:|" if finite else "")]
+    seen = {event: entry for event, entry in events.items() if any(entry[side] for side in sides)}  # not the theory's alone
+    for event, entry in sorted(seen.items(), key=lambda item: min(sum((item[1][side] for side in sides), []))):
+        cells = []
+        sgd = spread(entry["sgd"])
+        for side in shown_sides:
             summary = spread(entry[side])
-            shown[side] = "–" if summary is None else f"{summary[0]:.4g} ± {summary[1]:.2g} ({len(entry[side])}/{n})"
-        sgd, ode = spread(entry["sgd"]), spread(entry["ode"])
-        distance = "–" if sgd is None or ode is None or sgd[1] == 0 else f"{abs(ode[0] - sgd[0]) / sgd[1]:.1f}"
-        lines.append(f"| {event_label(event)} | {entry['token']} | {shown['sgd']} | {shown['ode']} | {distance} |")
+            cells.append("–" if summary is None else f"{summary[0]:.4g} ± {summary[1]:.2g} ({len(entry[side])}/{n})")
+            if side != "sgd":
+                cells.append("–" if sgd is None or summary is None or sgd[1] == 0
+                             else f"{abs(summary[0] - sgd[0]) / sgd[1]:.1f}")
+        lines.append(f"| {event_label(event)} | {entry['token']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -170,7 +177,7 @@ def main() -> None:
         parser.error(f"--seeds must be comma-separated integers, got {arguments.seeds!r}")
     if seeds:
         payloads = {0: full, **{seed: validate(arguments.corpus, Path(f"{folder}-seed{seed}"), [f"data.seed={seed}"],
-                                                theory=False, finite_s=False, progress=report) for seed in seeds}}
+                                                theory=False, progress=report) for seed in seeds}}
         text += "\n\n" + seeds_table(payloads)
     print(text)
     print("seconds:", {"lr": full["seconds"], "lr/2": half["seconds"], **({"lr/4": quarter["seconds"]} if quarter else {})})

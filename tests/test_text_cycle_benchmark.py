@@ -52,6 +52,17 @@ def test_the_seeds_table_gives_each_sides_mean_and_sd_and_their_distance_in_sgds
     assert "| restart σ1 #1 | - | 1200 ± 2e+02 (3/4) | 1550 ± 50 (3/4) | 1.8 |" in text
 
 
+def test_the_seeds_table_puts_the_flow_at_s_beside_the_mean_field_flow_where_it_was_read():
+    """Seeds whose rows carry the flow at s (``ode_finite_s``) get its mean ± SD and its distance in SGD's SDs."""
+    payloads = {seed: {"rows": [{**row("restart", None, sgd, ode=ode, direction=1), "ode_finite_s": at_s}]}
+                for seed, (sgd, ode, at_s) in enumerate([(1000.0, 1500.0, 1100.0), (1200.0, 1550.0, 1100.0),
+                                                         (1400.0, 1600.0, 1400.0)])}
+    text = text_cycle.seeds_table(payloads)
+    assert "ODE at s mean ± SD (seeds) | ODE at s vs SGD, in SGD's SDs |" in text
+    # the flow at s: 1200 ± 173, 0 SDs from SGD's 1200
+    assert text.splitlines()[-1] == "| restart σ1 #1 | - | 1200 ± 2e+02 (3/3) | 1550 ± 50 (3/3) | 1.8 | 1200 ± 1.7e+02 (3/3) | 0.0 |"
+
+
 def test_the_first_cycle_is_a_focus_then_a_later_dilution_then_a_later_restart():
     import cycle_horizon
 
