@@ -227,3 +227,28 @@ def test_the_folded_loss_is_the_second_order_loss_with_the_folded_covariance():
                                                       rel=1e-14)
     fewer = flowsim.make_loss_function(model, chain, "finite_second_order", s=9, kept_types=3)
     assert float(fewer(params)) == pytest.approx(float(by_fold(params)), rel=1e-14)
+
+
+@pytest.mark.parametrize("start", ["stationary", "uniform"])
+def test_the_covariance_in_blocks_of_queries_is_the_whole_one_and_so_is_its_loss(start):
+    """window_covariance_blocks yields every query's C_q once, equal to window_composition's; the loss and gradient
+    summed over blocks (the reference for the fold at d = 1001) are population_loss_finite_second_order's."""
+    from flowsim.model.losses import second_order_loss_by_blocks
+    from flowsim.model.windows import window_covariance_blocks, window_mean
+
+    chain = MarkovChain(P=random_chain(7, seed=21).P, start=start)
+    whole = window_composition(chain, 8)
+    blocks = list(window_covariance_blocks(chain, 8, 3))
+    assert [list(queries) for queries, _ in blocks] == [[0, 1, 2], [3, 4, 5], [6]]
+    for queries, covariance in blocks:
+        np.testing.assert_allclose(covariance, whole.covariance[queries], atol=1e-15)
+    query_probability, mean = window_mean(chain, 8)
+    np.testing.assert_allclose(query_probability, whole.query_probability, atol=1e-15)
+    np.testing.assert_allclose(mean, whole.mean, atol=1e-15)
+    model = OneLayerTransformer(d=7, m=3, k=2, value_matrix=True)
+    params = random_params(model, 1.1, seed=5)
+    value, gradient = second_order_loss_by_blocks(model, chain, 8, params, block=3)
+    exact_value, exact_gradient = jax.value_and_grad(population_loss_finite_second_order)(params, chain, 8, model)
+    assert value == pytest.approx(float(exact_value), rel=1e-13)
+    for name in params:
+        np.testing.assert_allclose(gradient[name], exact_gradient[name], atol=1e-13)

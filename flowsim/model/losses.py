@@ -54,6 +54,8 @@ from flowsim.model.windows import (
     folded_window_composition,
     window_composition,
     window_composition_bytes,
+    window_covariance_blocks,
+    window_mean,
 )
 
 LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
@@ -179,15 +181,19 @@ class QueryExpansion(NamedTuple):
         return self.weights[:, :, None] * (self.values[None, :, :] - self.mixed[:, None, :])
 
 
-def _query_expansion(model: OneLayerTransformer, params: Params, P: jax.Array, mean: jax.Array) -> QueryExpansion:
-    """``QueryExpansion`` at the mean compositions (rows of ``mean``). Cost: O(d² (m + k) + d² m²)."""
+def _query_expansion(model: OneLayerTransformer, params: Params, P: jax.Array, mean: jax.Array,
+                     queries: jax.Array | None = None) -> QueryExpansion:
+    """``QueryExpansion`` at the mean compositions (rows of ``mean``) of every query, or of ``queries`` only (then
+    ``mean`` has their rows). Cost: O(d² (m + k) + d² m²) for every query."""
     mm = model._matmul
     W1 = params["W1"]
+    queries = jnp.arange(model.d) if queries is None else queries
+    P = P[queries]
     values = mm(params["W0"], params["W_V"]) if model.value_matrix else params["W0"]
     held = mean > 0
-    attention = jax.nn.softmax(jnp.where(held, model.attention_logits(params) + jnp.log(jnp.where(held, mean, 1.0)),
-                                         -jnp.inf), axis=-1)
-    logits = model.logits_from_attention(params, attention, jnp.arange(model.d))
+    attention = jax.nn.softmax(jnp.where(held, model.attention_logits(params)[queries]
+                                         + jnp.log(jnp.where(held, mean, 1.0)), -jnp.inf), axis=-1)
+    logits = model.logits_from_attention(params, attention, queries)
     probabilities = jax.nn.softmax(logits, axis=-1)
     head = mm(probabilities, W1.T)  # W1 p, (q, m)
     return QueryExpansion(
@@ -207,13 +213,14 @@ def _curvature_traces(x: QueryExpansion, U: jax.Array, CU: jax.Array, C_weights:
 
 
 def _second_order_core(model: OneLayerTransformer, params: Params, P: jax.Array, query_probability: jax.Array,
-                       mean: jax.Array, covariance: jax.Array) -> jax.Array:
+                       mean: jax.Array, covariance: jax.Array, queries: jax.Array | None = None) -> jax.Array:
     """Σ_q p_q [ℓ_q(μ_q) + ½ tr(C_q ∇²ℓ_q(μ_q))], with (``QueryExpansion``)
 
-        tr(C ∇²ℓ_q) = ⟨Uᵀ C U, N⟩ + 2 (a · e) ωᵀ C ω - 2 ωᵀ C (ω ∘ e).
+        tr(C ∇²ℓ_q) = ⟨Uᵀ C U, N⟩ + 2 (a · e) ωᵀ C ω - 2 ωᵀ C (ω ∘ e),
 
+    over every query, or over ``queries`` only (``query_probability``, ``mean``, ``covariance``: their rows).
     Cost: O(d³ m) for the C_q U products, O(d² m²) for the rest."""
-    x = _query_expansion(model, params, P, mean)
+    x = _query_expansion(model, params, P, mean, queries)
     U = x.steps
     traces = _curvature_traces(x, U, jnp.einsum("qjk,qkm->qjm", covariance, U),
                                jnp.einsum("qjk,qk->qj", covariance, x.weights))
@@ -459,6 +466,32 @@ def folded_second_order_loss(model: OneLayerTransformer, chain: MarkovChain,
                    others=jnp.asarray(composition.others),
                    independent_scale=jnp.asarray((composition.s - 1) / composition.s**2),
                    kept=jnp.asarray(composition.kept), correction=jnp.asarray(composition.correction))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _second_order_block_and_gradient(model: OneLayerTransformer, params: Params, P: jax.Array,
+                                     query_probability: jax.Array, mean: jax.Array, queries: jax.Array,
+                                     covariance: jax.Array) -> tuple[jax.Array, Params]:
+    """A block of queries' share of ``_second_order_core`` and its gradient."""
+    return jax.value_and_grad(_second_order_core, argnums=1)(model, params, P, query_probability, mean, covariance,
+                                                             queries)
+
+
+def second_order_loss_by_blocks(model: OneLayerTransformer, chain: MarkovChain, s: int, params: Params,
+                                block: int = 64) -> tuple[float, Params]:
+    """The second-order loss and its gradient (``_second_order_core``) with every C_q exact, built ``block`` queries
+    at a time (``flowsim.model.windows.window_covariance_blocks``): the reference for the fold at a d whose d³
+    covariance does not fit. Cost per call: O(s d³) for the moments, O(d³ m) for the traces; memory
+    O(s d² + block d² m). For checks at a few points, not for a flow."""
+    query_probability, mean = window_mean(chain, s)
+    P, total, gradient = jnp.asarray(chain.P), 0.0, None
+    for queries, covariance in window_covariance_blocks(chain, s, block):
+        value, share = _second_order_block_and_gradient(model, params, P, jnp.asarray(query_probability[queries]),
+                                                        jnp.asarray(mean[queries]), jnp.asarray(queries),
+                                                        jnp.asarray(covariance))
+        total += float(value)
+        gradient = share if gradient is None else jax.tree_util.tree_map(jnp.add, gradient, share)
+    return total, gradient
 
 
 def population_loss_finite_second_order(params: Params, chain: MarkovChain, s: int, model: OneLayerTransformer) -> jax.Array:

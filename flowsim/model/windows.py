@@ -23,6 +23,7 @@ So a window's Markov correlations are kept between the kept types and dropped fo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,3 +162,36 @@ def folded_window_composition(chain: MarkovChain, s: int, kept: int) -> FoldedWi
     correction[~seen] = 0.0
     return FoldedWindowComposition(s=int(s), query_probability=marginals[-1], mean=mean, kept=types,
                                    correction=correction)
+
+
+def window_mean(chain: MarkovChain, s: int) -> tuple[np.ndarray, np.ndarray]:
+    """(p_q, μ_q as rows q) alone (``WindowComposition``'s query_probability and mean). O(s d³) time, O(s d²) memory."""
+    _, marginals, _, first = _position_laws(chain, s)
+    return marginals[-1], _normalised(first, marginals[-1], s)[2]
+
+
+def window_covariance_blocks(chain: MarkovChain, s: int, block: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The exact C_q (module docstring) for ``block`` queries at a time: yields (queries (n,), C (n, d, d)), every
+    query once. ``window_composition`` at a d whose d³ does not fit, for checks (of the fold, at d = 1001).
+
+    Cost: O(s d³) time in all; O(s d² + block d²) memory (the partial pair sums F_t' of every position are kept)."""
+    d = chain.d
+    if not isinstance(block, (int, np.integer)) or block < 1:
+        raise ValueError(f"the block of queries must be a positive integer, got {block!r}")
+    check_memory(8.0 * (2 * s * d * d + 2 * block * d * d), f"the window covariance at d = {d}, s = {s} in blocks of "
+                 f"{block} queries", "use smaller blocks or lower s")
+    P, marginals, powers, first = _position_laws(chain, s)
+    earlier = [np.zeros((d, d))]  # F_2, .., F_s
+    for t_later in range(2, s + 1):
+        earlier.append((earlier[-1] + np.diag(marginals[t_later - 2])) @ P)
+    seen, scale, mean = _normalised(first, marginals[-1], s)
+    for start in range(0, d, block):
+        queries = np.arange(start, min(start + block, d))
+        pairs = np.zeros((len(queries), d, d))  # as in window_composition, here [q, j, k]
+        for t_later in range(2, s + 1):
+            pairs += earlier[t_later - 1][None, :, :] * powers[s - t_later][:, queries].T[:, None, :]
+        second = pairs + np.transpose(pairs, (0, 2, 1))
+        second[:, np.arange(d), np.arange(d)] += first[:, queries].T
+        covariance = second * (scale[queries] / s**2)[:, None, None] - mean[queries, :, None] * mean[queries, None, :]
+        covariance[~seen[queries]] = 0.0
+        yield queries, covariance
