@@ -18,7 +18,9 @@ theory.
 ``--seeds`` also runs the example at those seeds (``data.seed``: the initial draw and the batches; SGD and the ODE
 from each seed's own start, into FOLDER-seedS) and tabulates, per event, SGD's and the ODE's mean ± SD over the
 seeds with seed 0, and the distance between the two means in SGD's SDs: where SGD's noise decides a time. Where
-validate reads the flow of the loss at the run's s (d = 64), its mean ± SD and distance are tabulated beside them.
+validate reads the flow of the loss at the run's s, its mean ± SD and distance are tabulated beside them, and the
+further seeds, held out from the flow's development on seed 0, say which flow predicts SGD better
+(``held_out_verdict``: its rule was fixed before they were read).
 """
 
 from __future__ import annotations
@@ -136,6 +138,43 @@ def seeds_table(payloads: dict[int, dict]) -> str:
     return "\n".join(lines)
 
 
+SCORED_STAGES = ("restart", "focus", "dilution")  # the events the held-out verdict scores (not condensation)
+
+
+def held_out_verdict(payloads: dict[int, dict], held_out: list[int]) -> str:
+    """Which flow predicts SGD better on the held-out seeds, by a rule fixed before they were read: over every
+    restart, first focus and dilution of a word (not the probe set's "other") that SGD shows at every held-out seed,
+    a flow's error is |its mean - SGD's mean| / SGD's mean over those seeds, 100% where it lacks the event at any of
+    them; the flow with the smaller median error is the better predictor."""
+    import numpy as np
+
+    from flowsim.observe.stages import event_label
+
+    sides = ("ode", "ode_finite_s")
+    rows = [{key(row): row for row in payloads[seed]["rows"]} for seed in held_out]
+    scored = [event for event in rows[0] if event[0] in SCORED_STAGES and event[3] == 1
+              and rows[0][event]["token"] != "other" and all(r.get(event, {}).get("sgd") is not None for r in rows)]
+    if not scored or not all(any(r[event].get("ode_finite_s") is not None for event in r) for r in rows):
+        return ""
+    errors = {side: [] for side in sides}
+    lines = [f"Held-out seeds {held_out}: |flow mean - SGD mean| / SGD mean (100% where a flow lacks the event at a "
+             "held-out seed)", "", "| event | token | SGD mean | mean-field flow | flow at s |", "|---|---|---:|---:|---:|"]
+    for event in sorted(scored, key=lambda event: np.mean([r[event]["sgd"] for r in rows])):
+        sgd = float(np.mean([r[event]["sgd"] for r in rows]))
+        cells = []
+        for side in sides:
+            times = [r[event].get(side) for r in rows]
+            error = 1.0 if any(time is None for time in times) else abs(float(np.mean(times)) - sgd) / sgd
+            errors[side].append(error)
+            cells.append(f"{100 * error:.1f}%")
+        lines.append(f"| {event_label(event)} | {rows[0][event]['token']} | {sgd:.4g} | " + " | ".join(cells) + " |")
+    medians = {side: float(np.median(errors[side])) for side in sides}
+    better = "the flow at s" if medians["ode_finite_s"] < medians["ode"] else "the mean-field flow"
+    lines += ["", f"Median error over {len(scored)} events: mean-field flow {100 * medians['ode']:.1f}%, flow at s "
+              f"{100 * medians['ode_finite_s']:.1f}%: {better} is the better predictor on the held-out seeds."]
+    return "\n".join(lines)
+
+
 def example_parser(description: str) -> argparse.ArgumentParser:
     """--corpus, --folder and --out, shared with sgd_noise.py."""
     parser = argparse.ArgumentParser(description=description)
@@ -179,6 +218,8 @@ def main() -> None:
         payloads = {0: full, **{seed: validate(arguments.corpus, Path(f"{folder}-seed{seed}"), [f"data.seed={seed}"],
                                                 theory=False, progress=report) for seed in seeds}}
         text += "\n\n" + seeds_table(payloads)
+        verdict = held_out_verdict(payloads, seeds)
+        text += f"\n\n{verdict}" if verdict else ""
     print(text)
     print("seconds:", {"lr": full["seconds"], "lr/2": half["seconds"], **({"lr/4": quarter["seconds"]} if quarter else {})})
     if arguments.out is not None:

@@ -186,23 +186,26 @@ def test_the_control_variate_loss_has_its_exact_gradient_and_the_second_order_lo
 
 
 @pytest.mark.parametrize("start", ["stationary", "uniform"])
-def test_the_folded_covariance_is_exact_on_the_kept_types_and_independent_elsewhere(start):
-    """folded_window_composition keeps C_q exactly between the K most frequent types and, outside that block, the
-    covariance of independent tokens drawn from the window's mean composition; with K = d it is C_q."""
+def test_the_folded_covariance_is_exact_on_the_kept_types_independent_elsewhere_and_zero_for_other_queries(start):
+    """folded_window_composition keeps, for each of the K most frequent types as query, C_q exactly between the
+    kept types and, outside that block, the covariance of independent tokens drawn from the window's mean
+    composition; the other queries read their mean composition alone (C_q = 0); with K = d it is C_q."""
     from flowsim.model.windows import folded_window_composition, independent_covariance
 
     chain = MarkovChain(P=random_chain(6, seed=13).P, start=start)
     full = window_composition(chain, 9)
     np.testing.assert_allclose(folded_window_composition(chain, 9, 6).covariance(), full.covariance, atol=1e-15)
     folded = folded_window_composition(chain, 9, 2)
-    assert list(folded.kept) == sorted(np.argsort(-chain.pi)[:2])
+    kept = folded.kept
+    assert list(kept) == sorted(np.argsort(-chain.pi)[:2])
     np.testing.assert_array_equal(folded.mean, full.mean)
-    covariance, block = folded.covariance(), np.ix_(np.arange(6), folded.kept, folded.kept)
+    covariance, block = folded.covariance(), np.ix_(kept, kept, kept)
     np.testing.assert_allclose(covariance[block], full.covariance[block], atol=1e-15)
-    outside = independent_covariance(full.mean, 9)
-    outside[block] = covariance[block]
-    np.testing.assert_allclose(covariance, outside, atol=1e-15)
-    assert np.abs(covariance - full.covariance).max() > 1e-4
+    expected = np.zeros_like(covariance)
+    expected[kept] = independent_covariance(full.mean, 9)[kept]
+    expected[block] = covariance[block]
+    np.testing.assert_allclose(covariance, expected, atol=1e-15)
+    assert np.abs(covariance[kept] - full.covariance[kept]).max() > 1e-4
 
 
 def test_the_folded_loss_is_the_second_order_loss_with_the_folded_covariance():
@@ -233,7 +236,7 @@ def test_the_folded_loss_is_the_second_order_loss_with_the_folded_covariance():
 def test_the_covariance_in_blocks_of_queries_is_the_whole_one_and_so_is_its_loss(start):
     """window_covariance_blocks yields every query's C_q once, equal to window_composition's; the loss and gradient
     summed over blocks (the reference for the fold at d = 1001) are population_loss_finite_second_order's."""
-    from flowsim.model.losses import second_order_loss_by_blocks
+    from flowsim.model.losses import second_order_losses_by_blocks
     from flowsim.model.windows import window_covariance_blocks, window_mean
 
     chain = MarkovChain(P=random_chain(7, seed=21).P, start=start)
@@ -246,9 +249,9 @@ def test_the_covariance_in_blocks_of_queries_is_the_whole_one_and_so_is_its_loss
     np.testing.assert_allclose(query_probability, whole.query_probability, atol=1e-15)
     np.testing.assert_allclose(mean, whole.mean, atol=1e-15)
     model = OneLayerTransformer(d=7, m=3, k=2, value_matrix=True)
-    params = random_params(model, 1.1, seed=5)
-    value, gradient = second_order_loss_by_blocks(model, chain, 8, params, block=3)
-    exact_value, exact_gradient = jax.value_and_grad(population_loss_finite_second_order)(params, chain, 8, model)
-    assert value == pytest.approx(float(exact_value), rel=1e-13)
-    for name in params:
-        np.testing.assert_allclose(gradient[name], exact_gradient[name], atol=1e-13)
+    points = [random_params(model, scale, seed=5) for scale in (0.4, 1.1)]
+    for params, (value, gradient) in zip(points, second_order_losses_by_blocks(model, chain, 8, points, block=3)):
+        exact_value, exact_gradient = jax.value_and_grad(population_loss_finite_second_order)(params, chain, 8, model)
+        assert value == pytest.approx(float(exact_value), rel=1e-13)
+        for name in params:
+            np.testing.assert_allclose(gradient[name], exact_gradient[name], atol=1e-13)

@@ -63,6 +63,24 @@ def test_the_seeds_table_puts_the_flow_at_s_beside_the_mean_field_flow_where_it_
     assert text.splitlines()[-1] == "| restart σ1 #1 | - | 1200 ± 2e+02 (3/3) | 1550 ± 50 (3/3) | 1.8 | 1200 ± 1.7e+02 (3/3) | 0.0 |"
 
 
+def test_the_held_out_verdict_scores_each_flows_mean_against_sgds_and_a_missing_event_as_a_full_miss():
+    """Over events SGD shows at every held-out seed: the mean-field flow is 10% and 50% off, the flow at s 0% and
+    lacks the second at one seed (100%): medians 30% and 50%, so the mean-field flow wins; condensation and the probe
+    set's "other" are not scored."""
+    def seed_rows(sgd_restart, at_s_focus):
+        return {"rows": [{**row("restart", None, sgd_restart, ode=1.1 * sgd_restart, direction=1), "ode_finite_s": sgd_restart},
+                         {**row("focus", 1, 100.0, ode=150.0), "ode_finite_s": at_s_focus},
+                         {**row("condensation", None, 10.0, ode=50.0), "ode_finite_s": 50.0},
+                         {**row("focus", 2, 100.0, ode=900.0), "token": "other", "ode_finite_s": 900.0}]}
+
+    text = text_cycle.held_out_verdict({1: seed_rows(1000.0, 100.0), 2: seed_rows(1200.0, None)}, [1, 2])
+    assert "| restart σ1 #1 | - | 1100 | 10.0% | 0.0% |" in text
+    assert "| focus q1 #1 | - | 100 | 50.0% | 100.0% |" in text
+    assert "condensation" not in text and "other" not in text.split("\n\n")[1]
+    assert text.endswith("mean-field flow 30.0%, flow at s 50.0%: the mean-field flow is the better predictor on the "
+                         "held-out seeds.")
+
+
 def test_the_first_cycle_is_a_focus_then_a_later_dilution_then_a_later_restart():
     import cycle_horizon
 

@@ -96,7 +96,7 @@ def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress
         loss_kind = {"sampled": "monte_carlo"}.get(config.compare.surrogate_loss, config.compare.surrogate_loss)
         law = {"monte_carlo": f"loss at s = {config.data.s} on {config.compare.samples} sampled sequences of",
                "finite_second_order": (f"loss at s = {config.data.s} to second order in the window's composition"
-                                       + (f" (Markov correlations among the {config.compare.kept_types} most frequent "
+                                       + (f" (its fluctuation kept for the {config.compare.kept_types} most frequent "
                                           "types)" if config.compare.kept_types else "") + " on"),
                "finite_control_variate": (f"loss at s = {config.data.s} to second order in the window's composition, "
                                           f"plus its remainder on {config.compare.samples} sampled windows, on"),
@@ -146,16 +146,19 @@ def measured_like_the_run(model, trajectory: Trajectory, data: DataSource) -> Ob
     return stack_observables(trajectory.t, rows, probe.pi, family_of(model).kind)
 
 
-def ode_beside(run_dir: Path, progress: bool = False, surrogate_loss: str | None = None) -> tuple[Observables, dict]:
+def ode_beside(run_dir: Path, progress: bool = False, surrogate_loss: str | None = None,
+               kept_types: int | None = None) -> tuple[Observables, dict]:
     """``ode_observables`` on the run's checkpoint times, cached in RUN/ode/ (observables.npz
     and ode.json); recomputed when the run's start, checkpoints, [compare] settings or the stage detectors changed.
     ``surrogate_loss`` (text runs) puts the flow of another of the surrogate's losses beside the run instead of
-    ``compare.surrogate_loss``'s, cached in RUN/ode-LOSS/."""
+    ``compare.surrogate_loss``'s, cached in RUN/ode-LOSS/, with ``kept_types`` in place of the run's
+    ``compare.kept_types`` where given."""
     run_dir = Path(run_dir)
     config = load_bridge_config(run_dir / CONFIG_FILE)
     own = surrogate_loss is None or surrogate_loss == config.compare.surrogate_loss
     if not own:
-        config = config.model_copy(update={"compare": config.compare.model_copy(update={"surrogate_loss": surrogate_loss})})
+        update = {"surrogate_loss": surrogate_loss} | ({"kept_types": kept_types} if kept_types is not None else {})
+        config = config.model_copy(update={"compare": config.compare.model_copy(update=update)})
     t = Observables.load(run_dir).t
     key = {"compare": config.compare.model_dump(), "t_digest": hashlib.sha256(np.asarray(t, float).tobytes()).hexdigest(),
            "trajectory_sha256": file_digest(run_dir / TRAJECTORY_FILE),  # the start the ODE integrates from

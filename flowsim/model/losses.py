@@ -181,19 +181,32 @@ class QueryExpansion(NamedTuple):
         return self.weights[:, :, None] * (self.values[None, :, :] - self.mixed[:, None, :])
 
 
+def _mean_composition_logits(model: OneLayerTransformer, params: Params, mean: jax.Array,
+                             queries: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(held types, attention a, logits f) of each query in ``queries`` reading its mean composition (rows of
+    ``mean``). O(d² (m + k)) for every query."""
+    held = mean > 0
+    attention = jax.nn.softmax(jnp.where(held, model.attention_logits(params)[queries]
+                                         + jnp.log(jnp.where(held, mean, 1.0)), -jnp.inf), axis=-1)
+    return held, attention, model.logits_from_attention(params, attention, queries)
+
+
+def _mean_composition_losses(model: OneLayerTransformer, params: Params, P: jax.Array, mean: jax.Array) -> jax.Array:
+    """ℓ_q(μ_q) of every query (``QueryExpansion.loss`` alone). O(d² (m + k))."""
+    _, _, logits = _mean_composition_logits(model, params, mean, jnp.arange(model.d))
+    return jax.nn.logsumexp(logits, axis=-1) - jnp.sum(P * logits, axis=-1)
+
+
 def _query_expansion(model: OneLayerTransformer, params: Params, P: jax.Array, mean: jax.Array,
                      queries: jax.Array | None = None) -> QueryExpansion:
     """``QueryExpansion`` at the mean compositions (rows of ``mean``) of every query, or of ``queries`` only (then
-    ``mean`` has their rows). Cost: O(d² (m + k) + d² m²) for every query."""
+    ``mean`` has their rows). Cost: O(n d (m + k) + n d m²) for n queries."""
     mm = model._matmul
     W1 = params["W1"]
     queries = jnp.arange(model.d) if queries is None else queries
     P = P[queries]
     values = mm(params["W0"], params["W_V"]) if model.value_matrix else params["W0"]
-    held = mean > 0
-    attention = jax.nn.softmax(jnp.where(held, model.attention_logits(params)[queries]
-                                         + jnp.log(jnp.where(held, mean, 1.0)), -jnp.inf), axis=-1)
-    logits = model.logits_from_attention(params, attention, queries)
+    held, attention, logits = _mean_composition_logits(model, params, mean, queries)
     probabilities = jax.nn.softmax(logits, axis=-1)
     head = mm(probabilities, W1.T)  # W1 p, (q, m)
     return QueryExpansion(
@@ -230,10 +243,11 @@ def _second_order_core(model: OneLayerTransformer, params: Params, P: jax.Array,
 def _second_order_folded_core(model: OneLayerTransformer, params: Params, P: jax.Array, query_probability: jax.Array,
                               mean: jax.Array, others: jax.Array, independent_scale: jax.Array, kept: jax.Array,
                               correction: jax.Array) -> jax.Array:
-    """``_second_order_core`` with C_q = I_q + B_q (``flowsim.model.windows.FoldedWindowComposition``): I_q =
-    c (diag ν_q - ν_q ν_qᵀ), c = ``independent_scale``, multiplies in O(d m) a query, and B_q on the K kept types
-    in O(K² m). Cost: O(d² m² + d K² m)."""
-    x = _query_expansion(model, params, P, mean)
+    """``_second_order_core`` with the folded covariance (``flowsim.model.windows.FoldedWindowComposition``): every
+    query's ℓ_q(μ_q), and the trace for the K kept queries only, with C_q = I_q + B_q: I_q = c (diag ν_q - ν_q ν_qᵀ),
+    c = ``independent_scale`` and ν_q = ``others`` (rows of the kept queries), multiplies in O(d m) a query, and B_q
+    on the kept types in O(K² m). Cost: O(d² (m + k) + K d m² + K³ m)."""
+    x = _query_expansion(model, params, P, mean[kept], kept)
     U = x.steps
 
     def product(Y: jax.Array) -> jax.Array:  # C_q Y for Y of shape (q, d) or (q, d, m)
@@ -243,7 +257,8 @@ def _second_order_folded_core(model: OneLayerTransformer, params: Params, P: jax
         return independent.at[:, kept].add(folded)
 
     traces = _curvature_traces(x, U, product(U), product(x.weights))
-    return jnp.sum(query_probability * (x.loss + 0.5 * traces))
+    return (jnp.sum(query_probability * _mean_composition_losses(model, params, P, mean))
+            + 0.5 * jnp.sum(query_probability[kept] * traces))
 
 
 def _sampled_remainder(model: OneLayerTransformer, params: Params, P: jax.Array, mean: jax.Array,
@@ -463,35 +478,37 @@ def folded_second_order_loss(model: OneLayerTransformer, chain: MarkovChain,
     """``loss(params)``: the finite-s loss to second order with the folded covariance (``_second_order_folded_core``)."""
     return Partial(ModelLoss(_second_order_folded_core, model), P=jnp.asarray(chain.P),
                    query_probability=jnp.asarray(composition.query_probability), mean=jnp.asarray(composition.mean),
-                   others=jnp.asarray(composition.others),
+                   others=jnp.asarray(composition.others[composition.kept]),
                    independent_scale=jnp.asarray((composition.s - 1) / composition.s**2),
                    kept=jnp.asarray(composition.kept), correction=jnp.asarray(composition.correction))
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _second_order_block_and_gradient(model: OneLayerTransformer, params: Params, P: jax.Array,
-                                     query_probability: jax.Array, mean: jax.Array, queries: jax.Array,
-                                     covariance: jax.Array) -> tuple[jax.Array, Params]:
+                                     query_probability: jax.Array, mean: jax.Array, covariance: jax.Array,
+                                     queries: jax.Array) -> tuple[jax.Array, Params]:
     """A block of queries' share of ``_second_order_core`` and its gradient."""
     return jax.value_and_grad(_second_order_core, argnums=1)(model, params, P, query_probability, mean, covariance,
                                                              queries)
 
 
-def second_order_loss_by_blocks(model: OneLayerTransformer, chain: MarkovChain, s: int, params: Params,
-                                block: int = 64) -> tuple[float, Params]:
-    """The second-order loss and its gradient (``_second_order_core``) with every C_q exact, built ``block`` queries
-    at a time (``flowsim.model.windows.window_covariance_blocks``): the reference for the fold at a d whose d³
-    covariance does not fit. Cost per call: O(s d³) for the moments, O(d³ m) for the traces; memory
-    O(s d² + block d² m). For checks at a few points, not for a flow."""
+def second_order_losses_by_blocks(model: OneLayerTransformer, chain: MarkovChain, s: int, points: list[Params],
+                                  block: int = 64) -> list[tuple[float, Params]]:
+    """The second-order loss and its gradient (``_second_order_core``) at each parameter point, with every C_q exact,
+    built ``block`` queries at a time (``flowsim.model.windows.window_covariance_blocks``) and shared by the points:
+    the reference for the fold at a d whose d³ covariance does not fit. Cost: O(s d³) for the moments, O(d³ m) a
+    point for the traces; memory O(s d² + block d² m). For checks at a few points, not for a flow."""
     query_probability, mean = window_mean(chain, s)
-    P, total, gradient = jnp.asarray(chain.P), 0.0, None
+    P = jnp.asarray(chain.P)
+    totals, gradients = [0.0] * len(points), [None] * len(points)
     for queries, covariance in window_covariance_blocks(chain, s, block):
-        value, share = _second_order_block_and_gradient(model, params, P, jnp.asarray(query_probability[queries]),
-                                                        jnp.asarray(mean[queries]), jnp.asarray(queries),
-                                                        jnp.asarray(covariance))
-        total += float(value)
-        gradient = share if gradient is None else jax.tree_util.tree_map(jnp.add, gradient, share)
-    return total, gradient
+        block_data = (P, jnp.asarray(query_probability[queries]), jnp.asarray(mean[queries]), jnp.asarray(covariance),
+                      jnp.asarray(queries))
+        for i, params in enumerate(points):
+            value, share = _second_order_block_and_gradient(model, params, *block_data)
+            totals[i] += float(value)
+            gradients[i] = share if gradients[i] is None else jax.tree_util.tree_map(jnp.add, gradients[i], share)
+    return list(zip(totals, gradients))
 
 
 def population_loss_finite_second_order(params: Params, chain: MarkovChain, s: int, model: OneLayerTransformer) -> jax.Array:
@@ -605,9 +622,9 @@ def check_loss_size(kind: str, d: int, s: int, model: Model, mc_samples: int = 0
                      f"about {operations:.2g} operations, {operations / 1e9:.2g} s at 1e9 per second)",
                      f"lower {settings['s']}, or use loss.kind = 'monte_carlo' or 'mean_field'")
     elif kind in ("finite_second_order", "finite_control_variate") and kept_types is not None and kept_types < d:
-        check_memory(8.0 * (s * d * d + 3 * d * kept_types**2 + 8 * d * d * width),
+        check_memory(8.0 * (s * d * d + 3 * kept_types**3 + 8 * kept_types * d * width),
                      f"loss.kind = 'finite_second_order' at d = {d} with {kept_types} kept types (P's s powers, "
-                     "the kept block of every query's covariance)", "keep fewer types or lower s")
+                     "the kept queries' covariances)", "keep fewer types or lower s")
     elif kind in ("finite_second_order", "finite_control_variate"):
         check_memory(window_composition_bytes(d) + 8.0 * 8 * d * d * width,
                      f"loss.kind = {kind!r} at d = {d} (the window composition's covariance, d³ entries)",
@@ -635,8 +652,9 @@ def make_loss_function(
     constants into the compiled code. ``monte_carlo`` is the empirical loss on one
     fixed set of ``mc_samples`` sampled sequences (seeded): its flow is deterministic.
     ``settings`` names s and ``mc_samples`` in error messages (``LOSS_SETTINGS``: the run config's keys).
-    ``kept_types`` (``finite_second_order``): keep the window covariance's Markov correlations among that many most
-    frequent types only (``folded_window_composition``: O(d K²) memory instead of d³); None keeps them all.
+    ``kept_types`` (``finite_second_order``): keep the window's fluctuation for that many most frequent types only
+    (``folded_window_composition``: their queries' covariances, with the Markov correlations among them; O(K³)
+    memory instead of d³, O(K d m²) a gradient instead of O(d² m²)); None keeps every type.
     """
     if model.d != chain.d:
         raise ValueError(f"the model has d = {model.d} tokens but the chain has d = {chain.d}")
