@@ -131,9 +131,9 @@ class LossConfig(Section):
     s: PositiveInt = key(64, "context length of the finite-s losses (every kind but mean_field)")
     mc_samples: int = key(4096, "monte_carlo and finite_control_variate: sequences drawn", ge=2)
     mc_seed: int = key(0, "monte_carlo and finite_control_variate: seed of the sequences")
-    kept_types: PositiveInt | None = key(None, "finite_second_order: keep the window's fluctuation for this many "
-                                               "most frequent types only: their queries' covariances, with the Markov "
-                                               "correlations among them (O(K³) memory; default all, d³)")
+    kept_types: PositiveInt | None = key(None, "finite_second_order: keep the window covariance's Markov correlations "
+                                               "among this many most frequent types only, the rest as independent "
+                                               "tokens (O(d K²) memory; default all, d³)")
 
 
 class FlowConfig(Section):

@@ -41,7 +41,8 @@ from flowsim.runs.labelling import MIN_SAMPLES_FOR_STAGES
 from flowsim.observe.observables import MEASURED_BY, OBSERVABLES_NPZ, Observables, stage_observables
 from flowsim.runs.plots import plot_overlay
 from flowsim.runs.rundir import CONFIG_FILE, TRAJECTORY_FILE, read_meta, status_of
-from flowsim.solve.solvers import solve_flow
+from flowsim.methods import AUTO
+from flowsim.solve.solvers import JaxBDF, solve_flow
 from flowsim.observe import stages
 from flowsim.observe.stages import detect_stages, subject_label
 from flowsim.solve.status import Status
@@ -85,7 +86,7 @@ def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress
     it with the run's probe set (the ODE's parameters loaded into the torch twin), so both
     sides are read by identical code. Returns its observables and a description."""
     data = build_data(config)
-    method = config.compare.method or ("Tsit5" if data.chain is not None else "auto")
+    method = config.compare.method or ("Tsit5" if data.chain is not None else AUTO)
     model = model_from_config(config.model, data.vocab_size)
     if data.chain is not None:
         chain, loss_kind = data.chain, "finite"
@@ -96,7 +97,7 @@ def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress
         loss_kind = {"sampled": "monte_carlo"}.get(config.compare.surrogate_loss, config.compare.surrogate_loss)
         law = {"monte_carlo": f"loss at s = {config.data.s} on {config.compare.samples} sampled sequences of",
                "finite_second_order": (f"loss at s = {config.data.s} to second order in the window's composition"
-                                       + (f" (its fluctuation kept for the {config.compare.kept_types} most frequent "
+                                       + (f" (Markov correlations among the {config.compare.kept_types} most frequent "
                                           "types)" if config.compare.kept_types else "") + " on"),
                "finite_control_variate": (f"loss at s = {config.data.s} to second order in the window's composition, "
                                           f"plus its remainder on {config.compare.samples} sampled windows, on"),
@@ -104,6 +105,9 @@ def ode_observables(config: BridgeConfig, run_dir: Path, t: np.ndarray, progress
         ode = (f"{law} the bigram chain of the training split over all {chain.d} tokens "
                f"({extra['estimator']}), from the run's initial parameters")
     params0 = Trajectory.load(run_dir / TRAJECTORY_FILE).at(0)  # the run's own start
+    folded = loss_kind == "finite_second_order" and (config.compare.kept_types or chain.d) < chain.d
+    if method == AUTO and folded:  # its Hessian is the mean composition's (O(d² m) a product): exact products
+        method = JaxBDF(jacobian_products="exact")
     try:
         loss = make_loss_function(model, chain, loss_kind, config.data.s, mc_samples=config.compare.samples,
                                   settings={"s": "data.s", "mc_samples": "compare.samples"},

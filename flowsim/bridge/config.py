@@ -136,8 +136,8 @@ class CompareConfig(Section):
         "on compare.samples windows of the chain: unbiased) or 'sampled', its loss at s on compare.samples "
         "sequences of the chain (seeded, so each flow is deterministic)")
     samples: PositiveInt = key(32768, "text, sampled and finite_control_variate: sequences of the surrogate chain")
-    kept_types: PositiveInt | None = key(None, "text, finite_second_order: keep the window's fluctuation for this "
-                                               "many most frequent types only, as queries and as keys (O(K³) memory; "
+    kept_types: PositiveInt | None = key(None, "text, finite_second_order: keep the window covariance's Markov "
+                                               "correlations among this many most frequent types only (O(d K²) memory; "
                                                "default all, d³)")
 
 

@@ -181,32 +181,19 @@ class QueryExpansion(NamedTuple):
         return self.weights[:, :, None] * (self.values[None, :, :] - self.mixed[:, None, :])
 
 
-def _mean_composition_logits(model: OneLayerTransformer, params: Params, mean: jax.Array,
-                             queries: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(held types, attention a, logits f) of each query in ``queries`` reading its mean composition (rows of
-    ``mean``). O(d² (m + k)) for every query."""
-    held = mean > 0
-    attention = jax.nn.softmax(jnp.where(held, model.attention_logits(params)[queries]
-                                         + jnp.log(jnp.where(held, mean, 1.0)), -jnp.inf), axis=-1)
-    return held, attention, model.logits_from_attention(params, attention, queries)
-
-
-def _mean_composition_losses(model: OneLayerTransformer, params: Params, P: jax.Array, mean: jax.Array) -> jax.Array:
-    """ℓ_q(μ_q) of every query (``QueryExpansion.loss`` alone). O(d² (m + k))."""
-    _, _, logits = _mean_composition_logits(model, params, mean, jnp.arange(model.d))
-    return jax.nn.logsumexp(logits, axis=-1) - jnp.sum(P * logits, axis=-1)
-
-
 def _query_expansion(model: OneLayerTransformer, params: Params, P: jax.Array, mean: jax.Array,
                      queries: jax.Array | None = None) -> QueryExpansion:
     """``QueryExpansion`` at the mean compositions (rows of ``mean``) of every query, or of ``queries`` only (then
-    ``mean`` has their rows). Cost: O(n d (m + k) + n d m²) for n queries."""
+    ``mean`` has their rows). Cost: O(d² (m + k) + d² m²) for every query."""
     mm = model._matmul
     W1 = params["W1"]
     queries = jnp.arange(model.d) if queries is None else queries
     P = P[queries]
     values = mm(params["W0"], params["W_V"]) if model.value_matrix else params["W0"]
-    held, attention, logits = _mean_composition_logits(model, params, mean, queries)
+    held = mean > 0
+    attention = jax.nn.softmax(jnp.where(held, model.attention_logits(params)[queries]
+                                         + jnp.log(jnp.where(held, mean, 1.0)), -jnp.inf), axis=-1)
+    logits = model.logits_from_attention(params, attention, queries)
     probabilities = jax.nn.softmax(logits, axis=-1)
     head = mm(probabilities, W1.T)  # W1 p, (q, m)
     return QueryExpansion(
@@ -240,25 +227,70 @@ def _second_order_core(model: OneLayerTransformer, params: Params, P: jax.Array,
     return jnp.sum(query_probability * (x.loss + 0.5 * traces))
 
 
+def _folded_traces(model: OneLayerTransformer, params: Params, P: jax.Array, query_probability: jax.Array,
+                   mean: jax.Array, others: jax.Array, independent_scale: jax.Array, kept: jax.Array,
+                   correction: jax.Array) -> jax.Array:
+    """Σ_q p_q ½ tr(C_q ∇²ℓ_q(μ_q)) with C_q = I_q + B_q (``flowsim.model.windows.FoldedWindowComposition``), the
+    traces written out so that no (d, d, m) array is formed. With I_q = c (diag ν - ν νᵀ) (c = ``independent_scale``, ν
+    = ``others``), w = ν ∘ ω², S = Σ_j w_j E_j E_jᵀ, g = Eᵀ w and u = Uᵀ ν = Eᵀ (ν ∘ ω) - (ν · ω) ā:
+
+        ⟨Uᵀ I U, N⟩ = c (⟨S, N⟩ - 2 āᵀ N g + (Σ w) āᵀ N ā - uᵀ N u),
+        ωᵀ I ω = c (Σ w - (ν · ω)²),   ωᵀ I (ω ∘ e) = c (w · e - (ν · ω)(ν · (ω ∘ e))),
+
+    and B_q's terms on the K kept types through U's K kept rows. Cost: O(d² m²) in two matrix products (S, and N as
+    in ``QueryExpansion``), O(d² m) for the rest of the independent part, O(d K² m + d K m²) for the kept block."""
+    x = _query_expansion(model, params, P, mean)
+    d, m = x.values.shape
+    c, E, N = independent_scale, x.values, x.curvature
+    w = others * x.weights**2
+    S = (w @ (E[:, :, None] * E[:, None, :]).reshape(d, m * m)).reshape(-1, m, m)
+    along = others * x.weights  # ν ∘ ω
+    overlap = jnp.sum(along, axis=-1)  # ν · ω
+    u = along @ E - overlap[:, None] * x.mixed
+
+    def form(left: jax.Array, right: jax.Array) -> jax.Array:  # leftᵀ N right, per query
+        return jnp.einsum("qn,qnm,qm->q", left, N, right)
+
+    logit_independent = c * (jnp.sum(S * N, axis=(1, 2)) - 2.0 * form(x.mixed, w @ E)
+                             + jnp.sum(w, axis=-1) * form(x.mixed, x.mixed) - form(u, u))
+    U_kept = x.weights[:, kept, None] * (E[kept][None, :, :] - x.mixed[:, None, :])  # U's kept rows, (q, K, m)
+    logit_kept = jnp.einsum("qjn,qjk,qkm,qnm->q", U_kept, correction, U_kept, N)
+    weighted_e = x.weights * x.e  # ω ∘ e
+    omega_kept, weighted_e_kept = x.weights[:, kept], weighted_e[:, kept]
+    omega_omega = (c * (jnp.sum(w, axis=-1) - overlap**2)
+                   + jnp.einsum("qj,qjk,qk->q", omega_kept, correction, omega_kept))
+    omega_weighted_e = (c * (jnp.sum(w * x.e, axis=-1) - overlap * jnp.sum(others * weighted_e, axis=-1))
+                        + jnp.einsum("qj,qjk,qk->q", weighted_e_kept, correction, omega_kept))
+    traces = (logit_independent + logit_kept
+              + 2.0 * (jnp.sum(x.attention * x.e, axis=-1) * omega_omega - omega_weighted_e))
+    return 0.5 * jnp.sum(query_probability * traces)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _folded_traces_without_curvature(model: OneLayerTransformer, params: Params, *data: jax.Array) -> jax.Array:
+    """``_folded_traces`` with its exact value and gradient and no second derivative: the flow's Jacobian is then
+    the mean composition's loss's, whose products cost O(d² m), while each field evaluation stays exact. The term
+    is O(1/s) of the loss, so Newton's iteration converges on the rest's Jacobian (JaxBDF with exact products)."""
+    return _folded_traces(model, params, *data)
+
+
+@_folded_traces_without_curvature.defjvp
+def _folded_traces_without_curvature_jvp(model, primals, tangents):
+    params, *data = primals
+    value, gradient = jax.value_and_grad(_folded_traces, argnums=1)(model, params, *data)
+    gradient = jax.lax.stop_gradient(gradient)
+    return value, sum(jnp.vdot(gradient[name], tangents[0][name]) for name in gradient)
+
+
 def _second_order_folded_core(model: OneLayerTransformer, params: Params, P: jax.Array, query_probability: jax.Array,
                               mean: jax.Array, others: jax.Array, independent_scale: jax.Array, kept: jax.Array,
                               correction: jax.Array) -> jax.Array:
-    """``_second_order_core`` with the folded covariance (``flowsim.model.windows.FoldedWindowComposition``): every
-    query's ℓ_q(μ_q), and the trace for the K kept queries only, with C_q = I_q + B_q: I_q = c (diag ν_q - ν_q ν_qᵀ),
-    c = ``independent_scale`` and ν_q = ``others`` (rows of the kept queries), multiplies in O(d m) a query, and B_q
-    on the kept types in O(K² m). Cost: O(d² (m + k) + K d m² + K³ m)."""
-    x = _query_expansion(model, params, P, mean[kept], kept)
-    U = x.steps
-
-    def product(Y: jax.Array) -> jax.Array:  # C_q Y for Y of shape (q, d) or (q, d, m)
-        weights = others.reshape(others.shape + (1,) * (Y.ndim - 2))
-        independent = independent_scale * (weights * Y - weights * jnp.sum(weights * Y, axis=1, keepdims=True))
-        folded = jnp.einsum("qjk,qk...->qj...", correction, Y[:, kept])
-        return independent.at[:, kept].add(folded)
-
-    traces = _curvature_traces(x, U, product(U), product(x.weights))
-    return (jnp.sum(query_probability * _mean_composition_losses(model, params, P, mean))
-            + 0.5 * jnp.sum(query_probability[kept] * traces))
+    """``_second_order_core`` with the folded covariance: Σ_q p_q ℓ_q(μ_q) plus ``_folded_traces`` (its Hessian
+    left out, ``_folded_traces_without_curvature``). Cost: O(d² (m + k) + d² m² + d K² m) an evaluation; a
+    Hessian-vector product O(d² (m + k)) besides."""
+    losses = _query_expansion(model, params, P, mean).loss  # only ℓ_q: the compiled loss drops the rest
+    return jnp.sum(query_probability * losses) + _folded_traces_without_curvature(
+        model, params, P, query_probability, mean, others, independent_scale, kept, correction)
 
 
 def _sampled_remainder(model: OneLayerTransformer, params: Params, P: jax.Array, mean: jax.Array,
@@ -478,7 +510,7 @@ def folded_second_order_loss(model: OneLayerTransformer, chain: MarkovChain,
     """``loss(params)``: the finite-s loss to second order with the folded covariance (``_second_order_folded_core``)."""
     return Partial(ModelLoss(_second_order_folded_core, model), P=jnp.asarray(chain.P),
                    query_probability=jnp.asarray(composition.query_probability), mean=jnp.asarray(composition.mean),
-                   others=jnp.asarray(composition.others[composition.kept]),
+                   others=jnp.asarray(composition.others),
                    independent_scale=jnp.asarray((composition.s - 1) / composition.s**2),
                    kept=jnp.asarray(composition.kept), correction=jnp.asarray(composition.correction))
 
@@ -622,9 +654,9 @@ def check_loss_size(kind: str, d: int, s: int, model: Model, mc_samples: int = 0
                      f"about {operations:.2g} operations, {operations / 1e9:.2g} s at 1e9 per second)",
                      f"lower {settings['s']}, or use loss.kind = 'monte_carlo' or 'mean_field'")
     elif kind in ("finite_second_order", "finite_control_variate") and kept_types is not None and kept_types < d:
-        check_memory(8.0 * (s * d * d + 3 * kept_types**3 + 8 * kept_types * d * width),
+        check_memory(8.0 * (s * d * d + 3 * d * kept_types**2 + 16 * d * d + 8 * d * width * (width + kept_types)),
                      f"loss.kind = 'finite_second_order' at d = {d} with {kept_types} kept types (P's s powers, "
-                     "the kept queries' covariances)", "keep fewer types or lower s")
+                     "the kept block of every query's covariance)", "keep fewer types or lower s")
     elif kind in ("finite_second_order", "finite_control_variate"):
         check_memory(window_composition_bytes(d) + 8.0 * 8 * d * d * width,
                      f"loss.kind = {kind!r} at d = {d} (the window composition's covariance, d³ entries)",
@@ -652,9 +684,9 @@ def make_loss_function(
     constants into the compiled code. ``monte_carlo`` is the empirical loss on one
     fixed set of ``mc_samples`` sampled sequences (seeded): its flow is deterministic.
     ``settings`` names s and ``mc_samples`` in error messages (``LOSS_SETTINGS``: the run config's keys).
-    ``kept_types`` (``finite_second_order``): keep the window's fluctuation for that many most frequent types only
-    (``folded_window_composition``: their queries' covariances, with the Markov correlations among them; O(K³)
-    memory instead of d³, O(K d m²) a gradient instead of O(d² m²)); None keeps every type.
+    ``kept_types`` (``finite_second_order``): keep the window covariance's Markov correlations among that many most
+    frequent types only (``folded_window_composition``: O(d K²) memory instead of d³, O(d² m² + d K² m) an
+    evaluation instead of O(d³ m)); None keeps them all.
     """
     if model.d != chain.d:
         raise ValueError(f"the model has d = {model.d} tokens but the chain has d = {chain.d}")

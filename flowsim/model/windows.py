@@ -15,12 +15,10 @@ needs only μ_q and C_q, which follow from P by sums over positions, with no sam
 with ρ_t = ρ_1 P^{t-1} and E[· ; q] = E[· 1{x_s = q}]. The pair sum is carried position by position: F_{t'}[j, k]
 = Σ_{t<t'} Prob(x_t = j, x_{t'} = k) obeys F_{t'+1} = (F_{t'} + diag ρ_{t'}) P.
 
-The covariance has d³ entries (8 GB at d = 1001). ``folded_window_composition`` keeps the fluctuation exactly only
-among K kept types (the most frequent): for a kept query, C_q = I_q + B_q, with I_q the covariance of a window whose
-other s - 1 tokens are independent draws from its mean composition (diagonal plus rank one: O(d) numbers) and
-B_q = C_q - I_q on the kept types only, zero elsewhere; a query outside them reads its mean composition alone
-(C_q = 0). So a window's Markov correlations are kept between the kept types, and the fluctuation of the rest of
-the queries' windows is dropped: the second-order term costs O(K d m²), not O(d² m²).
+The covariance has d³ entries (8 GB at d = 1001). ``folded_window_composition`` keeps it exactly only among K kept
+types: C_q = I_q + B_q, with I_q the covariance of a window whose other s - 1 tokens are independent draws from its
+mean composition (diagonal plus rank one: O(d) numbers) and B_q = C_q - I_q on the kept types only, zero elsewhere.
+So a window's Markov correlations are kept between the kept types and dropped for the rest.
 """
 
 from __future__ import annotations
@@ -50,9 +48,8 @@ class WindowComposition:
 
 @dataclass(frozen=True)
 class FoldedWindowComposition:
-    """``WindowComposition`` with C_q = I_q + B_q for the kept queries and C_q = 0 for the rest (module docstring):
-    ``kept`` (K,) the kept types, ``correction`` (K, K, K) block i is B_q for q = kept[i] on the kept types. O(d K + K³)
-    numbers instead of d³."""
+    """``WindowComposition`` with C_q = I_q + B_q (module docstring): ``kept`` (K,) the types whose Markov correlations
+    are kept, ``correction`` (d, K, K) block q is B_q. O(d K²) numbers instead of d³."""
 
     s: int
     query_probability: np.ndarray
@@ -67,9 +64,9 @@ class FoldedWindowComposition:
 
     def covariance(self) -> np.ndarray:
         """The folded C_q as a (d, d, d) array (for checks at small d)."""
-        covariance = np.zeros((self.mean.shape[0],) * 3)
-        covariance[self.kept] = independent_covariance(self.mean, self.s)[self.kept]
-        covariance[np.ix_(self.kept, self.kept, self.kept)] += self.correction
+        d = self.mean.shape[0]
+        covariance = independent_covariance(self.mean, self.s)
+        covariance[np.ix_(np.arange(d), self.kept, self.kept)] += self.correction
         return covariance
 
 
@@ -138,32 +135,31 @@ def window_composition(chain: MarkovChain, s: int) -> WindowComposition:
 
 
 def folded_window_composition(chain: MarkovChain, s: int, kept: int) -> FoldedWindowComposition:
-    """The window's exact mean and, for the ``kept`` most frequent types (by π; ties by index) as queries, the
-    covariance with the Markov correlations kept among those types and dropped for the rest (module docstring).
-    ``kept`` = d gives the exact covariance.
+    """The window's exact mean and its covariance with the Markov correlations kept among the ``kept`` most frequent
+    types (by π; ties by index) and dropped for the rest (module docstring). ``kept`` = d gives the exact covariance.
 
-    Cost: O(s d³) time for P's powers, O(s d² + K³) memory (K = ``kept``)."""
+    Cost: O(s d³) time for P's powers, O(s d² + d K²) memory (K = ``kept``)."""
     d = chain.d
     if not isinstance(kept, (int, np.integer)) or not 1 <= kept <= d:
         raise ValueError(f"the kept types must be a count from 1 to d = {d}, got {kept!r}")
     types = np.sort(np.argsort(-np.asarray(chain.pi), kind="stable")[:kept])
-    check_memory(8.0 * (s * d * d + 3 * kept**3), f"the folded window composition at d = {d}, s = {s}, "
+    check_memory(8.0 * (s * d * d + 3 * d * kept * kept), f"the folded window composition at d = {d}, s = {s}, "
                  f"{kept} kept types", "keep fewer types or lower s")
     P, marginals, powers, first = _position_laws(chain, s)
-    pairs = np.zeros((kept, kept, kept))  # as in window_composition, j, k and q among the kept types
+    pairs = np.zeros((kept, kept, d))  # as in window_composition, j and k among the kept types
     earlier = np.zeros((kept, d))  # F_{t'} on the kept rows
     for t_later in range(2, s + 1):
         earlier = (earlier + np.eye(d)[types] * marginals[t_later - 2][types, None]) @ P
-        pairs += earlier[:, types, None] * powers[s - t_later][np.ix_(types, types)][None, :, :]
+        pairs += earlier[:, types, None] * powers[s - t_later][types][None, :, :]
     seen, scale, mean = _normalised(first, marginals[-1], s)
-    second = np.transpose(pairs + np.transpose(pairs, (1, 0, 2)), (2, 0, 1))  # [q, j, k]
-    second[:, np.arange(kept), np.arange(kept)] += first[np.ix_(types, types)].T
-    kept_mean = mean[np.ix_(types, types)]
-    covariance = second * (scale[types] / s**2)[:, None, None] - kept_mean[:, :, None] * kept_mean[:, None, :]
-    others = independent_others(mean, s)[np.ix_(types, types)]
+    second = np.transpose(pairs + np.transpose(pairs, (1, 0, 2)), (2, 0, 1))  # [q, j, k] over the kept types
+    second[:, np.arange(kept), np.arange(kept)] += first[types].T
+    kept_mean = mean[:, types]
+    covariance = second * (scale / s**2)[:, None, None] - kept_mean[:, :, None] * kept_mean[:, None, :]
+    others = independent_others(mean, s)[:, types]
     independent = (s - 1) / s**2 * (np.einsum("qj,jk->qjk", others, np.eye(kept)) - others[:, :, None] * others[:, None, :])
     correction = covariance - independent
-    correction[~seen[types]] = 0.0
+    correction[~seen] = 0.0
     return FoldedWindowComposition(s=int(s), query_probability=marginals[-1], mean=mean, kept=types,
                                    correction=correction)
 
