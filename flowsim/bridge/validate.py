@@ -52,7 +52,7 @@ VALIDATE_JSON = "validate.json"
 VALIDATE_MD = "validate.md"
 SIDES = ("theory", "ode_full_vocabulary", "ode", "ode_finite_s", "sgd")
 FINITE_S_LOSS = "finite_second_order"  # the finite-context flow put beside the mean-field one
-FINITE_S_KEPT = None  # where its d³ does not fit, the fluctuation of this many types (benchmarks/finite_context_fold.py)
+FINITE_S_KEPT = 64  # where its d³ does not fit, the Markov correlations of this many types (benchmarks/finite_context_fold.py)
 LOSS_MOVES = 0.05  # a row whose event the finite-s flow moves more than this is marked a mean-field prediction
 
 
@@ -163,11 +163,11 @@ def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool 
         else:
             started = time.perf_counter()
             progress(f"ODE: the surrogate's flow of its loss at s = {config.data.s} ({FINITE_S_LOSS}"
-                     + (f", the fluctuation of the {kept} most frequent types)" if kept is not None and kept < d else ")"))
+                     + (f", Markov correlations among the {kept} most frequent types)" if kept is not None and kept < d else ")"))
             at_s = detect_stages(ode_beside(out / "sgd", bars, surrogate_loss=FINITE_S_LOSS, kept_types=kept)[0]).events()
             seconds["ode_finite_s"] = time.perf_counter() - started
             if kept is not None and kept < d:
-                finite_s_note = f"the flow at s keeps the window's fluctuation for the {kept} most frequent types"
+                finite_s_note = f"the flow at s keeps the Markov correlations among the {kept} most frequent types only"
     full_vocabulary = {key: event["t"] for event in description.get("full_vocabulary_events", [])
                        if (key := folded_key(data, event["stage"], event["query"], event["direction"])) is not None}
     names = [str(name) for name in Observables.load(out / "sgd").constants["type_names"]]
