@@ -914,3 +914,23 @@ def test_a_row_the_flow_at_s_moves_by_more_than_5_percent_is_marked_a_mean_field
 
     assert loss_moves(100.0, 104.9) == "" and loss_moves(None, 300.0) == "" and loss_moves(100.0, None) == ""
     assert loss_moves(1400.0, 250.0) == "mean-field prediction: the flow at s moves it 82%"
+
+
+@needs_data
+def test_the_folded_surrogate_ode_runs_on_jaxbdf_with_exact_products_and_matches_an_explicit_solve(tmp_path):
+    """compare.kept_types below d: the surrogate's second-order loss with the folded covariance, whose Hessian leaves
+    the traces' curvature out, is integrated by JaxBDF with exact products ("auto"); its losses along the flow are an
+    explicit method's (Tsit5, which uses no Jacobian) on the same loss, and its start is that loss at θ(0)."""
+    from flowsim.model.flow import GradientFlow
+    from flowsim.model.losses import make_loss_function
+    from flowsim.solve.solvers import solve_flow
+
+    config, ode, description, params0, chain = tiny_surrogate_ode(
+        tmp_path, ["model.init_eps=0.5", "compare.surrogate_loss='finite_second_order'", "compare.kept_types=3",
+                   "compare.method='auto'"])
+    assert "(Markov correlations among the 3 most frequent types)" in description["ode"]
+    assert description["method"] == "JaxBDF"
+    loss = make_loss_function(OneLayerTransformer(d=8, m=4, k=3), chain, "finite_second_order", 6, kept_types=3)
+    assert float(ode["loss"][0]) == pytest.approx(float(loss(params0)), rel=1e-12)
+    explicit = solve_flow(GradientFlow(loss, params0), params0, np.asarray(ode.t), method="Tsit5", rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(ode["loss"]), np.asarray(explicit.trajectory.loss), rtol=1e-5)
