@@ -2,7 +2,7 @@
 the theory.
 
     python benchmarks/text_cycle.py --corpus tinystories [--folder runs/cycle-tinystories] [--no-theory]
-                                    [--quarter] [--seeds 1,2,3] [--out benchmarks/RESULTS.md]
+                                    [--quarter] [--seeds 1,2,3] [--flow-at-s] [--out benchmarks/RESULTS.md]
     python benchmarks/text_cycle.py --corpus bridge/wikitext2-d64.toml     # a bridge config: the d = 64 examples
 
 Runs `flowsim bridge validate CORPUS` (the shipped example, to its whole cycle, or the config named) into FOLDER, and the same run at
@@ -196,13 +196,16 @@ def main() -> None:
     parser = example_parser(__doc__.split("\n")[0])
     parser.add_argument("--no-theory", action="store_true", help="SGD and the ODE only")
     parser.add_argument("--seeds", default="", help="comma-separated further seeds (data.seed), e.g. 1,2,3")
+    parser.add_argument("--flow-at-s", action="store_true", help="at d = 1001 too, the flow of the loss at s (folded; "
+                                                                  "tens of minutes a seed)")
     parser.add_argument("--quarter", action="store_true", help="also SGD at lr/4 (four times the steps, into FOLDER-quarter): "
                                                                 "the flow regime one halving further")
     arguments = parser.parse_args()
     name, folder = example_name_and_folder(arguments)
     config = load_bridge_config(example_config(arguments.corpus))
     report = lambda message: print(f"{name}: {message}", flush=True)  # noqa: E731
-    full = validate(arguments.corpus, folder, theory=not arguments.no_theory, progress=report)
+    full = validate(arguments.corpus, folder, theory=not arguments.no_theory, folded_finite_s=arguments.flow_at_s,
+                    progress=report)
     half = validate(arguments.corpus, Path(f"{folder}-half"), theory=False, finite_s=False, progress=report,
                     overrides=[f"optim.lr={config.optim.lr / 2}", f"optim.steps={2 * config.optim.steps}"])
     quarter = None
@@ -216,7 +219,8 @@ def main() -> None:
         parser.error(f"--seeds must be comma-separated integers, got {arguments.seeds!r}")
     if seeds:
         payloads = {0: full, **{seed: validate(arguments.corpus, Path(f"{folder}-seed{seed}"), [f"data.seed={seed}"],
-                                                theory=False, progress=report) for seed in seeds}}
+                                                theory=False, folded_finite_s=arguments.flow_at_s, progress=report)
+                                       for seed in seeds}}
         text += "\n\n" + seeds_table(payloads)
         verdict = held_out_verdict(payloads, seeds)
         text += f"\n\n{verdict}" if verdict else ""
@@ -224,6 +228,7 @@ def main() -> None:
     print("seconds:", {"lr": full["seconds"], "lr/2": half["seconds"], **({"lr/4": quarter["seconds"]} if quarter else {})})
     if arguments.out is not None:
         command = (f"python benchmarks/text_cycle.py --corpus {arguments.corpus}" + (" --no-theory" if arguments.no_theory else "")
+                   + (" --flow-at-s" if arguments.flow_at_s else "")
                    + (" --quarter" if arguments.quarter else "") + (f" --seeds {arguments.seeds}" if seeds else ""))
         write_section(arguments.out, f"cycle-{name}", f"`{command}`\n\n{text}")
 

@@ -456,6 +456,9 @@ def bridge_validate(
     no_theory: bool = typer.Option(False, "--no-theory", help="Only SGD and the ODE (the theory's rank-r flows are the slowest part)."),
     short: bool = typer.Option(False, "--short", help="The example's first stages only (CORPUS-onelayer-short.toml), not its whole cycle."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+    flow_at_s: bool = typer.Option(False, "--flow-at-s", help="Also where the loss at s's d³ covariance does not fit "
+                                   "(d = 1001): its flow with the Markov correlations of the 64 most frequent types "
+                                   "(tens of minutes on a CPU)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
 ) -> None:
     """Train SGD, integrate the surrogate's ODE and run the theory from the same start; write the table of events."""
@@ -468,7 +471,8 @@ def bridge_validate(
         from flowsim.bridge.validate import VALIDATE_JSON, VALIDATE_MD, validate
 
         payload = validate(corpus, out, [*set_, *_data_dir_override(data_dir)], theory=not no_theory, short=short,
-                           progress=lambda message: typer.echo(f"flowsim: {message}", err=True), bars=not quiet)
+                           folded_finite_s=flow_at_s, progress=lambda message: typer.echo(f"flowsim: {message}", err=True),
+                           bars=not quiet)
     except (ConfigError, ImportError, FileNotFoundError, FloatingPointError, ValueError) as error:
         _fail(str(error))
     except KeyboardInterrupt:
