@@ -934,3 +934,24 @@ def test_the_folded_surrogate_ode_runs_on_jaxbdf_with_exact_products_and_matches
     assert float(ode["loss"][0]) == pytest.approx(float(loss(params0)), rel=1e-12)
     explicit = solve_flow(GradientFlow(loss, params0), params0, np.asarray(ode.t), method="Tsit5", rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(np.asarray(ode["loss"]), np.asarray(explicit.trajectory.loss), rtol=1e-5)
+
+
+def test_the_flow_at_s_is_folded_where_its_covariance_does_not_fit_only_when_asked(monkeypatch):
+    """validate's flow at s: every type's correlations where the d³ covariance fits; over the memory budget, none
+    unless --flow-at-s asks, then FINITE_S_KEPT types', and the note says which; an explicit compare.kept_types
+    is used as given."""
+    from flowsim.bridge import validate as validate_module
+    from flowsim.common.budget import BUDGET_VARIABLE
+
+    config = load_bridge_config(None, ["data.kind='wikitext2'", "data.vocab_size=31", "model.m=4", "model.k=3", "data.s=16"])
+    assert validate_module.flow_at_s_fold(config, folded=False) == (None, "")
+    monkeypatch.setenv(BUDGET_VARIABLE, "0.0005")  # 500 kB: d = 32's d³ covariance (1 MB) does not fit, its fold does
+    monkeypatch.setattr(validate_module, "FINITE_S_KEPT", 8)
+    kept, note = validate_module.flow_at_s_fold(config, folded=False)
+    assert kept is None and note.startswith("no finite-s flow") and note.endswith("--flow-at-s folds it to the 8 most "
+                                                                                  "frequent types")
+    assert validate_module.flow_at_s_fold(config, folded=True) == (
+        8, "the flow at s keeps the Markov correlations among the 8 most frequent types only")
+    explicit = load_bridge_config(None, ["data.kind='wikitext2'", "data.vocab_size=31", "model.m=4", "model.k=3",
+                                         "data.s=16", "compare.kept_types=4"])
+    assert validate_module.flow_at_s_fold(explicit, folded=False)[0] == 4

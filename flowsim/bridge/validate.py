@@ -123,6 +123,26 @@ def folded_key(data: DataSource, stage: str, query: int | None, direction: int |
     return None if folded == int(fold.max()) else (stage, folded, direction, 1)  # fold.max(): the type "other"
 
 
+def flow_at_s_fold(config: BridgeConfig, folded: bool) -> tuple[int | None, str]:
+    """(kept types, note) of the flow at s beside a run: every type's correlations where the d³ covariance fits (or
+    ``compare.kept_types``'s); where it does not, FINITE_S_KEPT's with ``folded``, else none (the note says why,
+    starting "no finite-s flow")."""
+    model = model_from_config(config.model, config.data.vocab_size)
+    d, kept = config.data.vocab_size + 1, config.compare.kept_types
+    try:
+        try:
+            check_loss_size(FINITE_S_LOSS, d, config.data.s, model, kept_types=kept)
+        except BudgetError as error:
+            if kept is not None or not folded:
+                raise BudgetError(f"{error}; --flow-at-s folds it to the {FINITE_S_KEPT} most frequent types") from None
+            kept = FINITE_S_KEPT  # the d³ covariance does not fit: the fold its benchmark chose
+            check_loss_size(FINITE_S_LOSS, d, config.data.s, model, kept_types=kept)
+    except BudgetError as error:
+        return None, f"no finite-s flow: {error}"
+    folded_note = f"the flow at s keeps the Markov correlations among the {kept} most frequent types only"
+    return kept, folded_note if kept is not None and kept < d else ""
+
+
 def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool = True, short: bool = False,
              finite_s: bool = True, folded_finite_s: bool = False, progress: Callable[[str], None] = lambda message: None,
              bars: bool = False) -> dict:
@@ -150,26 +170,14 @@ def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool 
     data = build_data(config)
     at_s, finite_s_note = {}, ""  # the events of the flow at s
     if finite_s and config.compare.surrogate_loss == "mean_field":  # the loss at the run's s beside it, where it fits
-        model = model_from_config(config.model, config.data.vocab_size)
-        d, kept = config.data.vocab_size + 1, config.compare.kept_types
-        try:
-            try:
-                check_loss_size(FINITE_S_LOSS, d, config.data.s, model, kept_types=kept)
-            except BudgetError as error:
-                if kept is not None or not folded_finite_s:
-                    raise BudgetError(f"{error}; --flow-at-s folds it to the {FINITE_S_KEPT} most frequent types") from None
-                kept = FINITE_S_KEPT  # the d³ covariance does not fit: the fold its benchmark chose
-                check_loss_size(FINITE_S_LOSS, d, config.data.s, model, kept_types=kept)
-        except BudgetError as error:
-            finite_s_note = f"no finite-s flow: {error}"
-        else:
+        d = config.data.vocab_size + 1
+        kept, finite_s_note = flow_at_s_fold(config, folded_finite_s)
+        if not finite_s_note.startswith("no finite-s flow"):
             started = time.perf_counter()
             progress(f"ODE: the surrogate's flow of its loss at s = {config.data.s} ({FINITE_S_LOSS}"
                      + (f", Markov correlations among the {kept} most frequent types)" if kept is not None and kept < d else ")"))
             at_s = detect_stages(ode_beside(out / "sgd", bars, surrogate_loss=FINITE_S_LOSS, kept_types=kept)[0]).events()
             seconds["ode_finite_s"] = time.perf_counter() - started
-            if kept is not None and kept < d:
-                finite_s_note = f"the flow at s keeps the Markov correlations among the {kept} most frequent types only"
     full_vocabulary = {key: event["t"] for event in description.get("full_vocabulary_events", [])
                        if (key := folded_key(data, event["stage"], event["query"], event["direction"])) is not None}
     names = [str(name) for name in Observables.load(out / "sgd").constants["type_names"]]
