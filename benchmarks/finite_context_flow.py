@@ -106,11 +106,24 @@ def correction_check(chain, model, s: int, trajectory, times: np.ndarray, sample
     return rows
 
 
-def main() -> None:
+def example_run(parser: argparse.ArgumentParser, arguments: argparse.Namespace) -> tuple:
+    """(name, FOLDER/sgd, its config, data, surrogate chain and model) of a text_cycle.py example's seed-0 run."""
     from flowsim.bridge.config import load_bridge_config
     from flowsim.bridge.surrogate import text_surrogate
     from flowsim.bridge.train import build_data
     from flowsim.model.models import model_from_config
+
+    name = Path(arguments.corpus).stem
+    run = (arguments.folder or Path("runs") / f"cycle-{name}") / "sgd"
+    if not (run / "trajectory.npz").is_file():
+        parser.error(f"no SGD run in {run}: run `python benchmarks/text_cycle.py --corpus {arguments.corpus}` first")
+    config = load_bridge_config(run / "config.toml")
+    data = build_data(config)
+    chain, _ = text_surrogate(data.corpus, config.compare)
+    return name, run, config, data, chain, model_from_config(config.model, data.vocab_size)
+
+
+def main() -> None:
     from flowsim.observe.observables import Observables
     from flowsim.observe.stages import detect_stages, event_label
 
@@ -123,14 +136,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="a markdown file to write the tables into (its section)")
     arguments = parser.parse_args()
     losses = LOSSES + (("finite_control_variate",) if arguments.control_variate else ())
-    name = Path(arguments.corpus).stem
-    run = (arguments.folder or Path("runs") / f"cycle-{name}") / "sgd"
-    if not (run / "trajectory.npz").is_file():
-        parser.error(f"no SGD run in {run}: run `python benchmarks/text_cycle.py --corpus {arguments.corpus}` first")
-    config = load_bridge_config(run / "config.toml")
-    data = build_data(config)
-    chain, _ = text_surrogate(data.corpus, config.compare)
-    model = model_from_config(config.model, data.vocab_size)
+    name, run, config, data, chain, model = example_run(parser, arguments)
     measured = Observables.load(run)
     names = [str(name) for name in measured.constants["type_names"]]
     sgd = detect_stages(measured).events()

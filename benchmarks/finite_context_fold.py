@@ -45,11 +45,9 @@ def gradient_seconds(gradient, params) -> float:
 def main() -> None:
     import jax
 
-    from flowsim.bridge.config import load_bridge_config
-    from flowsim.bridge.surrogate import text_surrogate
-    from flowsim.bridge.train import build_data
+    from finite_context_flow import example_run
+
     from flowsim.model.losses import make_loss_function, second_order_losses_by_blocks
-    from flowsim.model.models import model_from_config
     from flowsim.solve.trajectory import Trajectory
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -61,14 +59,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="a markdown file to write the table into (its section)")
     arguments = parser.parse_args()
     kept = [int(k) for k in arguments.kept.split(",")]
-    name = Path(arguments.corpus).stem
-    run = (arguments.folder or Path("runs") / f"cycle-{name}") / "sgd"
-    if not (run / "trajectory.npz").is_file():
-        parser.error(f"no SGD run in {run}: run `python benchmarks/text_cycle.py --corpus {arguments.corpus}` first")
-    config = load_bridge_config(run / "config.toml")
-    data = build_data(config)
-    chain, _ = text_surrogate(data.corpus, config.compare)
-    model = model_from_config(config.model, data.vocab_size)
+    name, run, config, data, chain, model = example_run(parser, arguments)
     s = config.data.s
     trajectory = Trajectory.load(run / "trajectory.npz")
     horizon = float(trajectory.t[-1])
