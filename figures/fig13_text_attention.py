@@ -52,9 +52,12 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
             bottom.legend(fontsize=5, ncol=2, loc="lower left")
             data.update({f"{name}:t": t, f"{name}:attention": attention, f"{name}:attention_entropy": entropy,
                          f"{name}/ode:t": ode_t, f"{name}/ode:attention_entropy": ode_entropy})
-    caption = ("A tracked mid-frequency word's attention over training (one-layer model, SGD, t = lr × steps): "
-               "its entropy alternates between falls (focus, grey) and rises (dilution, hatched) as the mass on "
-               "the frequent tokens comes and goes. Dashed: the exact mean-field gradient flow of the bigram chain of "
-               "the training split over the whole vocabulary, from the run's own initial parameters, read with the "
-               "same probe windows.")
+    caption = ("A tracked mid-frequency word's attention over the first stages of training (one-layer model, "
+               "d = 256, SGD, t = lr × steps, to t = 1000 on WikiText-2 and 400 on TinyStories): top, its attention "
+               "entropy; bottom, the attention mass on each key type. Over these horizons the entropy moves by less "
+               "than 0.1 nat, under a focus's 0.35-nat depth, so no focus or dilution is dated (one dated would be "
+               "shaded: focus grey, dilution hatched). SGD and the flow leave the plateau together (t ≈ 150-200); "
+               "then the flow's entropy turns back where SGD's goes on. Dashed: the exact mean-field gradient flow of "
+               "the bigram chain of the training split over the whole vocabulary, from the run's own initial "
+               "parameters, read with the same probe windows.")
     return save_figure(figure, out, NAME, caption, data)
