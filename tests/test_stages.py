@@ -478,10 +478,13 @@ def surrogate_observables():
     flowsim's own draw (m = k = 16, ε = 1e-2, seed 0) to t = 5125 on 400 log-spaced saves."""
     pytest.importorskip("torch")
     from flowsim.bridge.config import load_bridge_config
+    from flowsim.bridge.data import default_data_dir
     from flowsim.bridge.surrogate import text_surrogate
     from flowsim.bridge.train import build_data
     from flowsim.config import RunConfig, find_config
 
+    if default_data_dir() is None:
+        pytest.skip("the shared WikiText-2 / TinyStories files are not beside the repository")
     config = load_bridge_config(find_config("bridge/tinystories-d64.toml"), [])
     chain, _ = text_surrogate(build_data(config).corpus, config.compare)
     run = RunConfig.model_validate({"chain": {"P": chain.P.tolist()}, "model": {"m": 16, "k": 16},
