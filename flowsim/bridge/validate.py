@@ -133,7 +133,9 @@ def flow_at_s_fold(config: BridgeConfig, folded: bool) -> tuple[int | None, str]
         try:
             check_loss_size(FINITE_S_LOSS, d, config.data.s, model, kept_types=kept)
         except BudgetError as error:
-            if kept is not None or not folded:
+            if kept is not None:
+                raise
+            if not folded:
                 raise BudgetError(f"{error}; --flow-at-s folds it to the {FINITE_S_KEPT} most frequent types") from None
             kept = FINITE_S_KEPT  # the d³ covariance does not fit: the fold its benchmark chose
             check_loss_size(FINITE_S_LOSS, d, config.data.s, model, kept_types=kept)
