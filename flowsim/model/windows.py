@@ -114,24 +114,16 @@ def _normalised(first: np.ndarray, query_probability: np.ndarray, s: int) -> tup
 
 
 def window_composition(chain: MarkovChain, s: int) -> WindowComposition:
-    """The exact mean and covariance of c / s given x_s for windows of length s (module docstring).
+    """The exact mean and covariance of c / s given x_s for windows of length s (module docstring): every query in
+    one block of ``_moments_in_blocks``.
 
-    Cost: O(s d³) time (one d × d product and one d³ outer product per position), O(d³ + s d²) memory."""
+    Cost: O(s d³) time, O(d³ + s d²) memory."""
     d = chain.d
     check_memory(window_composition_bytes(d), f"the window composition's covariance at d = {d} ({d}³ entries)",
                  "use a smaller vocabulary")
-    P, marginals, powers, first = _position_laws(chain, s)
-    pairs = np.zeros((d, d, d))  # Σ_{t<t'} Prob(x_t = j, x_t' = k, x_s = q) as [j, k, q]
-    earlier = np.zeros((d, d))  # F_{t'}
-    for t_later in range(2, s + 1):
-        earlier = (earlier + np.diag(marginals[t_later - 2])) @ P
-        pairs += earlier[:, :, None] * powers[s - t_later][None, :, :]
-    seen, scale, mean = _normalised(first, marginals[-1], s)
-    second = np.transpose(pairs + np.transpose(pairs, (1, 0, 2)), (2, 0, 1))  # [q, j, k]
-    second[:, np.arange(d), np.arange(d)] += first.T
-    covariance = second * (scale / s**2)[:, None, None] - mean[:, :, None] * mean[:, None, :]
-    covariance[~seen] = 0.0
-    return WindowComposition(s=int(s), query_probability=marginals[-1], mean=mean, covariance=covariance)
+    query_probability, mean, blocks = _moments_in_blocks(chain, s, d)
+    (_, covariance), = blocks
+    return WindowComposition(s=int(s), query_probability=query_probability, mean=mean, covariance=covariance)
 
 
 def folded_window_composition(chain: MarkovChain, s: int, kept: int) -> FoldedWindowComposition:
@@ -174,26 +166,36 @@ def window_covariance_blocks(chain: MarkovChain, s: int, block: int) -> Iterator
     """The exact C_q (module docstring) for ``block`` queries at a time: yields (queries (n,), C (n, d, d)), every
     query once. ``window_composition`` at a d whose d³ does not fit, for checks (of the fold, at d = 1001).
 
-    The pair sums Σ_t' F_t'[j, k] P^{s-t'}[k, q] of a block are, for each k, one (d × s) @ (s × n) product over
-    positions. Cost: O(s d³) time in all; O(s d² + block d²) memory (every F_t' and power of P are kept)."""
+    Cost: O(s d³) time in all; O(s d² + block d²) memory (every F_t' and power of P are kept)."""
     d = chain.d
     if not isinstance(block, (int, np.integer)) or block < 1:
         raise ValueError(f"the block of queries must be a positive integer, got {block!r}")
     check_memory(8.0 * (3 * s * d * d + 3 * block * d * d), f"the window covariance at d = {d}, s = {s} in blocks of "
                  f"{block} queries", "use smaller blocks or lower s")
+    return _moments_in_blocks(chain, s, block)[2]
+
+
+def _moments_in_blocks(chain: MarkovChain, s: int, block: int) -> tuple[np.ndarray, np.ndarray, Iterator]:
+    """(p_q, μ_q as rows q, the C_q of ``block`` queries at a time as (queries, C) pairs). The pair sums
+    Σ_t' F_t'[j, k] P^{s-t'}[k, q] of a block are, for each k, one (d × s) @ (s × n) product over positions."""
+    d = chain.d
     P, marginals, powers, first = _position_laws(chain, s)
     earlier, F = [], np.zeros((d, d))
     for t_later in range(2, s + 1):
         F = (F + np.diag(marginals[t_later - 2])) @ P
         earlier.append(F)
-    by_type = np.ascontiguousarray(np.stack(earlier).transpose(2, 1, 0))  # F_t'[j, k] as [k, j, t']
-    later = np.stack([powers[s - t_later] for t_later in range(2, s + 1)])  # P^{s-t'}[k, q] as [t', k, q]
+    by_type = np.ascontiguousarray(np.stack(earlier).transpose(2, 1, 0)) if earlier else np.zeros((d, d, 0))  # [k, j, t']
+    later = np.stack([powers[s - t_later] for t_later in range(2, s + 1)]) if earlier else np.zeros((0, d, d))  # [t', k, q]
     seen, scale, mean = _normalised(first, marginals[-1], s)
-    for start in range(0, d, block):
-        queries = np.arange(start, min(start + block, d))
-        pairs = np.matmul(by_type, later[:, :, queries].transpose(1, 0, 2)).transpose(2, 1, 0)  # [q, j, k]
-        second = pairs + np.transpose(pairs, (0, 2, 1))
-        second[:, np.arange(d), np.arange(d)] += first[:, queries].T
-        covariance = second * (scale[queries] / s**2)[:, None, None] - mean[queries, :, None] * mean[queries, None, :]
-        covariance[~seen[queries]] = 0.0
-        yield queries, covariance
+
+    def blocks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for start in range(0, d, block):
+            queries = np.arange(start, min(start + block, d))
+            pairs = np.matmul(by_type, later[:, :, queries].transpose(1, 0, 2)).transpose(2, 1, 0)  # [q, j, k]
+            second = pairs + np.transpose(pairs, (0, 2, 1))
+            second[:, np.arange(d), np.arange(d)] += first[:, queries].T
+            covariance = second * (scale[queries] / s**2)[:, None, None] - mean[queries, :, None] * mean[queries, None, :]
+            covariance[~seen[queries]] = 0.0
+            yield queries, covariance
+
+    return marginals[-1], mean, blocks()
