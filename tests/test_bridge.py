@@ -155,6 +155,8 @@ def test_a_stopped_run_resumes_to_the_same_parameters(tmp_path, kind):
         train(load_bridge_config(None, [*overrides, "optim.lr=0.3"]), tmp_path / "whole", progress=False)
     moved = train(load_bridge_config(None, [*overrides, f"data.data_dir='{tmp_path}'"]), tmp_path / "whole", progress=False)
     assert moved.finished  # where a corpus lies is not what the run is: it resumes (here: is already done)
+    assert train(load_bridge_config(None, [*overrides, "compare.rtol=1e-6"]), tmp_path / "whole", progress=False).finished
+    assert "rtol = 1e-06" in (tmp_path / "whole" / "config.toml").read_text()  # the ODE beside it follows the new [compare]
     saved = tmp_path / "resumed" / "config.toml"  # as an older version wrote it, before data.train_on existed
     saved.write_text("".join(line for line in saved.read_text().splitlines(keepends=True) if not line.startswith("train_on")))
     assert train(config, tmp_path / "resumed", progress=False).finished
@@ -446,6 +448,17 @@ def test_bridge_validate_puts_theory_ode_and_sgd_side_by_side_and_reuses_every_p
         again = CliRunner().invoke(app, arguments)
     assert again.exit_code == 0, again.output
     assert json.loads((out / "validate.json").read_text())["rows"] == payload["rows"]
+    # the flow at s as the run's own ODE: the same two flows, from the same caches, in the same columns
+    with monkeypatch.context() as patched:
+        patched.setattr(flowsim.bridge.compare, "solve_flow", lambda *a, **k: pytest.fail("a flow was integrated again"))
+        patched.setattr(flowsim.runs.predictions, "predict_run", lambda *a, **k: pytest.fail("the theory was run again"))
+        own_at_s = CliRunner().invoke(app, [*arguments, "--set", "compare.surrogate_loss='finite_second_order'"])
+    assert own_at_s.exit_code == 0, own_at_s.output
+    switched = json.loads((out / "validate.json").read_text())
+    assert switched["own_loss"] == "finite_second_order" and switched["rows"] == payload["rows"]
+    for row in json.loads((out / "sgd" / "compare.json").read_text())["rows"]:  # compare now shows the flow at s
+        assert row["predicted"] == finite_events.get((row["stage"], row["query"], row["direction"], row["occurrence"]))
+    assert "compare.surrogate_loss = 'finite_second_order'" in (out / "validate.md").read_text()
 
 
 def test_bridge_validate_names_a_corpus_it_does_not_know(tmp_path):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flowsim.bridge.config import BridgeConfig, load_bridge_config
+from flowsim.bridge.config import BridgeConfig, CompareConfig, load_bridge_config
 from flowsim.bridge.models import torch_model_for
 from flowsim.bridge.observables import checkpoint_observables, stack_observables
 from flowsim.bridge.surrogate import text_surrogate
@@ -150,25 +150,44 @@ def measured_like_the_run(model, trajectory: Trajectory, data: DataSource) -> Ob
     return stack_observables(trajectory.t, rows, probe.pi, family_of(model).kind)
 
 
+SAMPLED_LOSSES = ("finite_control_variate", "sampled")  # the surrogate losses read on compare.samples windows
+
+
+def settings_read(compare: CompareConfig) -> dict:
+    """The [compare] settings as the ODE of its loss reads them: those its loss ignores (``samples`` but for a loss
+    that samples windows, ``kept_types`` but for the second-order one) at their defaults, so changing them does not
+    recompute a cached flow that never read them."""
+    settings = compare.model_dump()
+    defaults = {name: field.default for name, field in CompareConfig.model_fields.items()}
+    if compare.surrogate_loss not in SAMPLED_LOSSES:
+        settings["samples"] = defaults["samples"]
+    if compare.surrogate_loss != "finite_second_order":
+        settings["kept_types"] = defaults["kept_types"]
+    return settings
+
+
 def ode_beside(run_dir: Path, progress: bool = False, surrogate_loss: str | None = None,
-               kept_types: int | None = None) -> tuple[Observables, dict]:
+               kept_types: int | None = None, samples: int | None = None) -> tuple[Observables, dict]:
     """``ode_observables`` on the run's checkpoint times, cached in RUN/ode/ (observables.npz
     and ode.json); recomputed when the run's start, checkpoints, [compare] settings or the stage detectors changed.
     ``surrogate_loss`` (text runs) puts the flow of another of the surrogate's losses beside the run instead of
-    ``compare.surrogate_loss``'s, cached in RUN/ode-LOSS/, with ``kept_types`` in place of the run's
-    ``compare.kept_types`` where given."""
+    ``compare.surrogate_loss``'s, with ``kept_types`` and ``samples`` in place of the run's ``compare.kept_types`` and
+    ``compare.samples`` where given. Each loss has its own folder, whichever is the run's: RUN/ode/ the mean field's,
+    RUN/ode-LOSS/ another's (RUN/ode-LOSS-nSAMPLES/ for one that samples windows)."""
     run_dir = Path(run_dir)
     config = load_bridge_config(run_dir / CONFIG_FILE)
-    own = surrogate_loss is None or surrogate_loss == config.compare.surrogate_loss
-    if not own:
-        update = {"surrogate_loss": surrogate_loss} | ({"kept_types": kept_types} if kept_types is not None else {})
+    update = {name: value for name, value in (("surrogate_loss", surrogate_loss), ("kept_types", kept_types),
+                                              ("samples", samples)) if value is not None}
+    if update:
         config = config.model_copy(update={"compare": config.compare.model_copy(update=update)})
     t = Observables.load(run_dir).t
-    key = {"compare": config.compare.model_dump(), "t_digest": hashlib.sha256(np.asarray(t, float).tobytes()).hexdigest(),
+    key = {"compare": settings_read(config.compare), "t_digest": hashlib.sha256(np.asarray(t, float).tobytes()).hexdigest(),
            "trajectory_sha256": file_digest(run_dir / TRAJECTORY_FILE),  # the start the ODE integrates from
            "readings": ["probe set", "full vocabulary"],  # what the ODE's description holds (older caches: the first)
            "detectors": file_digest(Path(stages.__file__))}  # the full-vocabulary events are the detectors' reading
-    ode_dir = run_dir / (ODE_DIR if own else f"{ODE_DIR}-{surrogate_loss}")
+    loss = config.compare.surrogate_loss
+    ode_dir = run_dir / (ODE_DIR if loss == "mean_field" or config.data.kind == "markov" else f"{ODE_DIR}-{loss}"
+                         + (f"-n{config.compare.samples}" if loss in SAMPLED_LOSSES else ""))
     if (ode_dir / ODE_JSON).is_file() and (ode_dir / OBSERVABLES_NPZ).is_file():
         try:
             cached = read_json(ode_dir / ODE_JSON)

@@ -212,9 +212,11 @@ class TrainResult:
 
 
 def _run_identity(config: BridgeConfig) -> dict:
-    """The settings that make a run what it is: all but data.data_dir (where its corpus happens to lie)."""
+    """The settings that make a run what it is: all but data.data_dir (where its corpus happens to lie) and [compare]
+    (the ODE put beside it, cached by its own settings: ``flowsim.bridge.compare.ode_beside``)."""
     settings = config.to_dict()
     settings.get("data", {}).pop("data_dir", None)
+    settings.pop("compare", None)
     return settings
 
 

@@ -4,9 +4,10 @@ Three routes to the same stage events, all from the SGD run's own initial parame
 
 * **SGD**: the bridge run of the corpus's shipped one-layer example (``bridge/CORPUS-onelayer.toml``:
   d = 1001, lr and steps in the flow regime), labelled by flowsim's detectors;
-* **ODE**: the exact mean-field gradient flow of the corpus's bigram surrogate (``flowsim bridge compare``), and,
-  where its d³ covariance fits the memory budget, the flow of the same chain's loss at the run's s to second order
-  in the window's composition ("ODE at s", ``loss.kind = "finite_second_order"``);
+* **ODE**: the exact mean-field gradient flow of the corpus's bigram surrogate, and, where its d³ covariance fits
+  the memory budget (or folded, ``compare.kept_types``), the flow of the same chain's loss at the run's s to second
+  order in the window's composition ("ODE at s", ``loss.kind = "finite_second_order"``). Whichever
+  ``compare.surrogate_loss`` names is the run's own ODE (``flowsim bridge compare``'s); the other is put beside it;
 * **theory**: ``predict_run`` on the same surrogate, model and start (Stages I-IV), cut at the run's
   horizon t = lr × steps, with no integration of the full flow.
 
@@ -153,7 +154,8 @@ def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool 
     loss at the run's s where its d³ covariance fits, or with ``compare.kept_types``; ``folded_finite_s``: also
     where it does not, folded to FINITE_S_KEPT types: tens of minutes at d = 1001 on a CPU)."""
     out = Path(out)
-    config = load_bridge_config(example_config(corpus, short), list(overrides))
+    config = load_bridge_config(example_config(corpus, short), list(overrides) + (
+        [] if finite_s else ["compare.surrogate_loss=mean_field"]))  # no flow at s: the run's ODE is the mean field's
     if config.data.kind == "markov" or config.model.kind != "one_layer":
         raise ConfigError("bridge validate needs a text corpus (data.kind wikitext2, tinystories or text) and the "
                           f"one-layer model, got data.kind = {config.data.kind!r}, model.kind = {config.model.kind!r}")
@@ -165,21 +167,35 @@ def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool 
         raise KeyboardInterrupt
     seconds["sgd"] = time.perf_counter() - started
     started = time.perf_counter()
-    progress("ODE: the surrogate's exact flow from the run's start")
-    compared, _, description = compare_bridge_run(out / "sgd", progress=bars)
-    seconds["ode"] = time.perf_counter() - started
+    own_loss = config.compare.surrogate_loss
+    progress(f"ODE: the surrogate's flow of its {'mean-field' if own_loss == 'mean_field' else own_loss} loss from the "
+             "run's start (the run's own ODE, compare.surrogate_loss)")
+    compared, _, own_description = compare_bridge_run(out / "sgd", progress=bars)
     keyed = {(row.stage, row.query, row.direction, row.occurrence): row for row in compared}
+    own_events = {key: row.predicted for key, row in keyed.items() if row.predicted is not None}
+    sgd_events = {key: row.measured for key, row in keyed.items() if row.measured is not None}
+    seconds["ode" if own_loss == "mean_field" else "ode_finite_s"] = time.perf_counter() - started
     data = build_data(config)
-    at_s, finite_s_note = {}, ""  # the events of the flow at s
-    if finite_s and config.compare.surrogate_loss == "mean_field":  # the loss at the run's s beside it, where it fits
-        d = config.data.vocab_size + 1
-        kept, finite_s_note = flow_at_s_fold(config, folded_finite_s)
-        if not finite_s_note.startswith("no finite-s flow"):
-            started = time.perf_counter()
-            progress(f"ODE: the surrogate's flow of its loss at s = {config.data.s} ({FINITE_S_LOSS}"
-                     + (f", Markov correlations among the {kept} most frequent types)" if kept is not None and kept < d else ")"))
-            at_s = detect_stages(ode_beside(out / "sgd", bars, surrogate_loss=FINITE_S_LOSS, kept_types=kept)[0]).events()
-            seconds["ode_finite_s"] = time.perf_counter() - started
+    at_s, finite_s_note, finite_s_description = {}, "", {}  # the events of the flow at s
+    if own_loss == "mean_field":
+        mean_field, description = own_events, own_description
+        if finite_s:  # the loss at the run's s beside it, where it fits
+            d = config.data.vocab_size + 1
+            kept, finite_s_note = flow_at_s_fold(config, folded_finite_s)
+            if not finite_s_note.startswith("no finite-s flow"):
+                started = time.perf_counter()
+                progress(f"ODE: the surrogate's flow of its loss at s = {config.data.s} ({FINITE_S_LOSS}"
+                         + (f", Markov correlations among the {kept} most frequent types)" if kept is not None and kept < d else ")"))
+                observables, finite_s_description = ode_beside(out / "sgd", bars, surrogate_loss=FINITE_S_LOSS, kept_types=kept)
+                at_s = detect_stages(observables).events()
+                seconds["ode_finite_s"] = time.perf_counter() - started
+    else:  # the run's own ODE is a flow at s: the mean-field flow beside it, for the theory that derives from it
+        at_s, finite_s_description = own_events, own_description
+        started = time.perf_counter()
+        progress("ODE: the surrogate's mean-field flow from the run's start (beside the flow at s)")
+        observables, description = ode_beside(out / "sgd", bars, surrogate_loss="mean_field")
+        mean_field = detect_stages(observables).events()
+        seconds["ode"] = time.perf_counter() - started
     full_vocabulary = {key: event["t"] for event in description.get("full_vocabulary_events", [])
                        if (key := folded_key(data, event["stage"], event["query"], event["direction"])) is not None}
     names = [str(name) for name in Observables.load(out / "sgd").constants["type_names"]]
@@ -198,9 +214,9 @@ def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool 
         by_theory, notes, constants = theory_events(run_config, data, progress)
         seconds["theory"] = time.perf_counter() - started
     rows = []
-    for key in set(keyed) | set(by_theory) | set(notes) | set(full_vocabulary) | set(by_formula) | set(at_s):
+    for key in set(sgd_events) | set(mean_field) | set(by_theory) | set(notes) | set(full_vocabulary) | set(by_formula) | set(at_s):
         stage, query, direction, occurrence = key
-        ode, sgd = (keyed[key].predicted, keyed[key].measured) if key in keyed else (None, None)
+        ode, sgd = mean_field.get(key), sgd_events.get(key)
         times = {"formula": by_formula.get(key), "theory": by_theory.get(key),
                  "ode_full_vocabulary": full_vocabulary.get(key), "ode": ode, "ode_finite_s": at_s.get(key), "sgd": sgd}
         rows.append({"stage": stage, "query": query, "direction": direction, "occurrence": occurrence,
@@ -215,7 +231,8 @@ def validate(corpus: str, out: Path, overrides: list[str] = (), *, theory: bool 
     payload = {"corpus": config.data.kind, "d": config.data.vocab_size + 1, "lr": config.optim.lr,
                "steps": config.optim.steps, "t_end": config.optim.lr * config.optim.steps, "init_eps": config.model.init_eps,
                "surrogate": description.get("estimator"), "ode": description, "theory_constants": constants,
-               "formula_failure": formula_failure, "finite_s_note": finite_s_note,
+               "formula_failure": formula_failure, "finite_s_note": finite_s_note, "own_loss": own_loss,
+               "ode_finite_s": finite_s_description.get("ode"),
                "seconds": seconds, "rows": rows}
     write_atomic_json(out / VALIDATE_JSON, payload)
     write_atomic_text(out / VALIDATE_MD, validation_table(payload))
@@ -243,9 +260,13 @@ def validation_table(payload: dict) -> str:
              "The theory has two tiers: the formula (closed forms, no flow integrated; condensation, the first "
              "focus and σ1's restart up to d = 64) and the reduced flows (`theory`), both derived from the mean-field "
              "(s → ∞) loss." + (f" {payload['formula_failure']}." if payload.get("formula_failure") else ""), "",
-             f"The ODE's loss: the {payload['ode'].get('ode', 'surrogate chain')}. ODE at s: the same chain's loss at "
-             f"the run's s to second order in the window's composition (loss.kind = '{FINITE_S_LOSS}'), read on the "
-             "probe set." + (f" {payload['finite_s_note']}." if payload.get("finite_s_note") else ""), "",
+             f"The ODE columns' loss: the {payload['ode'].get('ode', 'surrogate chain')}. ODE at s: the flow of the "
+             + (payload.get("ode_finite_s") or f"same chain's loss at the run's s to second order in the window's "
+                f"composition (loss.kind = '{FINITE_S_LOSS}')") + ", read on the probe set."
+             + (f" {payload['finite_s_note']}." if payload.get("finite_s_note") else "")
+             + f" The run's own ODE (compare.surrogate_loss = '{payload.get('own_loss', 'mean_field')}', what `flowsim "
+             "bridge compare` shows): " + ("the ODE columns'." if payload.get("own_loss", "mean_field") == "mean_field"
+                                           else "ODE at s."), "",
              "| event | token | formula | theory | ODE (vocabulary) | ODE (probe set) | ODE at s | SGD | formula vs ODE "
              "| theory vs ODE | theory vs SGD | ODE vs SGD | ODE at s vs SGD | note |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
