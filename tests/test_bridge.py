@@ -968,3 +968,20 @@ def test_the_flow_at_s_is_folded_where_its_covariance_does_not_fit_only_when_ask
     explicit = load_bridge_config(None, ["data.kind='wikitext2'", "data.vocab_size=31", "model.m=4", "model.k=3",
                                          "data.s=16", "compare.kept_types=4"])
     assert validate_module.flow_at_s_fold(explicit, folded=False)[0] == 4
+
+
+def test_a_cached_flow_is_keyed_only_on_the_compare_settings_its_loss_reads():
+    """Changing compare.samples does not recompute the mean-field or second-order flow, compare.kept_types not the
+    mean-field or sampled one; each changes the key of the loss that reads it."""
+    from flowsim.bridge.compare import settings_read
+    from flowsim.bridge.config import CompareConfig
+
+    def key(**settings):
+        return settings_read(CompareConfig(**settings))
+
+    assert key(samples=1024) == key() and key(kept_types=32) == key()
+    assert key(surrogate_loss="finite_second_order", samples=1024) == key(surrogate_loss="finite_second_order")
+    assert key(surrogate_loss="finite_second_order", kept_types=32) != key(surrogate_loss="finite_second_order")
+    assert key(surrogate_loss="finite_control_variate", samples=1024) != key(surrogate_loss="finite_control_variate")
+    assert key(surrogate_loss="sampled", kept_types=32) == key(surrogate_loss="sampled")
+    assert key(rtol=1e-6) != key()  # a setting every flow reads
