@@ -23,7 +23,7 @@ from flowsim.bridge.data import default_data_dir, load_corpus  # noqa: E402
 from flowsim.observe.observables import folded_types  # noqa: E402
 from flowsim.bridge.models import GPT, GPTConfig, torch_model_for  # noqa: E402
 from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer  # noqa: E402
-from flowsim.bridge.train import CHECKPOINT_FILE, train  # noqa: E402
+from flowsim.bridge.train import CHECKPOINT_FILE, read_checkpoint, train  # noqa: E402
 from flowsim.model.losses import population_loss_finite  # noqa: E402
 from flowsim.model.models import OneLayerTransformer, TwoLayerTransformer  # noqa: E402
 
@@ -148,7 +148,7 @@ def test_a_stopped_run_resumes_to_the_same_parameters(tmp_path, kind):
     assert json.loads((tmp_path / "resumed" / "meta.json").read_text())["status_name"] == "step_limit"
     resumed = train(config, tmp_path / "resumed", progress=False)
     assert resumed.finished and resumed.log == whole.log  # no logged point lost or changed
-    states = [torch.load(tmp_path / name / CHECKPOINT_FILE, weights_only=False)["model"] for name in ("whole", "resumed")]
+    states = [read_checkpoint(tmp_path / name / CHECKPOINT_FILE, "cpu")["model"] for name in ("whole", "resumed")]
     for name, value in states[0].items():
         assert torch.equal(value, states[1][name]), name
     with pytest.raises(flowsim.config.ConfigError, match=r"different configuration \(optim.lr: 0\.0?1 -> 0\.3\)"):
@@ -513,7 +513,7 @@ def test_a_diverging_run_stops_with_a_clear_error_and_keeps_its_last_good_state(
         train(config, tmp_path / "diverged", progress=False)
     meta = json.loads((tmp_path / "diverged" / "meta.json").read_text())
     assert meta["status_name"] == "non_finite"
-    state = torch.load(tmp_path / "diverged" / CHECKPOINT_FILE, weights_only=False)["model"]
+    state = read_checkpoint(tmp_path / "diverged" / CHECKPOINT_FILE, "cpu")["model"]
     assert all(torch.isfinite(value).all() for value in state.values())
 
 
@@ -985,3 +985,44 @@ def test_a_cached_flow_is_keyed_only_on_the_compare_settings_its_loss_reads():
     assert key(surrogate_loss="finite_control_variate", samples=1024) != key(surrogate_loss="finite_control_variate")
     assert key(surrogate_loss="sampled", kept_types=32) == key(surrogate_loss="sampled")
     assert key(rtol=1e-6) != key()  # a setting every flow reads
+
+
+class _RunsCode:
+    """A pickle payload that calls os.makedirs(path) when unpickled without restriction."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        import os
+
+        return os.makedirs, (self.path,)
+
+
+def test_a_checkpoint_is_loaded_without_running_anything_in_it(tmp_path, monkeypatch):
+    """Guards issue 83, item 1: resuming read checkpoint.pt with weights_only=False, so a checkpoint whose pickle
+    calls os.makedirs ran it. Now such a file, and one that loads but is not the checkpoint mapping, is named as
+    damaged in one line (exit 2) and nothing in it runs; a checkpoint written by this code still resumes."""
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+
+    settings = ["optim.steps=12", "log.n_checkpoints=4", "data.batch_size=16", "data.s=8", "log.probe_per_type=4"]
+    run = tmp_path / "run"
+    assert not train(load_bridge_config(None, settings), run, progress=False, stop_at_step=5).finished
+    good = (run / CHECKPOINT_FILE).read_bytes()
+    command = ["bridge", "train", "--quiet", "--out", str(run), *(arg for s in settings for arg in ("--set", s))]
+    marker = tmp_path / "made-by-the-checkpoint"
+    torch.save({"model": _RunsCode(str(marker))}, run / CHECKPOINT_FILE)
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 2 and not marker.exists(), result.output
+    assert re.search(r"checkpoint.pt is damaged \(it names (os|posix).makedirs, code that loading would run: refused\)",
+                     result.output)
+    assert len(result.output.strip().splitlines()) == 1
+    for payload, found in (([1, 2, 3], "a list"), ({"model": {}, "step": "5"}, "no optimizer, scheduler, step")):
+        torch.save(payload, run / CHECKPOINT_FILE)
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 2 and f"not a bridge checkpoint: {found}" in result.output, result.output
+    (run / CHECKPOINT_FILE).write_bytes(good)
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 0 and "finished at step 12" in result.output, result.output

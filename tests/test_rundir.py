@@ -103,3 +103,31 @@ def test_a_folder_lock_refuses_a_second_writer_and_goes_with_its_holder(tmp_path
         with pytest.raises(FolderInUseError):  # and the lock excludes this process's other writers too
             with folder_lock(tmp_path):
                 pass
+
+
+def test_a_lock_file_that_is_a_link_or_a_fifo_is_refused_and_its_target_left_alone(tmp_path):
+    """Guards issue 83, item 2: folder_lock opened .flowsim.lock following symbolic links and truncated it, so a link
+    placed in a shared run folder had `bridge train`, `run` and `sweep` overwrite the file it points to. Now a link, a
+    FIFO or a folder at the lock's path is refused in one line (ConfigError: exit 2), the target untouched, and the
+    read-only check of `stages` and `compare` neither follows the link nor blocks on the FIFO."""
+    import os
+
+    from flowsim.config import ConfigError
+    from flowsim.runs.rundir import LOCK_FILE, check_not_in_use, folder_lock
+
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me\n")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / LOCK_FILE).symlink_to(precious)
+    for check in (lambda: folder_lock(linked).__enter__(), lambda: check_not_in_use(linked)):
+        with pytest.raises(ConfigError, match=rf"{LOCK_FILE} is a symbolic link, expected flowsim's lock file: remove it"):
+            check()
+    assert precious.read_text() == "keep me\n"
+    for kind, make in (("fifo", os.mkfifo), ("folder", os.mkdir)):
+        folder = tmp_path / kind
+        folder.mkdir()
+        make(folder / LOCK_FILE)
+        for check in (lambda: folder_lock(folder).__enter__(), lambda: check_not_in_use(folder)):
+            with pytest.raises(ConfigError, match=r"is not a regular file, expected flowsim's lock file"):
+                check()

@@ -21,6 +21,7 @@ import datetime as _dt
 import io
 import math
 import pickle
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,6 +197,40 @@ def check_training_size(config: BridgeConfig, vocab_size: int) -> None:
                  "lower data.s, data.batch_size or data.vocab_size")
 
 
+CHECKPOINT_REMEDY = "delete it to train this run from the start"
+# what a checkpoint holds besides tensors and plain values: the observables' and parameters' numpy arrays (both
+# module names: numpy 2 pickles numpy._core, numpy 1 numpy.core); rebuilding an array runs no code of the file's
+_reconstruct = np.zeros(0).__reduce__()[0]  # numpy's array constructor for pickles
+CHECKPOINT_GLOBALS = [np.ndarray, np.dtype, *{type(np.dtype(kind)) for kind in ("float64", "float32", "int64", "bool")},
+                      *((_reconstruct, f"{module}.multiarray._reconstruct") for module in ("numpy._core", "numpy.core"))]
+
+
+def read_checkpoint(path: Path, device) -> dict:
+    """checkpoint.pt as the mapping ``Trainer.save`` writes, loaded with ``weights_only=True``: tensors, plain Python
+    values and numpy arrays (``CHECKPOINT_GLOBALS``) only, so nothing in the file is executed; a file that names
+    anything else, cannot be read, or is not that mapping raises DamagedFileError. O(file size)."""
+    if not path.is_file() or path.is_symlink():
+        raise DamagedFileError(path, "not a regular file", CHECKPOINT_REMEDY)
+    try:
+        with torch.serialization.safe_globals(CHECKPOINT_GLOBALS):
+            state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as error:
+        named = re.search(r"GLOBAL (\S+)", str(error))
+        what = f"names {named.group(1)}, code that loading would run" if named else "holds objects other than tensors, numbers and arrays"
+        raise DamagedFileError(path, f"it {what}: refused", CHECKPOINT_REMEDY) from None
+    except (RuntimeError, EOFError, OSError, ValueError, TypeError, AttributeError) as error:
+        reason = str(error).splitlines()[0] if str(error) else ""
+        raise DamagedFileError(path, f"{type(error).__name__}: {reason}", CHECKPOINT_REMEDY) from None
+    shapes = {"model": dict, "optimizer": dict, "scheduler": dict, "step": int, "rows": list, "log": list, "params": list}
+    wrong = [name for name, kind in shapes.items() if not isinstance(state, dict) or not isinstance(state.get(name), kind)]
+    if wrong:
+        found = f"a {type(state).__name__}" if not isinstance(state, dict) else f"no {', '.join(wrong)} of the expected kind"
+        raise DamagedFileError(path, f"not a bridge checkpoint: {found}", CHECKPOINT_REMEDY)
+    if not all(isinstance(entry, dict) for entry in (*state["rows"], *state["log"], *state["params"])):
+        raise DamagedFileError(path, "not a bridge checkpoint: its rows, log or params are not mappings", CHECKPOINT_REMEDY)
+    return state
+
+
 def _save_torch_atomic(path: Path, state: dict) -> None:
     buffer = io.BytesIO()
     torch.save(state, buffer)
@@ -300,17 +335,19 @@ class Trainer:
                      "versions": {**library_versions(), "torch": torch.__version__}, **this_process()}
 
     def resume(self) -> None:
-        """Take up the state saved in checkpoint.pt, if the run directory holds one."""
+        """Take up the state saved in checkpoint.pt, if the run directory holds one (``read_checkpoint``: nothing in
+        it is executed); a checkpoint that is not this run's is named as damaged."""
         path = self.run_dir / CHECKPOINT_FILE
-        if not path.is_file():
+        if not path.is_file() and not path.is_symlink():
             return
+        state = read_checkpoint(path, self.device)
         try:
-            state = torch.load(path, map_location=self.device, weights_only=False)
-        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as error:
-            raise DamagedFileError(path, f"{type(error).__name__}: {error}", "delete it to train this run from the start") from None
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as error:
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise DamagedFileError(path, f"not this run's state: {reason}", CHECKPOINT_REMEDY) from None
         self.step, self.rows, self.log, self.params = state["step"], state["rows"], state["log"], state["params"]
 
     def advance(self, bar) -> int:

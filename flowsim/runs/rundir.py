@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import fcntl
 import importlib.metadata
 import json
 import os
 import platform
 import socket
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,9 +110,9 @@ def check_not_in_use(folder: Path, what: str = "run directory") -> None:
     """FolderInUseError, naming the holder, where another process holds ``folder``'s lock (``folder_lock``); the
     check takes a shared lock for a moment, so it creates nothing and waits for nothing."""
     path = Path(folder) / LOCK_FILE
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return
-    handle = os.open(path, os.O_RDONLY)
+    handle = _open_lock_file(path, os.O_RDONLY)
     try:
         fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
@@ -120,6 +122,26 @@ def check_not_in_use(folder: Path, what: str = "run directory") -> None:
         os.close(handle)
 
 
+def _open_lock_file(path: Path, flags: int) -> int:
+    """A descriptor of the lock file ``path``, opened without following a symbolic link (a link placed in a shared
+    folder would have the lock truncate the file it points to) and without waiting (a FIFO would block the open);
+    ConfigError, naming it, where it is a link or anything but a regular file."""
+    remedy = "remove it (flowsim makes its own lock file) and run the command again"
+    try:
+        handle = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise ConfigError(f"{path} is a symbolic link, expected flowsim's lock file: {remedy}") from None
+        if error.errno != errno.EISDIR:
+            raise
+        handle = None
+    if handle is None or not stat.S_ISREG(os.fstat(handle).st_mode):
+        if handle is not None:
+            os.close(handle)
+        raise ConfigError(f"{path} is not a regular file, expected flowsim's lock file: {remedy}")
+    return handle
+
+
 @contextlib.contextmanager
 def folder_lock(folder: Path, what: str = "run directory"):
     """Hold an exclusive lock on ``folder`` (an flock on FOLDER/.flowsim.lock, which records the holder's pid,
@@ -127,7 +149,7 @@ def folder_lock(folder: Path, what: str = "run directory"):
     The kernel releases the lock when its process dies, so a crashed writer never leaves a stale lock."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    handle = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    handle = _open_lock_file(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
