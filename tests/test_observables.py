@@ -205,3 +205,30 @@ def test_kept_attention_types_and_the_memory_estimate():
     assert whole > 500 * 1000**2 * 8 and folded < 200e6
     # the working set does not grow with the number of saves: the estimate is affine in it, per-save cost O(d + f²)
     assert observables_memory_bytes(1000, 16, 1000) - folded == pytest.approx(folded - observables_memory_bytes(1000, 16, 0))
+
+
+def test_an_interrupt_while_the_csv_is_formatted_reaches_the_caller(tmp_path):
+    """Guards issue 83, item 4: observables.csv was formatted with np.char.mod, whose C loop drops a KeyboardInterrupt
+    raised by the signal handler, so Ctrl-C during a large run's CSV step was lost and the run went on to `finished`.
+    Now a SIGINT sent inside that step raises KeyboardInterrupt out of ``save`` (no CSV written), and the CSV holds
+    the values as np.char.mod wrote them."""
+    import os
+    import signal
+
+    from flowsim.common.interrupts import signals_interrupt
+
+    small = Observables(np.array([0.0, 0.5]), {"a": np.array([1 / 3, np.nan]), "n": np.array([[1, 2], [3, 4]])})
+    small.save(tmp_path)
+    expected = [["t", "a", "n[0]", "n[1]"], ["0", "0.33333333333333331", "1", "2"], ["0.5", "nan", "3", "4"]]
+    assert list(csv.reader((tmp_path / "observables.csv").open())) == expected
+    large = Observables(np.linspace(0, 1, 100), {"attention": np.random.default_rng(0).random((100, 160, 160))})
+    interrupted = tmp_path / "interrupted"
+    previous = signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
+    try:
+        with signals_interrupt(), pytest.raises(KeyboardInterrupt):
+            signal.setitimer(signal.ITIMER_REAL, 0.3)  # after observables.npz, inside the CSV's formatting (seconds)
+            large.save(interrupted)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert (interrupted / "observables.npz").is_file() and not (interrupted / "observables.csv").exists()

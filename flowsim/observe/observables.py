@@ -101,7 +101,8 @@ class Observables:
         return table
 
     def save(self, run_dir: Path) -> None:
-        """Write observables.npz and observables.csv atomically."""
+        """Write observables.npz and observables.csv atomically; the CSV costs about 0.5 µs a value (seconds for a
+        d = 256 run's millions of attention entries)."""
         run_dir = Path(run_dir)
         constants = {f"constant:{name}": value for name, value in self.constants.items()}
         write_atomic_npz(run_dir / OBSERVABLES_NPZ, {"t": self.t, **self.columns, **constants})
@@ -109,7 +110,8 @@ class Observables:
         text = io.StringIO()
         writer = csv.writer(text, lineterminator="\n")
         writer.writerow(table)
-        writer.writerows(zip(*(np.char.mod("%.17g", column) for column in table.values())))
+        # formatted in a Python loop, not numpy's: a KeyboardInterrupt raised inside np.char.mod's C loop is dropped
+        writer.writerows(zip(*(["%.17g" % value for value in column.tolist()] for column in table.values())))
         write_atomic_bytes(run_dir / OBSERVABLES_CSV, text.getvalue().encode())
 
     @classmethod
