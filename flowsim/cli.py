@@ -334,13 +334,19 @@ app.add_typer(data_app, name="data", short_help="Fetch the text corpora (WikiTex
 def data_fetch(
     corpus: str = typer.Argument(..., help="wikitext2 or tinystories."),
     to: Optional[Path] = typer.Option(None, "--to", help="Folder to write into (default: the user data folder, searched by the bridge)."),
-    from_: Optional[str] = typer.Option(None, "--from", help="A mirror's base URL holding the same file names (https://, or file:// for a local copy)."),
+    from_: Optional[str] = typer.Option(None, "--from", help="A mirror holding the same file names: its https:// or file: URL, or a local folder."),
 ) -> None:
-    """Download a corpus and prepare it as the bridge reads it; files already there are kept."""
+    """Download a corpus and prepare it as the bridge reads it, checking every file; files already there are kept
+    once checked."""
+    from flowsim.common.interrupts import signals_interrupt
     from flowsim.corpora import fetch
 
     try:
-        folder = fetch(corpus, to, from_, say=lambda line: typer.echo(f"flowsim: {line}", err=True))
+        with signals_interrupt():
+            folder = fetch(corpus, to, from_, say=lambda line: typer.echo(f"flowsim: {line}", err=True))
+    except KeyboardInterrupt:  # each file is put in place whole or not at all
+        _stop_interrupted(f"flowsim: interrupted while fetching {corpus}: the file being downloaded was not kept (files "
+                          "already complete are); the same command fetches the rest")
     except ValueError as error:
         _fail(str(error))
     except (ConnectionError, OSError) as error:

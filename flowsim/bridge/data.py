@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from flowsim.model.chains import MarkovChain
-from flowsim.corpora import CORPUS_FILES, data_dir_candidates, find_data_dir, holds
+from flowsim.corpora import CORPUS_FILES, check_recorded, data_dir_candidates, find_data_dir, holds
 
 UNK = "<unk>"
 CORPORA = ("wikitext2", "tinystories")
@@ -61,9 +61,15 @@ def tokenize(corpus: str, text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-def _read_utf8(path: Path) -> str:
+def _read_utf8(path: Path, recorded_in: tuple[Path, str] | None = None) -> str:
+    """The text of ``path``; with ``recorded_in`` = (data folder, corpus), checked against that folder's SOURCES.json
+    record of it where there is one (``flowsim.corpora.check_recorded``: a hash of the bytes read, a few ms a MB)."""
+    data = path.read_bytes()
+    if recorded_in is not None:
+        folder, corpus = recorded_in
+        check_recorded(folder, corpus, path.relative_to(folder).as_posix(), data)
     try:
-        return path.read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(f"{path} is not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start}); "
                          "the corpora are read as UTF-8") from None
@@ -84,8 +90,8 @@ def _read_splits(corpus: str, data_dir: Path, source: str) -> tuple[str, str]:
         if not path.is_file():
             raise FileNotFoundError(f"{corpus}: {path} not found; point data.data_dir at a folder holding {list(CORPUS_FILES[corpus])}")
     if corpus == "wikitext2":
-        return _read_utf8(paths[0]), _read_utf8(paths[1])
-    stories = [story for story in re.split(r"\n\s*\n", _read_utf8(paths[0])) if story.strip()]
+        return _read_utf8(paths[0], (data_dir, corpus)), _read_utf8(paths[1], (data_dir, corpus))
+    stories = [story for story in re.split(r"\n\s*\n", _read_utf8(paths[0], (data_dir, corpus))) if story.strip()]
     cut = int(TINYSTORIES_TRAIN_FRACTION * len(stories))
     return "\n\n".join(stories[:cut]), "\n\n".join(stories[cut:])
 

@@ -143,15 +143,16 @@ def _open_lock_file(path: Path, flags: int) -> int:
 
 
 @contextlib.contextmanager
-def folder_lock(folder: Path, what: str = "run directory"):
+def folder_lock(folder: Path, what: str = "run directory", wait: bool = False):
     """Hold an exclusive lock on ``folder`` (an flock on FOLDER/.flowsim.lock, which records the holder's pid,
-    start time and host) while the block runs; FolderInUseError, naming the holder, if another process holds it.
-    The kernel releases the lock when its process dies, so a crashed writer never leaves a stale lock."""
+    start time and host) while the block runs; FolderInUseError, naming the holder, if another process holds it
+    (or, with ``wait``, wait for it: for short work such as a fetch's). The kernel releases the lock when its process
+    dies, so a crashed writer never leaves a stale lock."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     handle = _open_lock_file(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT)
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except OSError:
         by = _holder(os.read(handle, 4096))
         os.close(handle)
