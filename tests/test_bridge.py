@@ -1026,3 +1026,23 @@ def test_a_checkpoint_is_loaded_without_running_anything_in_it(tmp_path, monkeyp
     (run / CHECKPOINT_FILE).write_bytes(good)
     result = CliRunner().invoke(app, command)
     assert result.exit_code == 0 and "finished at step 12" in result.output, result.output
+
+
+def test_a_text_of_your_own_is_cut_into_words_of_any_script_and_ascii_text_as_before():
+    """Guards issue 83, item 10: data.kind = 'text' was tokenised with [a-z0-9']+, so "Привет" became six tokens and
+    "café" `caf` + `é`, silently. Now its words are Unicode words (letters, digits, combining marks, apostrophes within
+    them), NFC first; on ASCII text the tokens are TinyStories' as before, shown on the ASCII lines of the shared
+    corpora (TinyStories keeps its own tokenizer: its sample's mis-encoded quotes would glue to words)."""
+    from flowsim.bridge.data import ASCII_WORDS, tokenize
+
+    text = "Le café d'Émile, über-groß! Привет, мир: Ёлка's. Cafe\u0301 ça_va"
+    assert tokenize("text", text) == ["le", "café", "d'émile", ",", "über", "-", "groß", "!", "привет", ",", "мир", ":",
+                                      "ёлка's", ".", "café", "ça", "_", "va"]
+    assert tokenize("tinystories", "café") == ["caf", "é"]  # unchanged: its shipped runs were measured with it
+    lines = ["Once upon a time, Tom's dog ran_away -- fast!!! 3.14 'quoted' [x] {y} #tag @me ~ok~"]
+    if DATA_DIR is not None:
+        for name in ("tinystories/valid-sample.txt", "wikitext-2/valid.txt"):
+            lines += [line for line in (DATA_DIR / name).read_text(encoding="utf-8").splitlines()[:20000] if line.isascii()]
+    assert len(lines) > 1 or DATA_DIR is None
+    for line in lines:
+        assert tokenize("text", line) == ASCII_WORDS.findall(line.lower()), line
