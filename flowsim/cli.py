@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -44,6 +45,16 @@ def _fail_writing(error: OSError, kept: str) -> None:
         raise error
     _fail(f"{error.strerror.lower()} while writing {error.filename or 'an output'}: {kept}; make room and run the "
           "same command again to continue", code=1)
+
+
+@contextlib.contextmanager
+def _warnings_as_lines():
+    """Inside the block a Python warning is printed as it comes, in one line: `flowsim: warning: MESSAGE` (no
+    source line or category, as `run` prints the warnings of its set-up)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = lambda message, *_: typer.echo(f"flowsim: warning: {message}", err=True)
+        yield
 
 
 def _progress(message: str) -> None:
@@ -408,7 +419,8 @@ def bridge_train(
 
             report = check(resolved, run_dir, progress=not quiet)
         else:
-            result = train(resolved, run_dir, progress=not quiet)
+            with _warnings_as_lines():
+                result = train(resolved, run_dir, progress=not quiet)
     except (ConfigError, ImportError, FileNotFoundError, FloatingPointError, ValueError) as error:
         if made is not None and made.is_dir() and not any(made.iterdir()):
             made.rmdir()  # the folder made for this run holds nothing: leave no trace

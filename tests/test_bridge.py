@@ -918,7 +918,7 @@ def test_a_corpus_of_your_own_trains_as_data_kind_text(tmp_path):
         load_bridge_config(None, ["data.kind='text'"])
     with pytest.raises(ValueError, match="read with data.kind = 'text' only, got data.kind = 'wikitext2'"):
         load_bridge_config(None, ["data.kind='wikitext2'", "data.train_file='a.txt'", "data.valid_file='b.txt'"])
-    with pytest.raises(flowsim.config.ConfigError, match="text: .*nowhere.txt not found"):
+    with pytest.raises(flowsim.config.ConfigError, match="text: data.train_file .*nowhere.txt' not found; expected a UTF-8 text file"):
         train(load_bridge_config(None, [*settings[:1], "data.train_file='nowhere.txt'", *settings[2:]]), tmp_path / "x", progress=False)
 
 
@@ -1046,3 +1046,71 @@ def test_a_text_of_your_own_is_cut_into_words_of_any_script_and_ascii_text_as_be
     assert len(lines) > 1 or DATA_DIR is None
     for line in lines:
         assert tokenize("text", line) == ASCII_WORDS.findall(line.lower()), line
+
+
+def test_a_text_too_short_for_a_window_is_refused_before_the_folder_is_written(tmp_path):
+    """Guards issue 83, item 11: a validation file shorter than a window was refused only after config.toml was
+    written, so the corrected command (a smaller data.s) was then refused as "a different configuration"; with exactly
+    s + 1 words the message read "9 tokens, fewer than a window of 9". Now it is refused before anything is written,
+    saying how many tokens a window needs, and the corrected command runs in the same folder."""
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+
+    (tmp_path / "train.txt").write_text("the cat sat on the mat . the dog saw the cat , and the cat ran .\n" * 40)
+    (tmp_path / "valid.txt").write_text("one two three four five six seven eight nine")
+    run = tmp_path / "run"
+    command = ["bridge", "train", "--quiet", "--out", str(run)] + [arg for s in (
+        "data.kind='text'", f"data.train_file='{tmp_path / 'train.txt'}'", f"data.valid_file='{tmp_path / 'valid.txt'}'",
+        "data.vocab_size=8", "data.batch_size=16", "optim.steps=10", "log.n_checkpoints=4", "log.probe_per_type=4",
+        "log.fold_d=4") for arg in ("--set", s)]
+    result = CliRunner().invoke(app, [*command, "--set", "data.s=8"])
+    assert result.exit_code == 2, result.output
+    assert (f"the validation text ({tmp_path / 'valid.txt'}) has 9 tokens; windows of data.s + 1 = 9 tokens at random "
+            "offsets need at least 10: lower data.s or use a longer text") in result.output
+    assert not (run / "config.toml").exists()
+    result = CliRunner().invoke(app, [*command, "--set", "data.s=4"])
+    assert result.exit_code == 0 and "finished at step 10" in result.output, result.output
+
+
+def test_a_text_runs_files_are_checked_as_files_and_followed_when_they_move(tmp_path, monkeypatch):
+    """Guards issue 83, item 12: data.train_file naming a folder, /dev/null or "" said "not found"; valid_file equal to
+    train_file passed without a note; a text run would not resume once its files moved (their paths were part of the
+    run's identity). Now each is named for what it is, the shared file is a warning, and a moved corpus resumes while
+    a changed one is refused."""
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+
+    text = "the cat sat on the mat . the dog saw the cat , and the cat ran .\n"
+    (tmp_path / "train.txt").write_text(text * 40)
+    (tmp_path / "valid.txt").write_text(text * 4)
+    base = ["data.kind='text'", "data.vocab_size=8", "data.s=8", "data.batch_size=16", "optim.steps=10",
+            "log.n_checkpoints=4", "log.probe_per_type=4", "log.fold_d=4"]
+
+    def bridge(out, train_file, valid_file, *more):
+        sets = [*base, f"data.train_file='{train_file}'", f"data.valid_file='{valid_file}'", *more]
+        return CliRunner().invoke(app, ["bridge", "train", "--quiet", "--out", str(out), *(a for s in sets for a in ("--set", s))])
+
+    for bad, said in ((tmp_path, "is a folder; expected a UTF-8 text file"),
+                      ("/dev/null", "is not a regular file (a device or a FIFO); expected a UTF-8 text file"),
+                      ("", "data.train_file is empty: expected the path of a UTF-8 text file")):
+        result = bridge(tmp_path / "bad", bad, tmp_path / "valid.txt")
+        assert result.exit_code == 2 and said in result.output and "not found" not in result.output, result.output
+    same = bridge(tmp_path / "same", tmp_path / "train.txt", tmp_path / "train.txt", "optim.steps=2")
+    assert same.exit_code == 0, same.output
+    assert "flowsim: warning: data.valid_file is data.train_file: the validation loss is measured on the training text" in same.output
+    run = tmp_path / "run"
+    assert train(load_bridge_config(None, [*base, f"data.train_file='{tmp_path / 'train.txt'}'",
+                                           f"data.valid_file='{tmp_path / 'valid.txt'}'"]), run, progress=False, stop_at_step=4)
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for name in ("train.txt", "valid.txt"):
+        (tmp_path / name).rename(moved / name)
+    resumed = bridge(run, moved / "train.txt", moved / "valid.txt")
+    assert resumed.exit_code == 0 and "finished at step 10" in resumed.output, resumed.output
+    assert f"train_file = \"{moved / 'train.txt'}\"" in (run / "config.toml").read_text()  # the run now names where they lie
+    (moved / "other.txt").write_text(text.replace("cat", "cow") * 4)
+    changed = bridge(run, moved / "train.txt", moved / "other.txt")
+    assert changed.exit_code == 2, changed.output
+    assert f"data.valid_file '{moved / 'other.txt'}' holds another text than {run} was trained on" in changed.output

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from flowsim.config import (
     ChainConfig,
@@ -64,8 +64,11 @@ class DataConfig(Section):
 
     @field_validator("train_file", "valid_file")
     @classmethod
-    def _absolute(cls, path: str | None) -> str | None:
-        """Saved absolute, so a run resumes and compares from any working directory."""
+    def _absolute(cls, path: str | None, info: ValidationInfo) -> str | None:
+        """Saved absolute, so a run resumes and compares from any working directory; an empty path is refused (it
+        would name the working directory)."""
+        if path is not None and not path.strip():
+            raise ValueError(f"data.{info.field_name} is empty: expected the path of a UTF-8 text file")
         return None if path is None else str(Path(path).expanduser().absolute())
 
 

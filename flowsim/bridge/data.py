@@ -94,6 +94,17 @@ def _read_utf8(path: Path, recorded_in: tuple[Path, str] | None = None) -> str:
                          "the corpora are read as UTF-8") from None
 
 
+def check_text_file(key: str, path: Path) -> None:
+    """FileNotFoundError or ValueError naming ``key`` and ``path`` unless it is a regular file: a folder, a device
+    (/dev/null, /dev/zero) or a FIFO is not a text (one would be read as empty, endless or never)."""
+    if not path.exists():
+        raise FileNotFoundError(f"text: {key} {str(path)!r} not found; expected a UTF-8 text file")
+    if path.is_dir():
+        raise ValueError(f"text: {key} {str(path)!r} is a folder; expected a UTF-8 text file")
+    if not path.is_file():
+        raise ValueError(f"text: {key} {str(path)!r} is not a regular file (a device or a FIFO); expected a UTF-8 text file")
+
+
 def _read_splits(corpus: str, data_dir: Path, source: str) -> tuple[str, str]:
     """(training text, validation text) of a corpus."""
     if source == "datasets_disk":
@@ -165,9 +176,8 @@ def load_corpus(corpus: str, vocab_size: int, data_dir: Path | str | None = None
     if corpus == "text":
         if files is None or len(files) != 2:
             raise ValueError("data.kind = 'text' needs its two files: data.train_file and data.valid_file")
-        for path in map(Path, files):
-            if not path.is_file():
-                raise FileNotFoundError(f"text: {path} not found (data.train_file / data.valid_file)")
+        for key, path in zip(("data.train_file", "data.valid_file"), map(Path, files)):
+            check_text_file(key, path)
         data_dir = Path(files[0]).parent
         train_text, valid_text = (_read_utf8(Path(path)) for path in files)
     else:

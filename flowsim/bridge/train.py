@@ -23,6 +23,7 @@ import math
 import pickle
 import re
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from flowsim.model.chains import MarkovChain
 from flowsim.config import ConfigError, changed_keys
 from flowsim.common.interrupts import StopRequest, run_in_chunks, stop_requests
 from flowsim.common.progress import progress_bar
-from flowsim.common.io import DamagedFileError, write_atomic_bytes
+from flowsim.common.io import DamagedFileError, file_digest, write_atomic_bytes
 from flowsim.model.models import model_from_config
 from flowsim.observe.observables import MEASURED_BY, folded_types
 from flowsim.runs.rundir import (
@@ -55,6 +56,7 @@ from flowsim.runs.rundir import (
     TRAJECTORY_FILE,
     folder_lock,
     library_versions,
+    read_meta,
     this_process,
     write_config,
     write_meta,
@@ -141,6 +143,17 @@ def build_data(config: BridgeConfig) -> DataSource:
             corpus = load_corpus(config.data.kind, config.data.vocab_size, config.data.data_dir, config.data.source, files)
         except (ValueError, FileNotFoundError) as error:
             raise ConfigError(str(error)) from None
+        window = config.data.s + 1  # a batch's sequences: s tokens of context and the next token
+        for split, ids, named in (("training", corpus.train, config.data.train_file),
+                                  ("validation", corpus.valid, config.data.valid_file)):
+            if len(ids) <= window:
+                where = f" ({named})" if named else ""
+                raise ConfigError(f"{config.data.kind}: the {split} text{where} has {len(ids)} tokens; windows of data.s + 1 "
+                                  f"= {window} tokens at random offsets need at least {window + 1}: lower data.s or use a "
+                                  "longer text")
+        if config.data.kind == "text" and config.data.train_file == config.data.valid_file:
+            warnings.warn("data.valid_file is data.train_file: the validation loss is measured on the training text",
+                          stacklevel=2)
         surrogate = text_surrogate(corpus, config.compare)[0] if config.data.train_on == "surrogate" else None
         data = DataSource(config, None, corpus, surrogate)
     data.fold()
@@ -247,12 +260,39 @@ class TrainResult:
 
 
 def _run_identity(config: BridgeConfig) -> dict:
-    """The settings that make a run what it is: all but data.data_dir (where its corpus happens to lie) and [compare]
-    (the ODE put beside it, cached by its own settings: ``flowsim.bridge.compare.ode_beside``)."""
+    """The settings that make a run what it is: all but where its corpus happens to lie (data.data_dir, and a text
+    run's data.train_file and data.valid_file, whose contents ``text_digests`` stand for) and [compare] (the ODE put
+    beside it, cached by its own settings: ``flowsim.bridge.compare.ode_beside``)."""
     settings = config.to_dict()
-    settings.get("data", {}).pop("data_dir", None)
+    for key in ("data_dir", "train_file", "valid_file"):
+        settings.get("data", {}).pop(key, None)
     settings.pop("compare", None)
     return settings
+
+
+TEXT_DIGESTS = "text_sha256"  # meta.json's record of a text run's files, by their keys
+
+
+def text_digests(config: BridgeConfig) -> dict:
+    """The SHA-256 of a text run's training and validation files ({} for other data): what the run was trained on,
+    wherever the files lie. O(the files' size)."""
+    if config.data.kind != "text":
+        return {}
+    return {"data.train_file": file_digest(Path(config.data.train_file)), "data.valid_file": file_digest(Path(config.data.valid_file))}
+
+
+def check_same_text(config: BridgeConfig, run_dir: Path) -> None:
+    """ConfigError where a text run's files hold other text than the run recorded in meta.json (a run recorded
+    before the digests were kept is taken as it is)."""
+    recorded = read_meta(run_dir).get(TEXT_DIGESTS)
+    if not isinstance(recorded, dict):
+        return
+    for key, digest in text_digests(config).items():
+        if recorded.get(key) not in (None, digest):
+            path = getattr(config.data, key.removeprefix("data."))
+            raise ConfigError(f"{key} {path!r} holds "
+                              f"another text than {run_dir} was trained on (SHA-256 {digest[:16]}..., recorded "
+                              f"{str(recorded[key])[:16]}...); give the run's own text or choose a new folder")
 
 
 def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at_step: int | None = None) -> TrainResult:
@@ -272,6 +312,7 @@ def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at
         if saved != wanted:
             raise ConfigError(f"{run_dir} holds a run with a different configuration ({changed_keys(saved, wanted)}); "
                               "resume with the same config or choose a new folder")
+        check_same_text(config, run_dir)
     with folder_lock(run_dir), stop_requests() as stop:
         return _train_locked(config, run_dir, data, device, toml_text, progress, stop_at_step, stop)
 
@@ -280,9 +321,9 @@ def _train_locked(config: BridgeConfig, run_dir: Path, data: DataSource, device,
                   stop_at_step: int | None, stop: StopRequest) -> TrainResult:
     """``train`` once it holds the run directory's lock; SIGINT or SIGTERM (``stop``) ends it after the current
     step with everything saved and status "interrupted"."""
-    write_config(run_dir, toml_text)
-    trainer = Trainer(config, run_dir, data, device)
+    trainer = Trainer(config, run_dir, data, device)  # built before anything is written: its failures leave no config
     trainer.resume()  # from checkpoint.pt, when there is one
+    write_config(run_dir, toml_text)
     started = time.perf_counter()
     if trainer.step == 0 and not trainer.log:
         trainer.record(trainer.evaluate())
@@ -333,6 +374,8 @@ class Trainer:
         self.meta = {"status_name": Status.RUNNING.label, "started": _dt.datetime.now().isoformat(timespec="seconds"),
                      "seed": config.data.seed, "device": str(device),
                      "versions": {**library_versions(), "torch": torch.__version__}, **this_process()}
+        if config.data.kind == "text":
+            self.meta[TEXT_DIGESTS] = text_digests(config)
 
     def resume(self) -> None:
         """Take up the state saved in checkpoint.pt, if the run directory holds one (``read_checkpoint``: nothing in
