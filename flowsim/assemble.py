@@ -29,8 +29,10 @@ def initial_params(config: RunConfig, model: Model) -> Params:
     path = Path(config.init.file)
     if path.is_dir():
         raise ConfigError(f"init.file {str(path)!r} is a folder; expected an .npz file")
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"init.file {str(path)!r} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"init.file {str(path)!r} is not a regular file (a FIFO or a device); expected an .npz file")
     try:
         arrays = read_npz(path)
     except DamagedFileError as error:

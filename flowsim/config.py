@@ -355,8 +355,10 @@ def load_config(path: Path | str | None = None, overrides: Sequence[str] = (), s
         path = find_config(path)
         if path.is_dir():
             raise ConfigError(f"config file {str(path)!r} is a folder; expected a TOML file")
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"config file {str(path)!r} does not exist")
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} is not a regular file (a FIFO or a device); expected a TOML file")
         try:
             user = tomllib.loads(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as error:
@@ -364,6 +366,9 @@ def load_config(path: Path | str | None = None, overrides: Sequence[str] = (), s
                               f"at offset {error.start}); TOML files are UTF-8") from None
         except tomllib.TOMLDecodeError as error:
             raise ConfigError(f"config file {str(path)!r} is not valid TOML: {error}") from None
+        except RecursionError:
+            raise ConfigError(f"config file {str(path)!r} nests its values too deep to be a config; expected a flowsim "
+                              "TOML config (`flowsim config` lists its keys)") from None
     return resolve_config(_merge_overrides(user, overrides), schema)
 
 

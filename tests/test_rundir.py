@@ -131,3 +131,88 @@ def test_a_lock_file_that_is_a_link_or_a_fifo_is_refused_and_its_target_left_alo
         for check in (lambda: folder_lock(folder).__enter__(), lambda: check_not_in_use(folder)):
             with pytest.raises(ConfigError, match=r"is not a regular file, expected flowsim's lock file"):
                 check()
+
+
+class _RunsCode:
+    """A pickle payload that calls os.makedirs(path) when unpickled."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        import os
+
+        return os.makedirs, (self.path,)
+
+
+def _handed_run(folder):
+    """A complete run directory, as flowsim writes it, for a hostile edit."""
+    folder.mkdir()
+    write_config(folder, '[chain]\nlam = 0.5\n')
+    Trajectory(np.array([0.0, 1.0]), np.array([1.0, 0.5]), {"W0": np.zeros((2, 2, 2))}).save(folder / TRAJECTORY_FILE)
+    write_meta(folder, {"status_name": "finished"})
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["npz with a pickled object", "npz as a FIFO", "meta.json nested deep",
+                                  "meta.json as a FIFO", "config.toml nested deep", "init.file as a FIFO",
+                                  "init.file with a pickled object"])
+def test_a_hostile_file_in_a_run_folder_is_refused_and_nothing_in_it_runs(tmp_path, kind):
+    """Guards issue 83, item 3 (the trust model of docs/reliability.md): a run folder is untrusted input. An .npz
+    whose array is a pickle that calls os.makedirs is refused unbuilt (allow_pickle=False); a FIFO where an .npz,
+    meta.json or init.file should be is refused instead of blocking the read for ever; a meta.json or config.toml
+    nested past Python's recursion limit (a RecursionError traceback before) is named as damaged. Each is one error
+    naming the file."""
+    import os
+
+    from flowsim.common.io import DamagedFileError
+    from flowsim.config import ConfigError, load_config
+    from flowsim.observe.observables import Observables
+
+    run = _handed_run(tmp_path / "run")
+    marker = tmp_path / "made-by-the-file"
+    hostile_npz = {"W0": np.array([_RunsCode(str(marker))], dtype=object)}
+    if kind == "npz with a pickled object":
+        np.savez(run / TRAJECTORY_FILE, t=np.zeros(2), loss=np.zeros(2), **hostile_npz)
+        np.savez(run / "observables.npz", t=np.zeros(2), **hostile_npz)
+        for read in (lambda: load_run(run), lambda: Observables.load(run)):
+            with pytest.raises(DamagedFileError, match=r"\.npz is damaged \(ValueError: Object arrays cannot be loaded"):
+                read()
+    elif kind == "npz as a FIFO":
+        for name in (TRAJECTORY_FILE, "observables.npz"):
+            (run / name).unlink(missing_ok=True)
+            os.mkfifo(run / name)
+        with pytest.raises(DamagedFileError, match=r"observables.npz is damaged \(not a regular file"):
+            Observables.load(run)
+        with pytest.raises(FileNotFoundError, match="missing trajectory.npz"):
+            load_run(run)
+    elif kind == "meta.json nested deep":
+        (run / META_FILE).write_text("[" * 100_000 + "]" * 100_000)
+        with pytest.raises(DamagedFileError, match=r"meta.json is damaged \(nested too deep to be a file flowsim wrote\)"):
+            load_run(run)
+    elif kind == "meta.json as a FIFO":
+        from flowsim.common.io import read_json
+
+        (run / META_FILE).unlink()
+        os.mkfifo(run / META_FILE)
+        with pytest.raises(DamagedFileError, match=r"meta.json is damaged \(not a regular file"):
+            read_json(run / META_FILE)
+    elif kind == "config.toml nested deep":
+        (run / CONFIG_FILE).write_text("lam = " + "[" * 5000 + "]" * 5000 + "\n")
+        with pytest.raises(DamagedFileError, match=r"config.toml is damaged \(nested too deep"):
+            load_run(run)
+        with pytest.raises(ConfigError, match=r"config.toml' nests its values too deep to be a config"):
+            load_config(run / CONFIG_FILE)
+    else:
+        from flowsim.assemble import prepare
+
+        init = tmp_path / "init.npz"
+        if kind == "init.file as a FIFO":
+            os.mkfifo(init)
+            match = r"init.file .* is not a regular file \(a FIFO or a device\); expected an .npz file"
+        else:
+            np.savez(init, **hostile_npz)
+            match = r"init.file: .*init.npz is damaged \(ValueError: Object arrays cannot be loaded"
+        with pytest.raises(ConfigError, match=match):
+            prepare(load_config(None, [f"init.file='{init}'"]))
+    assert not marker.exists()

@@ -14,6 +14,7 @@ import io
 import json
 import math
 import os
+import stat
 import tempfile
 import zipfile
 from pathlib import Path
@@ -84,21 +85,33 @@ def write_atomic_json(path: Path, payload, indent: int = 2) -> None:
     write_atomic_text(path, json.dumps(_strict(payload), indent=indent, allow_nan=False) + "\n")
 
 
+def check_regular(path: Path, remedy: str = REMEDY) -> None:
+    """DamagedFileError where ``path`` (a link followed) exists but is not a regular file: a FIFO would block the
+    read for ever and a device (/dev/zero) never end it; FileNotFoundError where it does not exist."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise DamagedFileError(path, "not a regular file (a FIFO, a device or a folder)", remedy)
+
+
 def read_json(path: Path, remedy: str = REMEDY):
-    """The JSON value in ``path``; a damaged file raises ``DamagedFileError``."""
+    """The JSON value in ``path`` (data only: JSON names no code); a damaged file, one nested past Python's recursion
+    limit, or one that is not a regular file raises ``DamagedFileError``."""
     path = Path(path)
+    check_regular(path, remedy)
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise DamagedFileError(path, f"not valid JSON: {error}", remedy) from None
+    except RecursionError:
+        raise DamagedFileError(path, "nested too deep to be a file flowsim wrote", remedy) from None
 
 
 def read_npz(path: Path, required: tuple[str, ...] = (), remedy: str = REMEDY) -> dict[str, np.ndarray]:
-    """Every array of an .npz file, read in full (so truncation shows here, not later); a
-    damaged file, or one without the ``required`` arrays, raises ``DamagedFileError`` (its
-    message ends with ``remedy``)."""
+    """Every array of an .npz file, read in full (so truncation shows here, not later) and never unpickled
+    (``allow_pickle=False``: an object array is refused, not built); a damaged file, one that is not a regular file, or
+    one without the ``required`` arrays raises ``DamagedFileError`` (its message ends with ``remedy``)."""
     path = Path(path)
-    if path.is_file() and path.stat().st_size == 0:
+    check_regular(path, remedy)
+    if path.stat().st_size == 0:
         raise DamagedFileError(path, "empty file", remedy)
     try:
         with np.load(path, allow_pickle=False) as data:

@@ -269,5 +269,7 @@ def load_run(run_dir: Path | str) -> Run:
         config = tomllib.loads((run_dir / CONFIG_FILE).read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise DamagedFileError(run_dir / CONFIG_FILE, f"not valid TOML: {error}", LOST_RUN) from None
+    except RecursionError:
+        raise DamagedFileError(run_dir / CONFIG_FILE, "nested too deep to be a config flowsim wrote", LOST_RUN) from None
     meta = read_meta(run_dir)
     return Run(path=run_dir, config=config, trajectory=Trajectory.load(run_dir / TRAJECTORY_FILE), meta=meta)
