@@ -763,3 +763,16 @@ def test_files_with_lost_status_or_non_finite_numbers_are_named_as_damaged(tmp_p
         result = _invoke(*command)
         line = _one_error_line(result)
         assert result.exit_code == 2 and all(part in line for part in expected), line
+
+
+def test_compare_refuses_a_config_edited_after_the_run(tmp_path):
+    """Guards issue 83, item 13: `flowsim compare` read an edited config.toml and put the edited chain's predictions
+    beside the unedited run's measurements. Now it is refused as `--resume` refuses it, naming the changed keys,
+    before anything is predicted or written."""
+    run_dir = tmp_path / "run"
+    execute_run(load_config(None, SMALL), run_dir, progress=False)
+    config = run_dir / "config.toml"
+    config.write_text(config.read_text().replace("lam = 0.5", "lam = 0.8"))
+    line = _one_error_line(_invoke("compare", str(run_dir)))
+    assert f"compare '{run_dir}': config.toml was edited after the run started (chain.lam: 0.5 -> 0.8)" in line
+    assert "Restore it to compare" in line and not (run_dir / "compare.json").exists()

@@ -108,6 +108,15 @@ def config_digest(config: RunConfig) -> str:
     return hashlib.sha256(config.to_toml().encode()).hexdigest()
 
 
+def check_unedited(run_dir: Path, config: RunConfig, meta: dict, command: str, consequence: str) -> None:
+    """ConfigError, naming the changed keys, where ``config`` (read from the run's config.toml) is not the
+    configuration the run started with (meta.json's digest of it; a run that recorded none is taken as it is)."""
+    recorded = meta.get("config_digest")
+    if recorded is not None and recorded != config_digest(config):
+        changed = changed_keys(meta.get("config", {}), config.to_dict())
+        raise ConfigError(f"{command}: config.toml was edited after the run started ({changed}); {consequence}")
+
+
 def _write_run(config: RunConfig, run_dir: Path, progress: bool, prepared: PreparedRun, resume: ResumePoint | None,
                history: list | None, checkpoints: list) -> FlowResult:
     chain = prepared.chain
@@ -250,11 +259,8 @@ def resume_run(run_dir: Path, *, progress: bool = True) -> tuple[FlowResult, boo
         raise ConfigError(f"--resume {str(run_dir)!r}: the run has status {status!r}{live}; "
                           f"only runs with status {' or '.join(RESUMABLE)} can be resumed")
     config = load_config(run_dir / CONFIG_FILE)
-    recorded = run.meta.get("config_digest")
-    if recorded is not None and recorded != config_digest(config):
-        changed = changed_keys(run.meta.get("config", {}), config.to_dict())
-        raise ConfigError(f"--resume {str(run_dir)!r}: config.toml was edited after the run started ({changed}); "
-                          "the rest of the trajectory would belong to another flow. Restore it, or start a new run")
+    check_unedited(run_dir, config, run.meta, f"--resume {str(run_dir)!r}",
+                   "the rest of the trajectory would belong to another flow. Restore it, or start a new run")
     prepared = prepare(config)
     if run.trajectory.t[-1] >= prepared.times[-1]:  # solved to the end: only outputs written after it are missing
         return _complete_outputs(config, run_dir, prepared, run), True

@@ -83,11 +83,17 @@ def cached_prediction(config: RunConfig, progress: Callable[[str], None] = lambd
 
 
 def compare_run(run_dir: Path, progress: Callable[[str], None] = lambda message: None) -> tuple[list[Row], PredictionSummary]:
-    """Predicted beside measured for a run directory (the prediction cached); writes compare.json there."""
+    """Predicted beside measured for a run directory (the prediction cached); writes compare.json there. A config.toml
+    edited after the run started is refused, naming the keys: its predictions would be another flow's."""
+    from flowsim.runs.experiment import check_unedited
+
     run_dir = Path(run_dir)
     config = load_config(run_dir / CONFIG_FILE)
+    run = load_run(run_dir)
+    check_unedited(run_dir, config, run.meta, f"compare {str(run_dir)!r}",
+                   "its predictions would be another flow's than the one measured. Restore it to compare")
     summary = cached_prediction(config, progress)
-    rows = compared_rows(summary.rows, label_run(run_dir), load_run(run_dir).trajectory.t)
+    rows = compared_rows(summary.rows, label_run(run_dir), run.trajectory.t)
     write_atomic_json(run_dir / COMPARE_JSON, {"rows": [asdict(row) for row in rows]})
     return rows, summary
 
