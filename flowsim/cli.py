@@ -192,7 +192,8 @@ def predict(
         _fail(f"--tier must be 'both' or 'formula', got {tier!r}")
     if tier == "formula":
         try:
-            rows, formulas = predict_formulas_only(load_config(config, set_))
+            with _warnings_as_lines():
+                rows, formulas = predict_formulas_only(load_config(config, set_))
         except (ConfigError, ValueError) as error:
             _fail(str(error))
         except RuntimeError as error:  # the curvature's linear solve
@@ -201,7 +202,7 @@ def predict(
         typer.echo(formula_line(formulas))
         return
     try:
-        with ticking(_working, every=2 * TICK_SECONDS):
+        with ticking(_working, every=2 * TICK_SECONDS), _warnings_as_lines():
             prediction = cached_prediction(load_config(config, set_), progress=_progress)
     except KeyboardInterrupt:  # a prediction is cached whole or not at all
         _stop_interrupted("flowsim: interrupted while predicting: nothing was cached; the same command predicts again")
@@ -228,7 +229,7 @@ def compare(run_dir: Path = typer.Argument(..., help="A run directory written by
         check_labelable(run_dir)
         load_run(run_dir)  # every file checked before the (slower) predictions
         note = partial_note(run_dir)
-        with ticking(_working, every=2 * TICK_SECONDS):
+        with ticking(_working, every=2 * TICK_SECONDS), _warnings_as_lines():
             rows, prediction = compare_run(run_dir, progress=_progress)
     except KeyboardInterrupt:
         _stop_interrupted(f"flowsim: interrupted while predicting: nothing was cached and {COMPARE_JSON} was not written; "

@@ -776,3 +776,27 @@ def test_compare_refuses_a_config_edited_after_the_run(tmp_path):
     line = _one_error_line(_invoke("compare", str(run_dir)))
     assert f"compare '{run_dir}': config.toml was edited after the run started (chain.lam: 0.5 -> 0.8)" in line
     assert "Restore it to compare" in line and not (run_dir / "compare.json").exists()
+
+
+def test_a_start_outside_the_formulas_range_is_said_so_without_a_raw_warning():
+    """Guards issue 83, item 14: at init.eps = 10 `predict --tier formula` printed a first focus at t = 0 taken from a
+    NaN, under a raw numpy RuntimeWarning, and the full tier (`compare`) blamed the chain ("is the chain degenerate?").
+    Now the rows say the start is outside the formulas' range, no raw warning is printed, and the full tier's
+    condensation names init.eps."""
+    import warnings
+
+    from flowsim.assemble import prepare
+    from flowsim.config import ConfigError
+    from theory.origin import predict_condensation
+
+    result = _invoke("predict", "--tier", "formula", "--set", "init.eps=10")
+    assert result.exit_code == 0, result.output
+    assert "RuntimeWarning" not in result.output and "Warning:" not in result.output
+    focus = next(line for line in result.output.splitlines() if line.startswith("focus"))
+    assert "outside the formula's range: the start is past condensation's midpoint" in focus and " 0 " not in focus
+    config = load_config(None, ["init.eps=10"])
+    prepared = prepare(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ConfigError, match=r"the start is beyond the small start the predictions describe .*: lower init.eps"):
+            predict_condensation(prepared.chain.pi, prepared.chain.P, prepared.params0, 10.0)

@@ -282,10 +282,10 @@ def first_focus(constants: ChainConstants, pi: np.ndarray, a0: float, a_attentio
     None where μ2 = 0, where h* > 0 (the unstable attention, φ < 0, turns the frequent query away from the frequent
     token: not the focus of Stage II, whose mass goes to that token), or where the attention never reaches that
     logit's entropy (``phi_target`` None)."""
-    if constants.mu2 <= 0 or constants.h_sign > 0 or a_attention <= 0 or phi_target is None:
-        return None
-    phi_lin = linear_equivalent_logit(constants.mu2, constants.kappa, phi_target, a_attention**2 / 2)
     x0 = float(np.linalg.norm(pi)) * a0**2 / 2
+    if constants.mu2 <= 0 or constants.h_sign > 0 or a_attention <= 0 or phi_target is None or x0 >= constants.ell_norm:
+        return None  # the last: a start past the logistic's midpoint, outside the formula's range (``outside_range``)
+    phi_lin = linear_equivalent_logit(constants.mu2, constants.kappa, phi_target, a_attention**2 / 2)
     t_half = np.log(constants.ell_norm / x0 - 1.0) / (2 * constants.mu1)
     growth = 0.5 * np.log(2 * phi_lin / a_attention**2)  # G needed: a_A e^G = (2 φ_lin)^½
     if growth <= 0:
@@ -433,6 +433,17 @@ class FormulaPrediction:
     leading_focus: float  # (1/μ1 + 1/μ2) log(1/ε)
     restart: RestartFormula | None = None  # σ1's restart; None where there is no first focus to start it from
     focus_half: float | None = None  # when its entropy is half H(π): where σ1's restart formula starts from
+    outside_range: str | None = None  # why the focus and restart formulas do not apply to this start; None: they do
+
+
+def outside_range(constants: ChainConstants, pi: np.ndarray, a0: float) -> str | None:
+    """Why the focus and restart formulas do not apply to a start of amplitude ``a0`` along the origin's unstable
+    directions, or None: they follow condensation's logistic from below its midpoint, a small start (ε ≪ 1)."""
+    x0 = float(np.linalg.norm(pi)) * a0**2 / 2
+    if x0 < constants.ell_norm:
+        return None
+    return (f"the start is past condensation's midpoint (‖π‖ a0²/2 = {x0:.3g} ≥ ‖ℓ‖ = {constants.ell_norm:.3g}); "
+            "the formulas assume a small start (init.eps ≪ 1)")
 
 
 def attention_part(params0, alpha: np.ndarray, h_sign: float) -> np.ndarray:
@@ -459,4 +470,4 @@ def predict_formulas(pi: np.ndarray, P: np.ndarray, params0, eps: float,
     return FormulaPrediction(
         constants, a0, a_attention, condensation_end(constants, pi, a0, th.condensation_level), focus,
         leading / constants.mu1, leading * (1 / constants.mu1 + 1 / constants.mu2) if constants.mu2 > 0 else np.inf,
-        restart, focus_half)
+        restart, focus_half, outside_range(constants, pi, a0))

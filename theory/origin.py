@@ -28,6 +28,7 @@ import sympy as sp
 from scipy.integrate import solve_ivp
 from scipy.special import logsumexp, softmax
 
+from flowsim.config import ConfigError
 from flowsim.observe.stages import StageThresholds, detect_condensation
 from theory.mean_field import origin_rate
 from theory.symbolic import row_loss
@@ -204,6 +205,10 @@ def predict_condensation(pi: np.ndarray, P: np.ndarray, params0, eps: float,
     t_real = orbit.t + shift
     keep = t_real > 0
     interval = detect_condensation(t_real[keep], orbit.sigma0[keep], th)
+    if interval is None and shift < 0:  # θ(0) lies further along the orbit than its start: past its first part
+        raise ConfigError(f"the start is beyond the small start the predictions describe (amplitude a0 = {a0:.3g} along "
+                          f"the origin's unstable directions, ε = {eps:g}, past the condensation orbit's start at "
+                          f"{orbit.delta:.3g}): lower init.eps")
     if interval is None:
         raise RuntimeError("the condensation orbit does not condense; is the chain degenerate?")
     if interval.t_end is None:  # σ0 still creeps up at the orbit's end (60/μ1, no attention): its last value is the scale

@@ -101,7 +101,8 @@ class Prediction:
 def formula_line(f: FormulaPrediction) -> str:
     """The formula tier's constants and terms (docs/theory.md, "The formula tier")."""
     c = f.constants
-    focus = ("no focus by the formula" if f.focus is None else
+    focus = (f"no focus by the formula ({f.outside_range})" if f.outside_range is not None else
+             "no focus by the formula" if f.focus is None else
              f"q{c.query}'s first focus t_f = {f.focus:.4g} (leading (1/μ1 + 1/μ2) log(1/ε) = {f.leading_focus:.4g})")
     condensation = "the start is past condensation's level" if f.condensation is None else f"{f.condensation:.4g}"
     r = f.restart
@@ -224,6 +225,10 @@ def predict_formulas_only(config: RunConfig) -> tuple[list[Row], FormulaPredicti
     formulas = predict_formulas(prepared.chain.pi, prepared.chain.P, prepared.params0, eps)
     rows = [Row("condensation", None, None, None, formula=formulas.condensation,
                 note="" if formulas.condensation is not None else "the start is past condensation's level already")]
+    if formulas.outside_range is not None:
+        note = f"outside the formula's range: {formulas.outside_range}"
+        rows += [Row("focus", formulas.constants.query, None, None, note=note), Row("restart", None, 1, None, note=note)]
+        return rows, formulas
     if formulas.focus is not None:
         rows.append(Row("focus", formulas.constants.query, None, None, formula=formulas.focus))
     if formulas.restart is not None:
