@@ -86,6 +86,11 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, _MovedModuleFinder())  # before any finder that could still see an old file
 
 
+def __dir__() -> list[str]:
+    """The module's names with the public ones loaded on first use (``_PUBLIC``), as completion and ``dir`` show them."""
+    return sorted({*globals(), *_PUBLIC})
+
+
 def __getattr__(name: str):
     if name in _PUBLIC:
         return getattr(importlib.import_module(_PUBLIC[name]), name)

@@ -115,10 +115,12 @@ def check_observables_size(config: RunConfig, d: int, points: int) -> None:
     at a large d. The two-layer models keep both layers' attention whole."""
     if config.model.kind == "one_layer":
         kept = kept_attention_types(d, config.observables.fold_d)
+        fewer_saves = "save fewer times (time.n_linear, time.n_log)"
+        folding_helps = kept > FOLDED_ATTENTION_TYPES + 1  # not where that fold, or a smaller one, is in effect
         check_memory(observables_memory_bytes(d, config.model.m, points, config.observables.fold_d),
                      f"the observables of {points} saves at d = {d}, their attention kept as {kept} x {kept} per save",
-                     f"fold it with observables.fold_d = {FOLDED_ATTENTION_TYPES}, or save fewer times (time.n_linear, "
-                     "time.n_log)")
+                     f"fold it with observables.fold_d = {FOLDED_ATTENTION_TYPES}, or {fewer_saves}" if folding_helps
+                     else fewer_saves)
     else:
         check_memory(2 * points * d * d * (8.0 + 25.0), f"the two-layer observables of {points} saves at d = {d} (both "
                                                          "layers' attention kept whole)",

@@ -800,3 +800,26 @@ def test_a_start_outside_the_formulas_range_is_said_so_without_a_raw_warning():
         warnings.simplefilter("error")
         with pytest.raises(ConfigError, match=r"the start is beyond the small start the predictions describe .*: lower init.eps"):
             predict_condensation(prepared.chain.pi, prepared.chain.P, prepared.params0, 10.0)
+
+
+def test_small_things_say_what_they_are(tmp_path, monkeypatch):
+    """Guards issue 83, item 15: dir(flowsim) lacked the public names loaded on first use; the observables' memory
+    message suggested observables.fold_d = 16 where that fold (or a smaller one) was already in effect; `bridge train`
+    into a `flowsim run` folder said "unknown config section". Each now says what it is."""
+    import flowsim
+    from flowsim.assemble import check_observables_size
+    from flowsim.config import ConfigError
+
+    assert {"MarkovChain", "OneLayerTransformer", "population_loss"} <= set(dir(flowsim))
+    configs = {fold_d: load_config(None, [f"observables.fold_d={fold_d}"]) for fold_d in (16, 8, 40)}
+    monkeypatch.setenv("FLOWSIM_MEMORY_BUDGET_GB", "1e-6")
+    for fold_d, suggests in ((16, False), (8, False), (40, True)):
+        with pytest.raises(ValueError) as error:
+            check_observables_size(configs[fold_d], 64, 1000)
+        assert ("observables.fold_d = 16" in str(error.value)) == suggests and "save fewer times" in str(error.value)
+    monkeypatch.delenv("FLOWSIM_MEMORY_BUDGET_GB")
+    pytest.importorskip("torch")
+    run_dir = tmp_path / "run"
+    execute_run(load_config(None, SMALL), run_dir, progress=False)
+    line = _one_error_line(_invoke("bridge", "train", "--out", str(run_dir)))
+    assert f"{run_dir} holds a `flowsim run` run, not a bridge run; choose a new folder" in line

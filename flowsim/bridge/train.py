@@ -44,7 +44,7 @@ from flowsim.bridge.optim import QKSchedule, WindowSmoothing, build_optimizer
 from flowsim.bridge.surrogate import text_surrogate
 from flowsim.common.budget import check_memory
 from flowsim.model.chains import MarkovChain
-from flowsim.config import ConfigError, changed_keys
+from flowsim.config import ConfigError, changed_keys, load_config
 from flowsim.common.interrupts import StopRequest, run_in_chunks, stop_requests
 from flowsim.common.progress import progress_bar
 from flowsim.common.io import DamagedFileError, file_digest, write_atomic_bytes
@@ -295,6 +295,19 @@ def check_same_text(config: BridgeConfig, run_dir: Path) -> None:
                               f"{str(recorded[key])[:16]}...); give the run's own text or choose a new folder")
 
 
+def _saved_bridge_config(run_dir: Path) -> BridgeConfig:
+    """The bridge configuration run_dir's config.toml records; ConfigError naming a `flowsim run` folder as one."""
+    try:
+        return load_bridge_config(run_dir / CONFIG_FILE)
+    except ConfigError:
+        try:
+            load_config(run_dir / CONFIG_FILE)
+        except ConfigError:
+            raise ConfigError(f"{run_dir / CONFIG_FILE} is not a bridge run's config; choose a new folder") from None
+        raise ConfigError(f"{run_dir} holds a `flowsim run` run, not a bridge run; choose a new folder for "
+                          "`flowsim bridge train`") from None
+
+
 def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at_step: int | None = None) -> TrainResult:
     """Train (or resume) the configured run in ``run_dir``; ``stop_at_step`` stops early
     with everything saved, as an interrupted run would be (resume by calling again)."""
@@ -308,7 +321,7 @@ def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at
     # compared as settings, not as text: a run saved before a key with a default existed still resumes; where the
     # corpus files lie (data.data_dir) is not what the run is, so moved corpora resume too
     if (run_dir / CONFIG_FILE).is_file():
-        saved, wanted = (_run_identity(c) for c in (load_bridge_config(run_dir / CONFIG_FILE), config))
+        saved, wanted = (_run_identity(c) for c in (_saved_bridge_config(run_dir), config))
         if saved != wanted:
             raise ConfigError(f"{run_dir} holds a run with a different configuration ({changed_keys(saved, wanted)}); "
                               "resume with the same config or choose a new folder")
