@@ -222,8 +222,8 @@ def read_checkpoint(path: Path, device) -> dict:
     """checkpoint.pt as the mapping ``Trainer.save`` writes, loaded with ``weights_only=True``: tensors, plain Python
     values and numpy arrays (``CHECKPOINT_GLOBALS``) only, so nothing in the file is executed; a file that names
     anything else, cannot be read, or is not that mapping raises DamagedFileError. O(file size)."""
-    if not path.is_file() or path.is_symlink():
-        raise DamagedFileError(path, "not a regular file", CHECKPOINT_REMEDY)
+    if not path.is_file():  # a FIFO would block the read, a device never end it
+        raise DamagedFileError(path, "not a regular file (a FIFO, a device or a folder)", CHECKPOINT_REMEDY)
     try:
         with torch.serialization.safe_globals(CHECKPOINT_GLOBALS):
             state = torch.load(path, map_location=device, weights_only=True)
@@ -394,7 +394,7 @@ class Trainer:
         """Take up the state saved in checkpoint.pt, if the run directory holds one (``read_checkpoint``: nothing in
         it is executed); a checkpoint that is not this run's is named as damaged."""
         path = self.run_dir / CHECKPOINT_FILE
-        if not path.is_file() and not path.is_symlink():
+        if not path.exists() and not path.is_symlink():
             return
         state = read_checkpoint(path, self.device)
         try:
