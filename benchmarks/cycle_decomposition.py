@@ -23,8 +23,8 @@ CONFIG``), is saved on its checkpoint times, read on its probe set and labelled 
    and step with no finite context. Route 5 against route 6 is SGD's noise and step without the context.
 6. **The mean-field flow** (s → ∞, the bridge's ``compare.surrogate_loss = "mean_field"``).
 
-The shares: text = t₁ - t₂, noise and step = t₂ - t₃ (t₄ where no sampled flow is run), context = t₃ - t₆, each in %
-of t₁. Routes 2, 3 and 5 are cached in FOLDER (chain-sgd/, sgd/ode-finite_control_variate-nN/, limit-sgd/): a second
+The shares, each in % of t₁: text = t₁ - t₂, noise and step = t₂ - t₃ (t₄ where no sampled flow is run), context
+= t₃ - t₆; where neither flow at s is run, the context under SGD t₂ - t₅ and the noise and step at s → ∞ t₅ - t₆. Routes 2, 3 and 5 are cached in FOLDER (chain-sgd/, sgd/ode-finite_control_variate-nN/, limit-sgd/): a second
 call rebuilds the table. Cost at d = 64 on this 2-core CPU: route 2 about 8 minutes, each sampled flow 5-20 minutes,
 route 5 under a minute.
 """
@@ -140,6 +140,8 @@ def main() -> None:
     parser.add_argument("--corpus", required=True, help="a bridge config, or tinystories / wikitext2 (d = 1001)")
     parser.add_argument("--folder", type=Path, default=None, help="the text_cycle.py folder (default runs/cycle-NAME)")
     parser.add_argument("--samples", default="1024,4096", help="the sampled flows' N, two ascending (\"\": none)")
+    parser.add_argument("--without-second-order", action="store_true",
+                        help="leave route 4 out (at d = 1001 its folded flow takes tens of minutes)")
     parser.add_argument("--out", type=Path, default=None, help="a markdown file to write the table into (its section)")
     arguments = parser.parse_args()
     try:
@@ -165,11 +167,12 @@ def main() -> None:
         started = time.perf_counter()
         routes[f"sampled flow, N = {n}"] = ode_beside(run, True, "finite_control_variate", samples=n)[0]
         seconds[f"sampled flow, N = {n}"] = time.perf_counter() - started
-    report("the second-order flow at s")
-    started = time.perf_counter()
-    kept_types, _ = flow_at_s_fold(config, folded=True)
-    routes["second-order flow"] = ode_beside(run, True, "finite_second_order", kept_types=kept_types)[0]
-    seconds["second-order flow"] = time.perf_counter() - started
+    if not arguments.without_second_order:
+        report("the second-order flow at s")
+        started = time.perf_counter()
+        kept_types, _ = flow_at_s_fold(config, folded=True)
+        routes["second-order flow"] = ode_beside(run, True, "finite_second_order", kept_types=kept_types)[0]
+        seconds["second-order flow"] = time.perf_counter() - started
     report("SGD on the s → ∞ loss")
     started = time.perf_counter()
     routes["SGD on s → ∞"] = limit_sgd_observables(folder, config, data, chain, model, report)
@@ -184,7 +187,11 @@ def main() -> None:
         small, large = (events[f"sampled flow, N = {n}"] for n in samples)
         events["sampled flow, N → ∞"] = {event: extrapolated(small.get(event), large.get(event), samples[1] / samples[0])
                                          for event in set(small) & set(large)}
-    sampled = "sampled flow, N → ∞" if samples else "second-order flow"
+    at_s = next((route for route in ("sampled flow, N → ∞", "second-order flow") if route in events), None)
+    shares = [("text (1 - 2)", "text SGD", "chain SGD")] + (
+        [(f"noise, step (2 - {at_s})", "chain SGD", at_s), (f"context ({at_s} - 6)", at_s, "mean-field flow")] if at_s
+        else [("context under SGD (2 - 5)", "chain SGD", "SGD on s → ∞"), ("noise, step at s → ∞ (5 - 6)", "SGD on s → ∞",
+                                                                          "mean-field flow")])
     names = [str(token) for token in routes["text SGD"].constants["type_names"]]
     order = sorted(set().union(*events.values()),
                    key=lambda event: min(times.get(event) or np.inf for times in events.values()))
@@ -192,25 +199,24 @@ def main() -> None:
     show = lambda value: "–" if value is None else f"{value:.4g}"  # noqa: E731
     lines = [f"{config.data.kind}, d = {chain.d}, s = {config.data.s}, seed {config.data.seed}, lr {config.optim.lr:g}, "
              f"B = {config.data.batch_size}, to t = {config.optim.lr * config.optim.steps:g}; every route from the run's "
-             "θ(0), read on its probe set by the causal detectors. Seconds (cached routes: reading only): "
-             + ", ".join(f"{route} {value:.0f}" for route, value in seconds.items()), "",
-             "| event | token | " + " | ".join(columns) + f" | text (1 - 2) | noise, step (2 - {sampled}) "
-             f"| context ({sampled} - mean field) |",
-             "|---|---|" + "---:|" * (len(columns) + 3)]
+             "θ(0), read on its probe set by the causal detectors; shares in % of SGD on the text's time. Seconds (cached "
+             "routes: reading only): " + ", ".join(f"{route} {value:.0f}" for route, value in seconds.items()), "",
+             "| event | token | " + " | ".join(columns) + " | " + " | ".join(label for label, _, _ in shares) + " |",
+             "|---|---|" + "---:|" * (len(columns) + len(shares))]
     for event in order:
         token = names[event[1]] if event[1] is not None else "-"
         t = {column: events[column].get(event) for column in columns}
-        reference = t["text SGD"]
-        lines.append(f"| {event_label(event)} | {token} | " + " | ".join(show(t[column]) for column in columns)
-                     + f" | {share(reference, t['chain SGD'], reference)} | {share(t['chain SGD'], t[sampled], reference)}"
-                     f" | {share(t[sampled], t['mean-field flow'], reference)} |")
+        lines.append(f"| {event_label(event)} | {token} | " + " | ".join(show(t[column]) for column in columns) + " | "
+                     + " | ".join(share(t[a], t[b], t["text SGD"]) for _, a, b in shares) + " |")
     sigma1 = {column: routes[column]["sv_W0"][-1, 0] for column in columns if column in routes}
     lines.append(f"| σ1(W0) at t = {routes['text SGD'].t[-1]:.4g} | - | "
-                 + " | ".join(f"{sigma1[column]:.3g}" if column in sigma1 else "–" for column in columns) + " | | | |")
+                 + " | ".join(f"{sigma1[column]:.3g}" if column in sigma1 else "–" for column in columns)
+                 + " |" * (len(shares) + 1))
     text = "\n".join(lines)
     print(text)
     if arguments.out is not None:
-        command = f"python benchmarks/cycle_decomposition.py --corpus {arguments.corpus} --samples \"{arguments.samples}\""
+        command = (f"python benchmarks/cycle_decomposition.py --corpus {arguments.corpus} --samples \"{arguments.samples}\""
+                   + (" --without-second-order" if arguments.without_second_order else ""))
         write_section(arguments.out, f"decomposition-{name}", f"## The cycle's decomposition ({name})\n\n`{command}`\n\n{text}")
 
 
