@@ -139,17 +139,22 @@ def test_bridge_compare_on_a_flowsim_run_says_what_it_is(tmp_path):
 def test_sigterm_stops_an_explicit_solve_inside_its_compiled_call(tmp_path):
     """Tsit5's solve is one compiled call; SIGTERM sent while it runs must reach the event it polls
     after every step (the handler runs in the main thread, which must not be blocked in the call)."""
+    import os
     import signal
-    import time
 
     sets = ["solver.method='Tsit5'", "time.t_end=100000.0", "solver.max_steps=50000000"]  # hours to the end
     arguments = [item for s in sets for item in ("--set", s)]
     run_dir = tmp_path / "run"
     # --quiet: without a progress bar no Python runs during the compiled solve but the event's own poll
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", "FLOWSIM_SIGNAL_READY": "1"}
     process = subprocess.Popen([sys.executable, "-m", "flowsim.cli", "run", *arguments, "--out", str(run_dir), "--quiet"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
-    time.sleep(12.0)  # past compilation (a few seconds); a signal that came earlier would be seen at the first step anyway
-    assert process.poll() is None, process.communicate()[1].decode()
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path, env=environment)
+    said = b""
+    # the run's handler is in place: compiling or solving now (a blocked main thread would take neither signal till the end)
+    while b"signals handled: stop requests" not in said:
+        chunk = os.read(process.stderr.fileno(), 4096)
+        assert chunk, f"the run ended before its handler was in place: {said.decode(errors='replace')}"
+        said += chunk
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr.decode()
