@@ -895,7 +895,39 @@ def test_bridge_train_logged_to_a_file_writes_a_line_every_five_percent(tmp_path
     text = (tmp_path / "log").read_text()
     lines = [line for line in text.splitlines() if line.startswith("sgd on markov, lr = ")]
     assert "\r" not in text and len(lines) == 21, text  # a first line at 0%, then one every 5%
-    assert lines[-1].startswith("sgd on markov, lr = 0.1: 100% (400/400 step, t = lr × step = 40, validation loss "), lines[-1]
+    assert lines[-1].startswith("sgd on markov, lr = 0.1: 100% (400/400 step, t = lr × step = 40; validation loss "), lines[-1]
+    for line in lines[1:]:  # t is the step's own, the loss's t its checkpoint's (once the last checkpoint's t for both)
+        step, t, checkpoint_t = re.search(r"\((\d+)/400 step, t = lr × step = ([\d.]+); validation loss [\d.]+ at the "
+                                          r"last checkpoint \(t = ([\d.]+)\)\)", line).groups()
+        assert float(t) == pytest.approx(0.1 * int(step)) and float(checkpoint_t) <= float(t), line
+
+
+def test_bridge_training_on_a_cpu_runs_one_torch_thread_unless_told(tmp_path, monkeypatch):
+    """torch's default of a thread per core made a step 20-35 times slower on a shared machine: a CPU run trains on
+    one thread, says so in meta.json, and $FLOWSIM_TORCH_THREADS sets another count (a bad one is named)."""
+    import torch
+
+    from flowsim.bridge.train import THREADS_VARIABLE
+
+    settings = ["optim.steps=4", "data.batch_size=8", "data.s=8", "log.probe_per_type=4", "log.n_checkpoints=3",
+                "data.device='cpu'"]
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv(THREADS_VARIABLE, raising=False)
+    try:
+        torch.set_num_threads(2)
+        train(load_bridge_config(None, settings), tmp_path / "one", progress=False)
+        assert torch.get_num_threads() == 1
+        assert json.loads((tmp_path / "one" / "meta.json").read_text())["torch_threads"] == 1
+        monkeypatch.setenv(THREADS_VARIABLE, "2")
+        train(load_bridge_config(None, settings), tmp_path / "two", progress=False)
+        assert json.loads((tmp_path / "two" / "meta.json").read_text())["torch_threads"] == 2
+        monkeypatch.setenv(THREADS_VARIABLE, "many")
+        with pytest.raises(flowsim.config.ConfigError, match=r"\$FLOWSIM_TORCH_THREADS = 'many': expected a number of threads >= 1"):
+            train(load_bridge_config(None, settings), tmp_path / "bad", progress=False)
+        assert not (tmp_path / "bad").exists()
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_corpus_of_your_own_trains_as_data_kind_text(tmp_path):
