@@ -13,7 +13,7 @@ from figures.style import FigureResult, figure_style, save_figure
 from flowsim.observe.stages import StageThresholds
 
 NAME = "fig15_phase_diagram"
-COST = "20 flowsim runs at d = 6 (4 ε × 5 λ): seconds each, 4 of them shared with figure 9"  # on a 2-core CPU; cached after the first build
+COST = "20 flowsim runs at d = 4 (4 ε × 5 λ): seconds each, 4 of them shared with figure 9"  # on a 2-core CPU; cached after the first build
 EPSILONS = (1e-2, 1e-3, 1e-4, 1e-5)
 LAMBDAS = (0.1, 0.3, 0.5, 0.7, 0.9)
 EPSILONS_TINY, LAMBDAS_TINY = (1e-3,), (0.5, 0.8)  # the runs of the tiny figures 7 and 9

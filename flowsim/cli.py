@@ -300,8 +300,7 @@ def figures(
     list_: bool = typer.Option(False, "--list", help="Name every figure (the names --only takes), what it shows and its cost."),
 ) -> None:
     """Regenerate the paper figures (running the simulations they need once, then only redrawing)."""
-    from figures import build_figures, figure_list
-    from figures.runs import FigureInputError
+    from figures import FigureInputError, build_figures, figure_list
 
     from flowsim.runs.rundir import check_output_dir
 

@@ -828,3 +828,22 @@ def test_small_things_say_what_they_are(tmp_path, monkeypatch):
     execute_run(load_config(None, SMALL), run_dir, progress=False)
     line = _one_error_line(_invoke("bridge", "train", "--out", str(run_dir)))
     assert f"{run_dir} holds a `flowsim run` run, not a bridge run; choose a new folder" in line
+
+
+@pytest.mark.parametrize("arguments", [["--help"], ["figures", "--list"], ["config"], ["config", "--bridge", "data"],
+                                       ["data", "where", "wikitext2"], ["run", "--help"]])
+def test_discovery_commands_import_neither_jax_nor_torch(arguments, tmp_path):
+    """Guards issue 84, item 4: `figures --list` imported JAX (through the figure modules) and `config --bridge` torch
+    (through flowsim.bridge's check), seconds each to print text. A fresh interpreter runs the command and says which
+    of the heavy libraries it imported (benchmarks/discovery.py times them)."""
+    from pathlib import Path
+
+    script = ("import sys; from flowsim.cli import main; sys.argv = ['flowsim', *sys.argv[1:]]\n"
+              "try:\n    main()\nexcept SystemExit as stop:\n    code = stop.code\n"
+              "print('imported:', sorted(m for m in ('jax', 'torch', 'matplotlib') if m in sys.modules), file=sys.stderr)\n"
+              "sys.exit(code)")
+    repository = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", script, *arguments], capture_output=True, text=True,
+                          cwd=repository, env={**__import__("os").environ, "PYTHONPATH": str(repository)})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "imported: []", done.stderr
