@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flowsim.common.io import read_json, write_atomic_json
+from flowsim.common.progress import ticking
 
 if TYPE_CHECKING:
     from figures.style import FigureResult
 
 MANIFEST = "manifest.json"
+HEARTBEAT_SECONDS = 10.0  # a line while a figure builds: its runs can take minutes
 
 FIGURE_MODULES = (
     "fig01_loss_stages",
@@ -95,13 +97,14 @@ def build_figures(out: Path, cache: Path, only: Sequence[str] = (), tiny: bool =
     manifest_path = Path(out) / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"figures": {}}
     results, failed = [], []
-    for name, module in modules.items():
-        if only and name not in only:
-            continue
-        report(f"{name}: building ({module.COST})")
+    chosen = [name for name in modules if not only or name in only]
+    for number, name in enumerate(chosen, 1):
+        module = modules[name]
+        report(f"{name}: building ({module.COST}); figure {number} of {len(chosen)}")
         started = time.perf_counter()
         try:
-            result = module.build(Path(cache), Path(out), tiny=tiny)
+            with ticking(lambda seconds: report(f"{name}: building, {seconds:.0f} s so far"), every=HEARTBEAT_SECONDS):
+                result = module.build(Path(cache), Path(out), tiny=tiny)
         except FigureInputError as error:
             report(f"{name}: not built: {error}")
             failed.append(f"{name}: {error}")

@@ -461,6 +461,32 @@ def test_bridge_validate_puts_theory_ode_and_sgd_side_by_side_and_reuses_every_p
     assert "compare.surrogate_loss = 'finite_second_order'" in (out / "validate.md").read_text()
 
 
+def test_bridge_validates_theory_says_it_is_at_work_while_it_predicts(monkeypatch):
+    """Guards issue 84, item 3: the theory part of `bridge validate` was silent for minutes at d = 1001; it now says
+    its seconds every HEARTBEAT_SECONDS (10 s; here shortened) while the prediction runs."""
+    import threading
+    from types import SimpleNamespace
+
+    import flowsim.bridge.validate as validate_module
+    import flowsim.runs.predictions
+
+    said, done = [], threading.Event()
+
+    def slow_prediction(config, progress):
+        done.wait(5.0)  # until the second heartbeat, or 5 s at most
+        return SimpleNamespace(rows=[], constants="")
+
+    def progress(line):
+        said.append(line)
+        if len(said) >= 2:
+            done.set()
+
+    monkeypatch.setattr(validate_module, "HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr(flowsim.runs.predictions, "cached_prediction", slow_prediction)
+    assert validate_module.theory_events(None, None, progress) == ({}, {}, "")
+    assert len(said) >= 2 and all(re.fullmatch(r"theory: \d+ s so far", line) for line in said), said
+
+
 def test_bridge_validate_names_a_corpus_it_does_not_know(tmp_path):
     from typer.testing import CliRunner
 
