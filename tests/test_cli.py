@@ -847,3 +847,17 @@ def test_discovery_commands_import_neither_jax_nor_torch(arguments, tmp_path):
                           cwd=repository, env={**__import__("os").environ, "PYTHONPATH": str(repository)})
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "imported: []", done.stderr
+
+
+def test_predicts_dilution_notes_say_which_grid_they_are_read_on():
+    """Guards issue 84, item 5: predict's notes dated q0's dilution 687.5 beside the table's 692.8 without saying why:
+    the notes read the prediction's own fine grid, the table the run's save times. Each note now says so."""
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+
+    result = CliRunner().invoke(app, ["predict"])
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.output.splitlines() if line.startswith("predicted dilution of")]
+    assert notes and all(", read on the prediction's own grid (120 times a decade; the table reads it on the run's "
+                         "save times): " in line for line in notes), notes
