@@ -1172,3 +1172,24 @@ def test_a_text_runs_files_are_checked_as_files_and_followed_when_they_move(tmp_
     changed = bridge(run, moved / "train.txt", moved / "other.txt")
     assert changed.exit_code == 2, changed.output
     assert f"data.valid_file '{moved / 'other.txt'}' holds another text than {run} was trained on" in changed.output
+
+
+def test_the_shipped_text_example_trains_on_any_utf8_file_named_on_the_command_line(tmp_path, monkeypatch):
+    """configs/bridge/text-example.toml with its two files given as bare --set words, as its header shows (here at a
+    small size): the paths are read from the working directory and saved absolute."""
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+
+    story = "Don't stop. The cat sat on the mat; the dog saw the cat, and the cat ran. A bird sang to the dog.\n"
+    (tmp_path / "mine.txt").write_text(story * 60)
+    (tmp_path / "mine-valid.txt").write_text(story * 6)
+    monkeypatch.chdir(tmp_path)
+    small = ["data.vocab_size=8", "data.s=8", "optim.steps=20", "log.n_checkpoints=5", "log.fold_d=4", "log.probe_per_type=4"]
+    arguments = ["bridge", "train", "configs/bridge/text-example.toml", "--set", "data.train_file=mine.txt",
+                 "--set", "data.valid_file=mine-valid.txt", *[item for s in small for item in ("--set", s)], "--out", "run",
+                 "--quiet"]
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 0, result.output
+    saved = load_bridge_config(tmp_path / "run" / "config.toml")
+    assert saved.data.kind == "text" and saved.data.train_file == str(tmp_path / "mine.txt")
