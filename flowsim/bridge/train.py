@@ -513,8 +513,21 @@ def write_outputs(run_dir: Path, config: BridgeConfig, data: DataSource, pi: np.
     if config.model.kind == "one_layer" and np.count_nonzero(t > 0) >= 3:
         stages = detect_stages(observables)
         stages.save(run_dir)
-        plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=f"bridge: {config.data.kind}", stages=stages,
+        plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=run_title(config, data.vocab_size), stages=stages,
                          loss_label="validation loss", time_label="t = learning rate × steps")
+
+
+def run_title(config: BridgeConfig, d: int | None = None) -> str:
+    """What a bridge run's figures are of: its data (the corpus or the file), d (given, or a text's vocabulary plus
+    <unk>), the optimiser, lr, steps, batch and s."""
+    kind = config.data.kind
+    source = (f"text {Path(config.data.train_file).name}" if kind == "text" else kind if kind != "markov"
+              else "Markov chain")
+    optim = config.optim
+    d = d if d is not None or kind == "markov" else config.data.vocab_size + 1
+    size = "" if d is None else f", d = {d}"
+    return (f"bridge: {source}{size}, {optim.name} lr = {optim.lr:g}, {optim.steps} steps of "
+            f"batch {config.data.batch_size} × s = {config.data.s}")
 
 
 def type_names(data: DataSource) -> list[str]:
