@@ -54,6 +54,8 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
                           color="white" if np.isfinite(value) and value > np.nanmean(values) else "black",
                           backgroundcolor="white" if np.isnan(value) else "none")
             figure.colorbar(image, ax=axis, label="gradient-flow time t")
+        figure.suptitle(f"one run per cell (init.seed = 0), each to t = {horizon:.0f}: events dated up to t = {dated_to:.0f}",
+                        fontsize="small")
     caption = ("Onset times over (ε, λ): condensation depends on ε only (log(1/ε)/μ1, μ1 independent of λ); "
                "the frequent query's focus comes later for smaller ε and for smaller λ (hatched: none dated by the "
                f"horizon t = {horizon:.0f}, where the detectors date events up to t = {dated_to:.0f}, 0.15 decade before it).")
