@@ -57,7 +57,7 @@ def foreground_flowsim(arguments: list[str], **options):
 
     script = (f"import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
               f"sys.argv = {['flowsim', *arguments]!r}; runpy.run_module('flowsim', run_name='__main__')")
-    environment = {**os.environ, "PYTHONUNBUFFERED": "1", interrupts.READY_VARIABLE: "1"}
+    environment = {**options.pop("env", os.environ), "PYTHONUNBUFFERED": "1", interrupts.READY_VARIABLE: "1"}
     return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=environment, **options)
 
@@ -253,11 +253,11 @@ def test_ctrl_c_during_a_prediction_says_nothing_was_cached(tmp_path):
 
     cache = tmp_path / "predictions"
     process = foreground_flowsim(["predict"], env={**os.environ, "FLOWSIM_PREDICTION_CACHE": str(cache)})
-    first = process.stderr.readline().decode()  # the first stage's progress line: the prediction has begun
+    first = read_until(process, b"flowsim: Stage I").decode()  # the first stage's progress line: the prediction has begun
     process.send_signal(signal.SIGINT)
     _, rest = process.communicate(timeout=120)
     text = first + rest.decode()
-    assert first.startswith("flowsim: Stage I"), text
+    assert "\nflowsim: Stage I" in "\n" + first, text
     assert process.returncode == 130 and "Traceback" not in text, text
     said = [line for line in text.splitlines() if "interrupted" in line]
     assert said == ["flowsim: interrupted while predicting: nothing was cached; the same command predicts again"], text
