@@ -11,18 +11,22 @@ directories it read, with the library versions.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from figures.runs import FigureInputError
-from figures.style import FigureResult
-from flowsim.runs.rundir import library_versions
 from flowsim.common.io import read_json, write_atomic_json
+from flowsim.common.progress import ticking
+
+if TYPE_CHECKING:
+    from figures.style import FigureResult
 
 MANIFEST = "manifest.json"
+HEARTBEAT_SECONDS = 10.0  # a line while a figure builds: its runs can take minutes
 
 FIGURE_MODULES = (
     "fig01_loss_stages",
@@ -46,8 +50,21 @@ FIGURE_MODULES = (
 )
 
 
+class FigureInputError(RuntimeError):
+    """A cached run directory that cannot be used."""
+
+
+def figure_entry(module_name: str) -> tuple[str, str, str]:
+    """(NAME, docstring, COST) of a figure module, read from its source without importing it (which would import
+    matplotlib and JAX: seconds, where listing the figures should take none). O(the module's size)."""
+    tree = ast.parse((Path(__file__).parent / f"{module_name}.py").read_text())
+    constants = {target.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                 for target in node.targets if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant)}
+    return constants["NAME"], ast.get_docstring(tree) or "", constants["COST"]
+
+
 def figure_names() -> list[str]:
-    return [importlib.import_module(f"figures.{module}").NAME for module in FIGURE_MODULES]
+    return [figure_entry(module)[0] for module in FIGURE_MODULES]
 
 
 def figure_list(out: Path) -> list[str]:
@@ -58,12 +75,11 @@ def figure_list(out: Path) -> list[str]:
     built = manifest.get("figures", {}) if isinstance(manifest, dict) else {}
     lines = []
     for module_name in FIGURE_MODULES:
-        module = importlib.import_module(f"figures.{module_name}")
-        first_paragraph = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())
+        name, docstring, cost = figure_entry(module_name)
+        first_paragraph = " ".join(docstring.strip().split("\n\n")[0].split())
         shows = first_paragraph.split(": ", 1)[-1].split(". ")[0].rstrip(".")
-        last = f"{built[module.NAME]['seconds']:.1f} s on its last build in {out}" if module.NAME in built else \
-            f"not built in {out} yet"
-        lines.append(f"{module.NAME}: {shows}. Computes {module.COST} ({last})")
+        last = f"{built[name]['seconds']:.1f} s on its last build in {out}" if name in built else f"not built in {out} yet"
+        lines.append(f"{name}: {shows}. Computes {cost} ({last})")
     return lines
 
 
@@ -72,6 +88,8 @@ def build_figures(out: Path, cache: Path, only: Sequence[str] = (), tiny: bool =
     """Build every figure (or those named in ``only``), reporting each one's time. A figure
     whose inputs are unusable is reported and skipped; the others are still built, and a
     FigureInputError naming every skipped figure is raised at the end."""
+    from flowsim.runs.rundir import library_versions
+
     modules = {importlib.import_module(f"figures.{m}").NAME: importlib.import_module(f"figures.{m}") for m in FIGURE_MODULES}
     unknown = sorted(set(only) - set(modules))
     if unknown:
@@ -79,13 +97,14 @@ def build_figures(out: Path, cache: Path, only: Sequence[str] = (), tiny: bool =
     manifest_path = Path(out) / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"figures": {}}
     results, failed = [], []
-    for name, module in modules.items():
-        if only and name not in only:
-            continue
-        report(f"{name}: building ({module.COST})")
+    chosen = [name for name in modules if not only or name in only]
+    for number, name in enumerate(chosen, 1):
+        module = modules[name]
+        report(f"{name}: building ({module.COST}); figure {number} of {len(chosen)}")
         started = time.perf_counter()
         try:
-            result = module.build(Path(cache), Path(out), tiny=tiny)
+            with ticking(lambda seconds: report(f"{name}: building, {seconds:.0f} s so far"), every=HEARTBEAT_SECONDS):
+                result = module.build(Path(cache), Path(out), tiny=tiny)
         except FigureInputError as error:
             report(f"{name}: not built: {error}")
             failed.append(f"{name}: {error}")

@@ -11,7 +11,7 @@ from figures.runs import default_run, observables_and_stages
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure, shade_stages
 
 NAME = "fig01_loss_stages"
-COST = "the default flowsim run (d = 6): seconds, shared by figures 1-6"  # on a 2-core CPU; cached after the first build
+COST = "the default flowsim run (d = 4): seconds, shared by figures 1-6"  # on a 2-core CPU; cached after the first build
 
 
 def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:

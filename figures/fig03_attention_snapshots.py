@@ -12,7 +12,7 @@ from figures.style import FigureResult, figure_style, save_figure
 from flowsim.observe.stages import EVENT_STAGES, STAGE
 
 NAME = "fig03_attention_snapshots"
-COST = "the default flowsim run (d = 6): seconds, shared by figures 1-6"  # on a 2-core CPU; cached after the first build
+COST = "the default flowsim run (d = 4): seconds, shared by figures 1-6"  # on a 2-core CPU; cached after the first build
 
 
 def snapshot_times(report, t: np.ndarray) -> list[tuple[str, int]]:

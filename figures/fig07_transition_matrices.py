@@ -10,7 +10,7 @@ from figures.runs import default_run, observables_and_stages
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure
 
 NAME = "fig07_transition_matrices"
-COST = "3 flowsim runs at d = 6 (one per λ): seconds each"  # on a 2-core CPU; cached after the first build
+COST = "3 flowsim runs at d = 4 (one per λ): seconds each"  # on a 2-core CPU; cached after the first build
 LAMBDAS = (0.2, 0.5, 0.8)
 LAMBDAS_TINY = (0.5, 0.8)
 

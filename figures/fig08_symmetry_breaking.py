@@ -10,7 +10,7 @@ from figures.runs import flowsim_run, observables_and_stages
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure
 
 NAME = "fig08_symmetry_breaking"
-COST = "4 flowsim runs at d = 6 to t = 3000 (one per δ): seconds each"  # on a 2-core CPU; cached after the first build
+COST = "4 flowsim runs at d = 4 to t = 3000 (one per δ): seconds each"  # on a 2-core CPU; cached after the first build
 DELTAS = (0.0, 0.05, 0.1, 0.2)
 DELTAS_TINY = (0.0, 0.2)
 

@@ -13,7 +13,7 @@ from figures.style import FigureResult, figure_style, save_figure
 from flowsim.runs.predictions import COMPARE_JSON, compare_run
 
 NAME = "fig09_predicted_vs_measured"
-COST = "5 flowsim runs at d = 6 (one per ε) and the theory's prediction of each: under a minute each"  # on a 2-core CPU; cached after the first build
+COST = "5 flowsim runs at d = 4 (one per ε) and the theory's prediction of each: under a minute each"  # on a 2-core CPU; cached after the first build
 EPSILONS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
 EPSILONS_TINY = (1e-3,)
 LAMBDA = 0.5  # the default chain

@@ -13,7 +13,7 @@ from figures.style import FigureResult, figure_style, save_figure
 from flowsim.observe.stages import StageThresholds
 
 NAME = "fig15_phase_diagram"
-COST = "20 flowsim runs at d = 6 (4 ε × 5 λ): seconds each, 4 of them shared with figure 9"  # on a 2-core CPU; cached after the first build
+COST = "20 flowsim runs at d = 4 (4 ε × 5 λ): seconds each, 4 of them shared with figure 9"  # on a 2-core CPU; cached after the first build
 EPSILONS = (1e-2, 1e-3, 1e-4, 1e-5)
 LAMBDAS = (0.1, 0.3, 0.5, 0.7, 0.9)
 EPSILONS_TINY, LAMBDAS_TINY = (1e-3,), (0.5, 0.8)  # the runs of the tiny figures 7 and 9
@@ -54,6 +54,8 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
                           color="white" if np.isfinite(value) and value > np.nanmean(values) else "black",
                           backgroundcolor="white" if np.isnan(value) else "none")
             figure.colorbar(image, ax=axis, label="gradient-flow time t")
+        figure.suptitle(f"one run per cell (init.seed = 0), each to t = {horizon:.0f}: events dated up to t = {dated_to:.0f}",
+                        fontsize="small")
     caption = ("Onset times over (ε, λ): condensation depends on ε only (log(1/ε)/μ1, μ1 independent of λ); "
                "the frequent query's focus comes later for smaller ε and for smaller λ (hatched: none dated by the "
                f"horizon t = {horizon:.0f}, where the detectors date events up to t = {dated_to:.0f}, 0.15 decade before it).")

@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
+from figures import FigureInputError  # noqa: F401 (the figures import it from here too)
 from flowsim.config import Sections, load_config
 from flowsim.runs.experiment import execute_run, pinned_config
 from flowsim.runs.labelling import observables_of_run
@@ -28,10 +29,6 @@ from flowsim.solve.status import Status
 
 TINY = ("time.t_end=150.0", "time.n_linear=16", "time.n_log=30")  # condensation and the first focus
 ONSET_TIMES = ("time.t_end=400.0", "time.n_linear=41", "time.n_log=200")  # past the first focus and σ1 for ε >= 1e-6
-
-
-class FigureInputError(RuntimeError):
-    """A cached run directory that cannot be used."""
 
 
 def run_name(config: Sections, base: Sections, base_name: str) -> str:

@@ -5,7 +5,8 @@ import os
 import signal
 import sys
 
-from flowsim.common.interrupts import INTERRUPTED_STARTING, cancel_redelivery, interrupt_when_safe, redeliver_dropped_interrupts
+from flowsim.common.interrupts import (INTERRUPTED_STARTING, cancel_redelivery, interrupt_when_safe, redeliver_dropped_interrupts,
+                                       say_signals_ready)
 
 
 def _interrupted_while_loading(signum: int, frame) -> None:
@@ -18,6 +19,7 @@ def _interrupted_while_loading(signum: int, frame) -> None:
 def main() -> None:
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, _interrupted_while_loading)
+    say_signals_ready("start-up")
     from flowsim.cli import main as run_command
 
     for number in (signal.SIGINT, signal.SIGTERM):  # from here each command says what it kept, whichever signal came

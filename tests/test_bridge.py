@@ -461,6 +461,32 @@ def test_bridge_validate_puts_theory_ode_and_sgd_side_by_side_and_reuses_every_p
     assert "compare.surrogate_loss = 'finite_second_order'" in (out / "validate.md").read_text()
 
 
+def test_bridge_validates_theory_says_it_is_at_work_while_it_predicts(monkeypatch):
+    """Guards issue 84, item 3: the theory part of `bridge validate` was silent for minutes at d = 1001; it now says
+    its seconds every HEARTBEAT_SECONDS (10 s; here shortened) while the prediction runs."""
+    import threading
+    from types import SimpleNamespace
+
+    import flowsim.bridge.validate as validate_module
+    import flowsim.runs.predictions
+
+    said, done = [], threading.Event()
+
+    def slow_prediction(config, progress):
+        done.wait(5.0)  # until the second heartbeat, or 5 s at most
+        return SimpleNamespace(rows=[], constants="")
+
+    def progress(line):
+        said.append(line)
+        if len(said) >= 2:
+            done.set()
+
+    monkeypatch.setattr(validate_module, "HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr(flowsim.runs.predictions, "cached_prediction", slow_prediction)
+    assert validate_module.theory_events(None, None, progress) == ({}, {}, "")
+    assert len(said) >= 2 and all(re.fullmatch(r"theory: \d+ s so far", line) for line in said), said
+
+
 def test_bridge_validate_names_a_corpus_it_does_not_know(tmp_path):
     from typer.testing import CliRunner
 
@@ -895,7 +921,39 @@ def test_bridge_train_logged_to_a_file_writes_a_line_every_five_percent(tmp_path
     text = (tmp_path / "log").read_text()
     lines = [line for line in text.splitlines() if line.startswith("sgd on markov, lr = ")]
     assert "\r" not in text and len(lines) == 21, text  # a first line at 0%, then one every 5%
-    assert lines[-1].startswith("sgd on markov, lr = 0.1: 100% (400/400 step, t = lr × step = 40, validation loss "), lines[-1]
+    assert lines[-1].startswith("sgd on markov, lr = 0.1: 100% (400/400 step, t = lr × step = 40; validation loss "), lines[-1]
+    for line in lines[1:]:  # t is the step's own, the loss's t its checkpoint's (once the last checkpoint's t for both)
+        step, t, checkpoint_t = re.search(r"\((\d+)/400 step, t = lr × step = ([\d.]+); validation loss [\d.]+ at the "
+                                          r"last checkpoint \(t = ([\d.]+)\)\)", line).groups()
+        assert float(t) == pytest.approx(0.1 * int(step)) and float(checkpoint_t) <= float(t), line
+
+
+def test_bridge_training_on_a_cpu_runs_one_torch_thread_unless_told(tmp_path, monkeypatch):
+    """torch's default of a thread per core made a step 20-35 times slower on a shared machine: a CPU run trains on
+    one thread, says so in meta.json, and $FLOWSIM_TORCH_THREADS sets another count (a bad one is named)."""
+    import torch
+
+    from flowsim.bridge.train import THREADS_VARIABLE
+
+    settings = ["optim.steps=4", "data.batch_size=8", "data.s=8", "log.probe_per_type=4", "log.n_checkpoints=3",
+                "data.device='cpu'"]
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv(THREADS_VARIABLE, raising=False)
+    try:
+        torch.set_num_threads(2)
+        train(load_bridge_config(None, settings), tmp_path / "one", progress=False)
+        assert torch.get_num_threads() == 1
+        assert json.loads((tmp_path / "one" / "meta.json").read_text())["torch_threads"] == 1
+        monkeypatch.setenv(THREADS_VARIABLE, "2")
+        train(load_bridge_config(None, settings), tmp_path / "two", progress=False)
+        assert json.loads((tmp_path / "two" / "meta.json").read_text())["torch_threads"] == 2
+        monkeypatch.setenv(THREADS_VARIABLE, "many")
+        with pytest.raises(flowsim.config.ConfigError, match=r"\$FLOWSIM_TORCH_THREADS = 'many': expected a number of threads >= 1"):
+            train(load_bridge_config(None, settings), tmp_path / "bad", progress=False)
+        assert not (tmp_path / "bad").exists()
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_corpus_of_your_own_trains_as_data_kind_text(tmp_path):
@@ -1114,3 +1172,24 @@ def test_a_text_runs_files_are_checked_as_files_and_followed_when_they_move(tmp_
     changed = bridge(run, moved / "train.txt", moved / "other.txt")
     assert changed.exit_code == 2, changed.output
     assert f"data.valid_file '{moved / 'other.txt'}' holds another text than {run} was trained on" in changed.output
+
+
+def test_the_shipped_text_example_trains_on_any_utf8_file_named_on_the_command_line(tmp_path, monkeypatch):
+    """configs/bridge/text-example.toml with its two files given as bare --set words, as its header shows (here at a
+    small size): the paths are read from the working directory and saved absolute."""
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+
+    story = "Don't stop. The cat sat on the mat; the dog saw the cat, and the cat ran. A bird sang to the dog.\n"
+    (tmp_path / "mine.txt").write_text(story * 60)
+    (tmp_path / "mine-valid.txt").write_text(story * 6)
+    monkeypatch.chdir(tmp_path)
+    small = ["data.vocab_size=8", "data.s=8", "optim.steps=20", "log.n_checkpoints=5", "log.fold_d=4", "log.probe_per_type=4"]
+    arguments = ["bridge", "train", "configs/bridge/text-example.toml", "--set", "data.train_file=mine.txt",
+                 "--set", "data.valid_file=mine-valid.txt", *[item for s in small for item in ("--set", s)], "--out", "run",
+                 "--quiet"]
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 0, result.output
+    saved = load_bridge_config(tmp_path / "run" / "config.toml")
+    assert saved.data.kind == "text" and saved.data.train_file == str(tmp_path / "mine.txt")

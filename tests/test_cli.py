@@ -139,17 +139,22 @@ def test_bridge_compare_on_a_flowsim_run_says_what_it_is(tmp_path):
 def test_sigterm_stops_an_explicit_solve_inside_its_compiled_call(tmp_path):
     """Tsit5's solve is one compiled call; SIGTERM sent while it runs must reach the event it polls
     after every step (the handler runs in the main thread, which must not be blocked in the call)."""
+    import os
     import signal
-    import time
 
     sets = ["solver.method='Tsit5'", "time.t_end=100000.0", "solver.max_steps=50000000"]  # hours to the end
     arguments = [item for s in sets for item in ("--set", s)]
     run_dir = tmp_path / "run"
     # --quiet: without a progress bar no Python runs during the compiled solve but the event's own poll
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", "FLOWSIM_SIGNAL_READY": "1"}
     process = subprocess.Popen([sys.executable, "-m", "flowsim.cli", "run", *arguments, "--out", str(run_dir), "--quiet"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
-    time.sleep(12.0)  # past compilation (a few seconds); a signal that came earlier would be seen at the first step anyway
-    assert process.poll() is None, process.communicate()[1].decode()
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path, env=environment)
+    said = b""
+    # the run's handler is in place: compiling or solving now (a blocked main thread would take neither signal till the end)
+    while b"signals handled: stop requests" not in said:
+        chunk = os.read(process.stderr.fileno(), 4096)
+        assert chunk, f"the run ended before its handler was in place: {said.decode(errors='replace')}"
+        said += chunk
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr.decode()
@@ -823,3 +828,36 @@ def test_small_things_say_what_they_are(tmp_path, monkeypatch):
     execute_run(load_config(None, SMALL), run_dir, progress=False)
     line = _one_error_line(_invoke("bridge", "train", "--out", str(run_dir)))
     assert f"{run_dir} holds a `flowsim run` run, not a bridge run; choose a new folder" in line
+
+
+@pytest.mark.parametrize("arguments", [["--help"], ["figures", "--list"], ["config"], ["config", "--bridge", "data"],
+                                       ["data", "where", "wikitext2"], ["run", "--help"]])
+def test_discovery_commands_import_neither_jax_nor_torch(arguments, tmp_path):
+    """Guards issue 84, item 4: `figures --list` imported JAX (through the figure modules) and `config --bridge` torch
+    (through flowsim.bridge's check), seconds each to print text. A fresh interpreter runs the command and says which
+    of the heavy libraries it imported (benchmarks/discovery.py times them)."""
+    from pathlib import Path
+
+    script = ("import sys; from flowsim.cli import main; sys.argv = ['flowsim', *sys.argv[1:]]\n"
+              "try:\n    main()\nexcept SystemExit as stop:\n    code = stop.code\n"
+              "print('imported:', sorted(m for m in ('jax', 'torch', 'matplotlib') if m in sys.modules), file=sys.stderr)\n"
+              "sys.exit(code)")
+    repository = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", script, *arguments], capture_output=True, text=True,
+                          cwd=repository, env={**__import__("os").environ, "PYTHONPATH": str(repository)})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "imported: []", done.stderr
+
+
+def test_predicts_dilution_notes_say_which_grid_they_are_read_on():
+    """Guards issue 84, item 5: predict's notes dated q0's dilution 687.5 beside the table's 692.8 without saying why:
+    the notes read the prediction's own fine grid, the table the run's save times. Each note now says so."""
+    from typer.testing import CliRunner
+
+    from flowsim.cli import app
+
+    result = CliRunner().invoke(app, ["predict"])
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.output.splitlines() if line.startswith("predicted dilution of")]
+    assert notes and all(", read on the prediction's own grid (120 times a decade; the table reads it on the run's "
+                         "save times): " in line for line in notes), notes

@@ -208,6 +208,33 @@ def test_a_finished_run_beside_the_cache_is_read_instead_of_computed(built, tmp_
         default_run(tmp_path / "runs" / "figures", tiny=True)
 
 
+def test_a_figure_that_builds_for_long_says_it_is_at_work(tmp_path, monkeypatch):
+    """Guards issue 84, item 3: fig07 was silent for 89 s while its runs ran; a figure being built now says its seconds
+    every HEARTBEAT_SECONDS (10 s; here shortened)."""
+    import threading
+    from types import SimpleNamespace
+
+    import figures
+    from figures import fig07_transition_matrices
+
+    said, two_beats = [], threading.Event()
+
+    def slow_build(cache, out, tiny=False):
+        two_beats.wait(5.0)
+        return SimpleNamespace(caption="a caption", data={})
+
+    def report(line):
+        said.append(line)
+        if sum("so far" in line for line in said) >= 2:
+            two_beats.set()
+
+    monkeypatch.setattr(figures, "HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr(fig07_transition_matrices, "build", slow_build)
+    build_figures(tmp_path / "out", tmp_path / "cache", only=["fig07_transition_matrices"], report=report)
+    assert said[0].endswith("figure 1 of 1") and said[1] == "fig07_transition_matrices: building, 0 s so far", said
+    assert said[-1].startswith("fig07_transition_matrices: ") and said[-1].endswith("a caption"), said
+
+
 def test_a_build_says_which_figure_it_is_building_and_every_band_and_line_is_named(built, tmp_path):
     """`flowsim figures` names each figure (and what it computes) before building it; fig02 names every panel's lines,
     fig04 the entropy line and each shaded stage in one figure legend."""
@@ -218,7 +245,8 @@ def test_a_build_says_which_figure_it_is_building_and_every_band_and_line_is_nam
     root, _ = built
     said = []
     build_figures(tmp_path / "out", root / "cache", only=["fig06_embedding_norms"], tiny=True, report=said.append)
-    assert said[0] == f"fig06_embedding_norms: building ({importlib.import_module('figures.fig06_embedding_norms').COST})"
+    assert said[0] == (f"fig06_embedding_norms: building ({importlib.import_module('figures.fig06_embedding_norms').COST}); "
+                       "figure 1 of 1")
     shown = []
     real_save = fig02_singular_values.save_figure
 

@@ -5,6 +5,7 @@ import signal
 
 import pytest
 
+from flowsim.common import interrupts
 from flowsim.common.interrupts import run_in_chunks, stop_requests
 
 
@@ -48,26 +49,45 @@ def test_the_loop_runs_chunks_until_done_or_stopped_and_checkpoints_on_its_sched
 
 def foreground_flowsim(arguments: list[str], **options):
     """`python -m flowsim ARGUMENTS` with SIGINT's default handler restored, as a shell's foreground job gets it (a test
-    runner may ignore SIGINT, and its children would inherit that); stdout and stderr piped."""
+    runner may ignore SIGINT, and its children would inherit that); stdout and stderr piped, unbuffered, and
+    $FLOWSIM_SIGNAL_READY set, so that it says on stderr from where it handles signals."""
+    import os
     import subprocess
     import sys
 
     script = (f"import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
               f"sys.argv = {['flowsim', *arguments]!r}; runpy.run_module('flowsim', run_name='__main__')")
-    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, **options)
+    environment = {**options.pop("env", os.environ), "PYTHONUNBUFFERED": "1", interrupts.READY_VARIABLE: "1"}
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=environment, **options)
 
 
-@pytest.mark.parametrize("delay", [0.15, 0.5, 1.0])
-def test_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(tmp_path, delay):
+def read_until(process, marker: bytes) -> bytes:
+    """The process's stderr up to and including ``marker`` (it must come before the process ends)."""
+    import os
+
+    said = b""
+    while marker not in said:
+        chunk = os.read(process.stderr.fileno(), 4096)
+        assert chunk, f"it ended before saying {marker!r}: {said.decode(errors='replace')}"
+        said += chunk
+    return said
+
+
+@pytest.mark.parametrize("stage, after", [("start-up", 0.0), ("start-up", 0.3), ("start-up", 1.0), ("stop requests", 0.0)])
+def test_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(tmp_path, stage, after):
     """SIGINT during `flowsim run`'s imports and set-up (JAX's garbage-collector callback would drop it, and typer
-    would exit 130 silently): one line saying so, or the run's own, exit 130, no traceback, no finished run."""
+    would exit 130 silently): one line saying so, or the run's own, exit 130, no traceback, no finished run. The
+    signal goes `after` seconds past the line that says its handler is in place (the heavy imports come after it), at
+    whatever point of start-up that is on this machine: none is assumed to be over by then."""
     import time
 
     process = foreground_flowsim(["run", "--out", str(tmp_path / "run"), "--set", "time.t_end=5"])
-    time.sleep(delay)
+    said = read_until(process, f"flowsim: signals handled: {stage}".encode())
+    time.sleep(after)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
-    text = stderr.decode()
+    text = (said + stderr).decode()
     assert process.returncode == 130 and "Traceback" not in text, text
     assert "Warning" not in text, text  # an interrupted Thread.start once left JAX's 60 s TPU watchdog to warn at exit
     said = [line for line in text.replace("\r", "\n").splitlines() if "interrupted" in line]
@@ -233,11 +253,11 @@ def test_ctrl_c_during_a_prediction_says_nothing_was_cached(tmp_path):
 
     cache = tmp_path / "predictions"
     process = foreground_flowsim(["predict"], env={**os.environ, "FLOWSIM_PREDICTION_CACHE": str(cache)})
-    first = process.stderr.readline().decode()  # the first stage's progress line: the prediction has begun
+    first = read_until(process, b"flowsim: Stage I").decode()  # the first stage's progress line: the prediction has begun
     process.send_signal(signal.SIGINT)
     _, rest = process.communicate(timeout=120)
     text = first + rest.decode()
-    assert first.startswith("flowsim: Stage I"), text
+    assert "\nflowsim: Stage I" in "\n" + first, text
     assert process.returncode == 130 and "Traceback" not in text, text
     said = [line for line in text.splitlines() if "interrupted" in line]
     assert said == ["flowsim: interrupted while predicting: nothing was cached; the same command predicts again"], text

@@ -87,3 +87,41 @@ def test_the_summary_draws_the_bayes_loss_as_a_line_and_the_title_names_the_mode
     assert bayes_loss(induction, prepare(induction).chain) == prepare(induction).chain.bayes_loss
     uniform_start = load_config(None, ["chain.start='uniform'", "loss.kind='finite'", "loss.s=4"])
     assert bayes_loss(uniform_start, prepare(uniform_start).chain) is None  # not the entropy rate there
+
+
+def test_a_text_runs_summary_names_its_words_draws_four_sigmas_and_keeps_its_bars_off_the_curves():
+    """Guards issue 84, item 7: queries were 'query 0 (π=0.7)' beside saved words, 16 σs shared 10 colours, and ten
+    queries' focus bands stacked over the curves. Now the words label the queries, σ0-σ3 are drawn, and each focus is
+    a bar in its query's strip below 0 (no band over the entropy panel)."""
+    import matplotlib.pyplot as plt
+
+    from flowsim.runs.plots import summary_figure
+
+    observables = _observables()
+    observables.columns["sv_W0"] = np.column_stack([observables["sv_W0"][:, 0] * (1 + 0.1 * i) for i in range(16)])
+    observables.constants["type_names"] = np.array(["the", "other"])
+    stages = detect_stages(observables)
+    assert [i for i in stages.intervals if i.stage == "focus"]
+    figure = summary_figure(observables, stages=stages)
+    labels = [line.get_label() for line in figure.axes[2].get_lines()]
+    assert "query 'the' 0 (π = 0.7)" in labels and "query 'other' 1 (π = 0.3)" in labels
+    assert [line.get_label() for line in figure.axes[1].get_lines()] == ["σ0", "σ1", "σ2", "σ3"]
+    assert not figure.axes[2].patches  # no band over the curves
+    bars = [line for line in figure.axes[2].get_lines() if line.get_label().startswith("_") and max(line.get_ydata()) < 0]
+    assert bars and figure.axes[2].get_ylim()[0] < min(min(bar.get_ydata()) for bar in bars)
+    legend = [text.get_text() for text in figure.axes[2].get_legend().get_texts()]
+    assert "focus (bar below 0, query's colour)" in legend
+    plt.close(figure)
+
+
+def test_the_phase_diagram_says_its_seeds_and_horizon():
+    import matplotlib.pyplot as plt
+
+    from flowsim.runs.plots import phase_diagram_figure
+
+    rows = [{"init.eps": eps, "seed": seed, "status": "finished", "onset_focus": 90.0 + seed, "end_condensation": 12.0,
+             "onset_dilution": None, "onset_restart": None, "config": {"time": {"t_end": 1000.0}}}
+            for eps in (1e-3, 1e-2) for seed in (0, 1)]
+    figure = phase_diagram_figure(rows, ["init.eps"])
+    assert figure._suptitle.get_text() == "2 seed(s) per cell (init.seed = 0..1), each run to t = 1000"
+    plt.close(figure)

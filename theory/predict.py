@@ -46,7 +46,7 @@ from flowsim.observe.observables import Observables, stage_observables
 from flowsim.solve.trajectory import Trajectory
 from flowsim.observe.stages import (StageReport, StageThresholds, detect_condensation, detect_focus_and_dilution, detect_restarts,
                             smooth_in_log_time, subject_label)
-from theory.cycles import CyclePrediction, confirmation_reach, dilution_mechanisms, predict_cycles
+from theory.cycles import POINTS_PER_DECADE, CyclePrediction, confirmation_reach, dilution_mechanisms, predict_cycles
 from theory.focus import FocusPrediction, predict_focus
 from theory.formulas import FormulaPrediction, predict_formulas
 from theory.origin import CondensationPrediction, predict_condensation
@@ -94,7 +94,9 @@ class Prediction:
                 + ("rank two, direction 1 open from t = 0" if self.cycles.opened is not None else "rank one")
                 + ": every order in ε along it)"
                 + "".join(f"\n{restart_line(restart)}" for restart in self.cycles.restarts())
-                + "".join(f"\npredicted {i.stage} of q{i.query}: {i.evidence}\n  {mechanism}"
+                + "".join(f"\npredicted {i.stage} of q{i.query}, read on the prediction's own grid "
+                          f"({POINTS_PER_DECADE} times a decade; the table reads it on the run's save times): "
+                          f"{i.evidence}\n  {mechanism}"
                           for i, mechanism in zip(dilutions, dilution_mechanisms(self.cycles, dilutions))))
 
 

@@ -29,7 +29,7 @@ from flowsim.bridge.config import BridgeConfig, CompareConfig, load_bridge_confi
 from flowsim.bridge.models import torch_model_for
 from flowsim.bridge.observables import checkpoint_observables, stack_observables
 from flowsim.bridge.surrogate import text_surrogate
-from flowsim.bridge.train import CHECKPOINT_FILE, DataSource, build_data, type_names
+from flowsim.bridge.train import CHECKPOINT_FILE, DataSource, build_data, run_title, type_names
 from flowsim.config import ConfigError
 from flowsim.observe.families import family_of
 from flowsim.model.flow import GradientFlow
@@ -264,7 +264,7 @@ def compare_bridge_run(run_dir: Path, progress: bool = False) -> tuple[list[Even
     payload = {"rows": [asdict(row) for row in rows], "order_agreement": agreement, **description}
     write_atomic_json(run_dir / BRIDGE_COMPARE_JSON, payload)
     plot_overlay([("SGD run", measured_observables), ("ODE", ode)], run_dir / OVERLAY_FIGURE, names=names,
-                 title=f"bridge: {config.data.kind}, SGD lr = {config.optim.lr:g} (solid) beside the ODE (dashed)",
+                 title=f"{run_title(config)}\nSGD (solid) beside the ODE (dashed)",
                  loss_label="loss\n(SGD run: validation, ODE: population)", time_label="t (learning rate × steps for the run)")
     return rows, agreement, description
 

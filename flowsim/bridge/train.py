@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import io
+import os
 import math
 import pickle
 import re
@@ -71,6 +72,30 @@ PROBE_POOL = 20_000
 # every checkpoint (benchmarks/MEASUREMENTS.md, "A large chain's bridge run folds its states")
 MARKOV_UNFOLDED_STATES = 64
 VALIDATION_SEED_OFFSET = 1_000_003  # validation batches use seeds no training step uses
+
+
+THREADS_VARIABLE = "FLOWSIM_TORCH_THREADS"
+# torch's default, one thread per core, made a d = 32 step 20-35 times slower on a 2-core machine other jobs shared
+# (0.5 s against 17-25 ms at one thread): its threads wait on each other behind the other jobs' (benchmarks/bridge_threads.py)
+DEFAULT_CPU_THREADS = 1
+
+
+def choose_threads(device: torch.device) -> int:
+    """Set torch's intra-op threads for training on ``device`` and return the number: on a CPU
+    ``$FLOWSIM_TORCH_THREADS`` (a count, or "torch" for torch's own choice), else torch's own choice where
+    $OMP_NUM_THREADS says it, else DEFAULT_CPU_THREADS; on a GPU torch's own. A bad value is a ConfigError."""
+    wanted = os.environ.get(THREADS_VARIABLE, "").strip()
+    if device.type != "cpu" or wanted == "torch" or (not wanted and os.environ.get("OMP_NUM_THREADS")):
+        return torch.get_num_threads()
+    if wanted:
+        if not wanted.isdigit() or int(wanted) < 1:
+            raise ConfigError(f"${THREADS_VARIABLE} = {wanted!r}: expected a number of threads >= 1, or 'torch' for "
+                              "torch's own choice")
+        threads = int(wanted)
+    else:
+        threads = DEFAULT_CPU_THREADS
+    torch.set_num_threads(threads)
+    return threads
 
 
 def select_device(requested: str) -> torch.device:
@@ -312,6 +337,7 @@ def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at
     """Train (or resume) the configured run in ``run_dir``; ``stop_at_step`` stops early
     with everything saved, as an interrupted run would be (resume by calling again)."""
     device = select_device(config.data.device)  # settings are checked before anything is written
+    threads = choose_threads(device)
     if config.data.kind != "markov":
         check_training_size(config, config.data.vocab_size + 1)  # before the corpus is read
     data = build_data(config)
@@ -327,15 +353,16 @@ def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at
                               "resume with the same config or choose a new folder")
         check_same_text(config, run_dir)
     with folder_lock(run_dir), stop_requests() as stop:
-        return _train_locked(config, run_dir, data, device, toml_text, progress, stop_at_step, stop)
+        return _train_locked(config, run_dir, data, device, toml_text, progress, stop_at_step, stop, threads)
 
 
 def _train_locked(config: BridgeConfig, run_dir: Path, data: DataSource, device, toml_text: str, progress: bool,
-                  stop_at_step: int | None, stop: StopRequest) -> TrainResult:
+                  stop_at_step: int | None, stop: StopRequest, threads: int) -> TrainResult:
     """``train`` once it holds the run directory's lock; SIGINT or SIGTERM (``stop``) ends it after the current
     step with everything saved and status "interrupted"."""
     trainer = Trainer(config, run_dir, data, device)  # built before anything is written: its failures leave no config
     trainer.resume()  # from checkpoint.pt, when there is one
+    trainer.meta["torch_threads"] = threads
     write_config(run_dir, toml_text)
     started = time.perf_counter()
     if trainer.step == 0 and not trainer.log:
@@ -422,9 +449,11 @@ class Trainer:
             self.diverged(f"the parameters became non-finite at step {self.step}")
         if self.step in self.checkpoints:
             self.record(loss.item())
-            bar.set_postfix_str(f"t = lr × step = {self.log[-1]['t']:.4g}, validation loss {self.log[-1]['val_loss']:.4f}")
             self.save(Status.RUNNING)
-        bar.update(1)  # after the checkpoint, so that a log line shows the step's own t
+        last = self.log[-1]  # the step's own t, and the last checkpoint's loss dated by its own t
+        bar.set_postfix_str(f"t = lr × step = {self.config.optim.lr * self.step:.4g}; validation loss "
+                            f"{last['val_loss']:.4f} at the last checkpoint (t = {last['t']:.4g})", refresh=False)
+        bar.update(1)
         return self.step
 
     def evaluate(self) -> float:
@@ -484,8 +513,21 @@ def write_outputs(run_dir: Path, config: BridgeConfig, data: DataSource, pi: np.
     if config.model.kind == "one_layer" and np.count_nonzero(t > 0) >= 3:
         stages = detect_stages(observables)
         stages.save(run_dir)
-        plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=f"bridge: {config.data.kind}", stages=stages,
+        plot_run_summary(observables, run_dir / SUMMARY_FIGURE, title=run_title(config, data.vocab_size), stages=stages,
                          loss_label="validation loss", time_label="t = learning rate × steps")
+
+
+def run_title(config: BridgeConfig, d: int | None = None) -> str:
+    """What a bridge run's figures are of: its data (the corpus or the file), d (given, or a text's vocabulary plus
+    <unk>), the optimiser, lr, steps, batch and s."""
+    kind = config.data.kind
+    source = (f"text {Path(config.data.train_file).name}" if kind == "text" else kind if kind != "markov"
+              else "Markov chain")
+    optim = config.optim
+    d = d if d is not None or kind == "markov" else config.data.vocab_size + 1
+    size = "" if d is None else f", d = {d}"
+    return (f"bridge: {source}{size}, {optim.name} lr = {optim.lr:g}, {optim.steps} steps of "
+            f"batch {config.data.batch_size} × s = {config.data.s}")
 
 
 def type_names(data: DataSource) -> list[str]:

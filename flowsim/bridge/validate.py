@@ -42,6 +42,7 @@ from flowsim.bridge.train import DataSource, build_data, train
 from flowsim.config import ConfigError, RunConfig, find_config
 from flowsim.common.budget import BudgetError
 from flowsim.common.io import write_atomic_json, write_atomic_npz, write_atomic_text
+from flowsim.common.progress import TICK_SECONDS, ticking
 from flowsim.model.losses import check_loss_size
 from flowsim.model.models import model_from_config
 from flowsim.observe.observables import Observables
@@ -51,6 +52,7 @@ from flowsim.solve.trajectory import Trajectory
 
 VALIDATE_JSON = "validate.json"
 VALIDATE_MD = "validate.md"
+HEARTBEAT_SECONDS = 2 * TICK_SECONDS  # as `flowsim predict`'s
 SIDES = ("theory", "ode_full_vocabulary", "ode", "ode_finite_s", "sgd")
 FINITE_S_LOSS = "finite_second_order"  # the finite-context flow put beside the mean-field one
 FINITE_S_KEPT = 64  # where its d³ does not fit, the Markov correlations of this many types (benchmarks/finite_context_fold.py)
@@ -90,10 +92,12 @@ def theory_events(run_config: RunConfig, data: DataSource,
                   progress: Callable[[str], None]) -> tuple[dict[tuple, float], dict[tuple, str], str]:
     """The theory's prediction for a bridge run (its ``theory_config``, cached by ``cached_prediction``): its events
     keyed as the bridge's (queries folded; types folded into "other" dropped), the notes of events it rules
-    out or puts past the horizon, and its constants."""
+    out or puts past the horizon, and its constants. A line every HEARTBEAT_SECONDS says it is still at work (minutes
+    at d = 1001, with no step it could count down)."""
     from flowsim.runs.predictions import cached_prediction
 
-    summary = cached_prediction(run_config, progress)
+    with ticking(lambda seconds: progress(f"theory: {seconds:.0f} s so far"), every=HEARTBEAT_SECONDS):
+        summary = cached_prediction(run_config, progress)
     events, notes = {}, {}
     for row in summary.rows:
         key = folded_key(data, row.stage, row.query, row.direction)

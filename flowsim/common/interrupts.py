@@ -29,6 +29,9 @@ THREAD_START = threading.Thread.start.__code__
 # JAX's backend set-up starts that timer and cancels it in a `finally` one statement later: an interrupt between the
 # two leaves it running as well, so the whole set-up defers interrupts (it takes about a second).
 JAX_BACKEND_SETUP = os.path.join("jax", "_src", "xla_bridge.py")
+# set (to anything): a line on stderr at each point from which SIGINT and SIGTERM are handled, for a test or a supervisor
+# to signal a process at a known stage instead of after a guessed sleep
+READY_VARIABLE = "FLOWSIM_SIGNAL_READY"
 raised_interrupt: str | None = None  # the signal interrupt_when_safe last raised as KeyboardInterrupt, until stop_requests sees it
 
 
@@ -82,6 +85,13 @@ def redeliver_dropped_interrupts(unraisable) -> None:
     sys.__unraisablehook__(unraisable)
 
 
+def say_signals_ready(stage: str) -> None:
+    """Where ``$FLOWSIM_SIGNAL_READY`` is set: 'flowsim: signals handled: STAGE' on stderr, unbuffered (os.write, as a
+    signal handler may be running Python's own writers)."""
+    if os.environ.get(READY_VARIABLE):
+        os.write(2, f"flowsim: signals handled: {stage}\n".encode())
+
+
 class StopRequest:
     """True once a stop was asked for; ``signal_name`` says by which signal."""
 
@@ -114,6 +124,7 @@ def stop_requests() -> Iterator[StopRequest]:
         request.set(signal.Signals(signum).name)
 
     previous = {number: signal.signal(number, handler) for number in STOP_SIGNALS}
+    say_signals_ready("stop requests")
     try:
         yield request
     finally:

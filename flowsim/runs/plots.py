@@ -11,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: runs happen on machines without a screen
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -23,6 +24,8 @@ from flowsim.solve.status import Status  # noqa: E402
 
 
 MAX_DRAWN_QUERIES = 10  # a large vocabulary's entropies: the most frequent queries only (the detectors read all)
+MAX_DRAWN_SINGULAR_VALUES = 4  # σ0-σ3: past ten, matplotlib's colours repeat and σ0 and σ10 look alike
+STRIP_HEIGHT = 0.04  # a query's strip for its focus and dilution bars below 0, as a fraction of ln d
 
 
 def _shade(axis, start: float, end: float | None, t_last: float, **style) -> None:
@@ -74,14 +77,20 @@ def summary_figure(observables: Observables, title: str = "", stages: StageRepor
     axes[0].set_ylabel(loss_label)
     if bayes_loss is not None:
         axes[0].axhline(bayes_loss, color="tab:red", ls=":", lw=1.0, label=f"Bayes loss {bayes_loss:.5g}")
-    for i in range(sigma.shape[1]):
+    drawn_sigmas = min(sigma.shape[1], MAX_DRAWN_SINGULAR_VALUES)
+    for i in range(drawn_sigmas):
         axes[1].plot(t, sigma[:, i], label=f"σ{i}", color=f"C{i}")
     axes[1].set_yscale("log")
-    axes[1].set_ylabel(f"singular values of {embedding}")
+    more = "" if drawn_sigmas == sigma.shape[1] else f"\n(σ0-σ{drawn_sigmas - 1} of {sigma.shape[1]})"
+    axes[1].set_ylabel(f"singular values of {embedding}{more}")
     queries = drawn_queries(pi)
     colour = {int(query): f"C{n}" for n, query in enumerate(queries)}
+    names = observables.constants.get("type_names")
     for query in queries:
-        axes[2].plot(t, entropy[:, query], label=f"query {query} (π={pi[query]:.3g})", color=colour[int(query)])
+        word = f"'{names[query]}' " if names is not None and query < len(names) else ""
+        axes[2].plot(t, entropy[:, query], label=f"query {word}{query} (π = {pi[query]:.3g})", color=colour[int(query)])
+    row_of = {int(query): n for n, query in enumerate(queries)}  # each query's own strip below 0, under the curves
+    strip = STRIP_HEIGHT * np.log(len(pi))
     bands: dict[int, dict[str, object]] = {0: {}, 1: {}, 2: {}}  # per panel: legend entries of the shading drawn
     for interval in [] if stages is None else stages.intervals:
         span = (interval.t_start, interval.t_end, t[-1])
@@ -91,15 +100,19 @@ def summary_figure(observables: Observables, title: str = "", stages: StageRepor
             axes[0].text(interval.t_start, 1.0, interval.stage, transform=axes[0].get_xaxis_transform(),
                          fontsize="x-small", va="top", color=stage_colour)
             bands[0][interval.stage] = Patch(color=stage_colour, alpha=0.2, label=interval.stage)
-        elif interval.stage == "restart":
+        elif interval.stage == "restart" and interval.direction < drawn_sigmas:
             _shade(axes[1], *span, color=f"C{interval.direction}", alpha=0.12)
             bands[1]["restart"] = Patch(color="grey", alpha=0.2, label="restart (σr's colour)")
-        elif interval.query in colour and interval.stage == "focus":
-            _shade(axes[2], *span, color=colour[interval.query], alpha=0.15)
-            bands[2]["focus"] = Patch(color="grey", alpha=0.2, label="focus (query's colour)")
-        elif interval.query in colour and interval.stage == "dilution":
-            _shade(axes[2], *span, facecolor="none", edgecolor=colour[interval.query], hatch="//", alpha=0.4)
-            bands[2]["dilution"] = Patch(facecolor="none", edgecolor="grey", hatch="//", label="dilution (query's colour)")
+        elif interval.query in colour and interval.stage in ("focus", "dilution"):
+            # a bar in the query's own strip along the bottom, not a band over the panel: ten queries' bands
+            # stacked into one opaque block that hid the curves
+            end = t[-1] if interval.t_end is None else interval.t_end
+            height = -strip * (row_of[int(interval.query)] + 1)
+            style = {"ls": "-"} if interval.stage == "focus" else {"ls": (0, (2, 1))}
+            axes[2].plot([interval.t_start, end], [height, height], color=colour[interval.query], lw=2.5,
+                         solid_capstyle="butt", **style)
+            bands[2][interval.stage] = Line2D([], [], color="grey", lw=3, **style,
+                                              label=f"{interval.stage} (bar below 0, query's colour)")
     axes[2].axhline(np.log(len(pi)), color="grey", lw=0.5, ls=":", label=f"ln {len(pi)}: uniform over the types")
     layered = family.lower_entropy is not None and family.lower_entropy in observables.columns
     if layered:
@@ -107,6 +120,8 @@ def summary_figure(observables: Observables, title: str = "", stages: StageRepor
         for query in queries:
             axes[2].plot(t, lower[:, query], color=colour[int(query)], ls="--", lw=0.8)
     shown = "" if len(queries) == len(pi) else f"\n(the {len(queries)} most frequent of {len(pi)} queries)"
+    if bands[2]:  # the bars' strips below 0, one per drawn query
+        axes[2].set_ylim(bottom=-strip * (len(queries) + 1))
     axes[2].set_ylabel("attention entropy (nats)" + ("\nupper —, lower --" if layered else "") + shown)
     axes[2].set_xlabel(time_label)
     axes[2].set_xscale("log")
@@ -114,7 +129,9 @@ def summary_figure(observables: Observables, title: str = "", stages: StageRepor
         handles, _ = axis.get_legend_handles_labels()
         handles += list(bands[panel].values())
         if handles and (panel > 0 or len(handles) > 1):  # the loss alone needs no legend: its axis names it
-            axis.legend(handles=handles, fontsize="x-small", ncol=min(4, max(1, len(handles) // 4)))
+            # the entropies' legend below the panel: inside it hid the curves and the bars
+            below = {"loc": "upper center", "bbox_to_anchor": (0.5, -0.18)} if panel == 2 else {}
+            axis.legend(handles=handles, fontsize="x-small", ncol=min(4, max(1, len(handles) // 4)), **below)
     if stages is not None:
         title = f"{title}\n{stages.cycles} cycle(s): shaded condensation/plateau (loss), restarts (σ), focus/dilution (entropy)"
     if title:
@@ -142,6 +159,17 @@ def plot_sweep_phase_diagram(rows: list[dict], grid_keys: list[str], path: Path,
                              columns: tuple[str, ...] = ONSET_COLUMNS) -> Path:
     """``phase_diagram_figure`` written to ``path`` (atomically)."""
     return _save(phase_diagram_figure(rows, grid_keys, columns), path)
+
+
+def sweep_scope(rows: list[dict], grid_keys: list[str]) -> str:
+    """What a phase diagram's cells are: the seeds per cell and the horizon each run went to (read from the rows'
+    resolved configurations; a range where they differ)."""
+    horizons = sorted({row["config"]["time"]["t_end"] for row in rows if "time" in row.get("config", {})})
+    cells = {tuple(row.get(key) for key in grid_keys[:2]) for row in rows}
+    per_cell = max(1, round(len(rows) / max(1, len(cells))))
+    horizon = ("" if not horizons else f", each run to t = {horizons[0]:g}" if len(horizons) == 1
+               else f", runs to t = {horizons[0]:g}-{horizons[-1]:g}")
+    return f"{per_cell} seed(s) per cell (init.seed = 0..{per_cell - 1}){horizon}"
 
 
 def phase_diagram_figure(rows: list[dict], grid_keys: list[str], columns: tuple[str, ...] = ONSET_COLUMNS):
@@ -195,6 +223,7 @@ def phase_diagram_figure(rows: list[dict], grid_keys: list[str], columns: tuple[
                       loc="outside lower center", fontsize="x-small")
     colorbar = figure.colorbar(image, ax=axes[0].tolist(), label="log10 t (mean over\nthe seeds that reached it)")
     colorbar.ax.ticklabel_format(useOffset=False)
+    figure.suptitle(sweep_scope(rows, grid_keys), fontsize="small")
     return figure
 
 
@@ -221,8 +250,8 @@ def overlay_figure(runs: list[tuple[str, Observables]], title: str = "", names: 
         t = observables.t[keep]
         axes[0].plot(t, observables["loss"][keep], color="black", ls=style, label=label)
         sigma = observables["sv_W0"][keep]
-        for i in range(sigma.shape[1]):
-            axes[1].plot(t, sigma[:, i], color=f"C{i % 10}", ls=style, lw=1.0, label=f"σ{i}" if style == RUN_STYLES[0] else None)
+        for i in range(min(sigma.shape[1], MAX_DRAWN_SINGULAR_VALUES)):
+            axes[1].plot(t, sigma[:, i], color=f"C{i}", ls=style, lw=1.0, label=f"σ{i}" if style == RUN_STYLES[0] else None)
         entropy = observables["attention_entropy"][keep]
         queries = drawn_queries(observables.constants["pi"]) if "pi" in observables.constants \
             else np.arange(min(entropy.shape[1], MAX_DRAWN_QUERIES))
@@ -233,7 +262,7 @@ def overlay_figure(runs: list[tuple[str, Observables]], title: str = "", names: 
     axes[0].set_ylabel(loss_label)
     axes[0].legend(fontsize="small")
     axes[1].set_yscale("log")
-    axes[1].set_ylabel("singular values of W0\n" + ", ".join(f"{label} {STYLE_NAMES[style]}"
+    axes[1].set_ylabel(f"singular values of W0 (σ0-σ{MAX_DRAWN_SINGULAR_VALUES - 1} at most)\n" + ", ".join(f"{label} {STYLE_NAMES[style]}"
                                                            for (label, _), style in zip(runs, RUN_STYLES)))
     axes[1].legend(fontsize="x-small", ncol=4)
     axes[2].set_ylabel("attention entropy (nats)\n" + ", ".join(f"{label} {STYLE_NAMES[style]}"
