@@ -69,10 +69,10 @@ def test_the_summary_draws_the_most_frequent_queries_and_names_them(large_run):
     entropy_axis = figure.axes[2]
     labels = [line.get_label() for line in entropy_axis.get_lines()]
     queries = [label for label in labels if label.startswith("query ")]
-    assert len(queries) == MAX_DRAWN_QUERIES and queries[0] == "query 0 (π=0.163)"
+    assert len(queries) == MAX_DRAWN_QUERIES and queries[0] == "query 0 (π = 0.163)"
     assert f"the {MAX_DRAWN_QUERIES} most frequent of {D} queries" in entropy_axis.get_ylabel()
     legend = [text.get_text() for text in entropy_axis.get_legend().get_texts()]
-    assert "focus (query's colour)" in legend and f"ln {D}: uniform over the types" in legend
+    assert "focus (bar below 0, query's colour)" in legend and f"ln {D}: uniform over the types" in legend
 
 
 def test_attention_kept_whole_at_a_large_d_is_refused_before_the_solve(tmp_path, monkeypatch):

@@ -165,7 +165,7 @@ def sweep_scope(rows: list[dict], grid_keys: list[str]) -> str:
     """What a phase diagram's cells are: the seeds per cell and the horizon each run went to (read from the rows'
     resolved configurations; a range where they differ)."""
     horizons = sorted({row["config"]["time"]["t_end"] for row in rows if "time" in row.get("config", {})})
-    cells = {tuple(row.get(key) for key in grid_keys[:2]) for row in rows}
+    cells = {tuple(repr(row.get(key)) for key in grid_keys[:2]) for row in rows}  # repr: a value may be a list
     per_cell = max(1, round(len(rows) / max(1, len(cells))))
     horizon = ("" if not horizons else f", each run to t = {horizons[0]:g}" if len(horizons) == 1
                else f", runs to t = {horizons[0]:g}-{horizons[-1]:g}")
