@@ -150,8 +150,6 @@ def main() -> None:
         parser.error(f"--samples must be comma-separated integers, got {arguments.samples!r}")
     if samples and (len(samples) != 2 or samples[0] >= samples[1]):
         parser.error(f"--samples takes two ascending sample counts or none, got {samples}")
-    if not arguments.corpus.endswith(".toml"):
-        arguments.corpus = f"bridge/{arguments.corpus}-onelayer.toml"
     name, run, config, data, chain, model = example_run(parser, arguments)
     folder = run.parent
     report = lambda message: print(f"{name}: {message}", flush=True)  # noqa: E731
