@@ -1,7 +1,7 @@
 """Steps per second of the bridge's SGD at one torch thread and at torch's default, quiet and beside a busy process.
 
-    OMP_NUM_THREADS= python benchmarks/bridge_threads.py [--steps 200] [--examples d64 d1001] [--loads quiet busy]
-                                                         [--out bench-threads.json]
+    env -u OMP_NUM_THREADS python benchmarks/bridge_threads.py [--steps 200] [--examples d64 d1001]
+                                                               [--loads quiet busy] [--out bench-threads.json]
 
 For each example (``d64``: configs/bridge/wikitext2-d64.toml; ``d1001``: configs/bridge/wikitext2-onelayer.toml) and
 each load (``quiet``: nothing else started; ``busy``: beside one process doing torch matrix products on torch's default

@@ -185,6 +185,7 @@ def small_bdf(small_problem):
 
 
 @pytest.mark.parametrize("rtol", [1e-4, 1e-7])
+@pytest.mark.slow
 def test_the_whole_method_follows_scipys_bdf(small_problem, small_bdf, rtol):
     """Same formulas as scipy's BDF (exact J·v, as scipy's Jacobian is) on a stiff nonlinear system: about its error
     and steps (CVODE's biases choose steps up to about a fifth shorter than scipy's safety factor, and the step-size
@@ -237,6 +238,7 @@ def test_steps_end_on_the_kinks_and_a_chunked_run_takes_the_same_steps(small_pro
     assert np.abs(np.asarray(whole.saved) - exact).max() < 1e-5
 
 
+@pytest.mark.slow
 def test_the_compiled_loop_keeps_library_calls_only_above_the_size_threshold():
     """``build_bdf`` passes the flow's size to ``stiff.compile_loop``: a field of dense products compiles to YNNPACK
     calls above ``LIBRARY_CALLS_ABOVE_SIZE`` parameters and to XLA's own loops at it."""

@@ -44,6 +44,7 @@ def per_sequence_losses_flowsim(spec, params, contexts, targets):
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=["one_layer", "one_layer_options", "two_layer_mlp", "two_layer_glu"])
+@pytest.mark.slow
 def test_torch_twin_matches_flowsim_per_sequence_and_in_the_exact_gradient(spec):
     params = random_params(spec, 0.7, seed=3)
     model = torch_model_for(spec).load_flowsim_params(params)
@@ -133,6 +134,7 @@ def test_upper_qk_schedule_sets_the_effective_learning_rates():
 
 
 @pytest.mark.parametrize("kind", ["markov_one_layer", "markov_two_layer", "markov_gpt"])
+@pytest.mark.slow
 def test_a_stopped_run_resumes_to_the_same_parameters(tmp_path, kind):
     overrides = ["optim.steps=30", "log.n_checkpoints=8", "data.batch_size=64", "data.s=16", "log.probe_per_type=8"]
     if kind == "markov_two_layer":
@@ -909,6 +911,7 @@ def test_a_stop_request_during_the_odes_solve_stops_bridge_compare_with_nothing_
     assert not (tmp_path / "run" / bridge_compare.BRIDGE_COMPARE_JSON).exists()
 
 
+@pytest.mark.slow
 def test_bridge_train_logged_to_a_file_writes_a_line_every_five_percent(tmp_path):
     """stderr redirected to a file: the training's progress is at most 20 plain lines, not a redrawn bar."""
     import subprocess
@@ -988,6 +991,7 @@ def test_a_row_the_flow_at_s_moves_by_more_than_5_percent_is_marked_a_mean_field
 
 
 @needs_data
+@pytest.mark.slow
 def test_the_folded_surrogate_ode_runs_on_jaxbdf_with_exact_products_and_matches_an_explicit_solve(tmp_path):
     """compare.kept_types below d: the surrogate's second-order loss with the folded covariance, whose Hessian leaves
     the traces' curvature out, is integrated by JaxBDF with exact products ("auto"); its losses along the flow are an

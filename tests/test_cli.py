@@ -37,6 +37,7 @@ def test_cli_bad_config_prints_one_line_and_exits_non_zero(tmp_path):
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
+@pytest.mark.slow
 def test_cli_stages_labels_a_run_without_observables(tmp_path):
     config = load_config(None, ["time.t_end=300.0", "time.n_log=100"])
     execute_run(config, tmp_path / "run", progress=False)
@@ -93,6 +94,7 @@ def test_out_that_is_a_file_is_refused_by_every_command(tmp_path):
         assert "is a file, not a folder" in _one_error_line(_invoke(*command, "--out", str(tmp_path / "file")))
 
 
+@pytest.mark.slow
 def test_damaged_run_files_give_one_line_and_exit_2(tmp_path):
     config = load_config(None, SMALL)
     execute_run(config, tmp_path / "good", progress=False)
@@ -136,6 +138,7 @@ def test_bridge_compare_on_a_flowsim_run_says_what_it_is(tmp_path):
     assert "not a `flowsim bridge train` run directory" in line and "flowsim compare" in line
 
 
+@pytest.mark.slow
 def test_sigterm_stops_an_explicit_solve_inside_its_compiled_call(tmp_path):
     """Tsit5's solve is one compiled call; SIGTERM sent while it runs must reach the event it polls
     after every step (the handler runs in the main thread, which must not be blocked in the call)."""
@@ -469,8 +472,8 @@ def test_a_folder_another_process_writes_is_named_with_its_holder_and_left_untou
             assert sorted(path.name for path in folder.iterdir()) == before
 
 
-@pytest.mark.parametrize("method,tampered_t", [("JaxRadau", 1e9), ("JaxRadau", -1.0), ("JaxRadau", float("nan")),
-                                               ("JaxBDF", float("nan"))])
+@pytest.mark.parametrize("method,tampered_t", [pytest.param("JaxRadau", 1e9, marks=pytest.mark.slow), ("JaxRadau", -1.0),
+                                               ("JaxRadau", float("nan")), ("JaxBDF", float("nan"))])
 def test_a_solver_state_whose_time_was_altered_is_refused_and_the_folder_kept(tmp_path, monkeypatch, method, tampered_t):
     """A loop state saved by an interrupted run, its t altered (past the horizon, before the start, NaN): the resume
     is one line naming the state, and meta.json, config.toml and trajectory.npz are as they were. Unaltered, the
@@ -706,6 +709,7 @@ def test_a_signal_in_each_output_phase_exits_130_and_the_phase_is_finished_witho
     assert (run_dir / "trajectory.npz").read_bytes() == trajectory and (run_dir / "summary.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_sigterm_while_the_observables_are_computed_is_exit_130_from_the_command_line(tmp_path):
     """The real command, its SIGTERM handler and all: the signal comes as the observables start (the function is
     wrapped to send it), and the process leaves with 130 and one line, not killed by the signal (-15)."""
@@ -849,6 +853,7 @@ def test_discovery_commands_import_neither_jax_nor_torch(arguments, tmp_path):
     assert done.stderr.strip().splitlines()[-1] == "imported: []", done.stderr
 
 
+@pytest.mark.slow
 def test_predicts_dilution_notes_say_which_grid_they_are_read_on():
     """Guards issue 84, item 5: predict's notes dated q0's dilution 687.5 beside the table's 692.8 without saying why:
     the notes read the prediction's own fine grid, the table the run's save times. Each note now says so."""

@@ -60,6 +60,7 @@ def named_in(message: str, sets: list[str]) -> bool:
 # --hypothesis-seed=N (22 seeds found nothing more when this was written)
 @settings(max_examples=1500, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(overrides, plausible))
+@pytest.mark.slow
 def test_any_run_override_is_prepared_or_refused_in_one_line_naming_it(sets):
     try:
         config = load_config(None, sets)

@@ -235,6 +235,7 @@ def test_a_figure_that_builds_for_long_says_it_is_at_work(tmp_path, monkeypatch)
     assert said[-1].startswith("fig07_transition_matrices: ") and said[-1].endswith("a caption"), said
 
 
+@pytest.mark.slow
 def test_a_build_says_which_figure_it_is_building_and_every_band_and_line_is_named(built, tmp_path):
     """`flowsim figures` names each figure (and what it computes) before building it; fig02 names every panel's lines,
     fig04 the entropy line and each shaded stage in one figure legend."""

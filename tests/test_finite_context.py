@@ -164,6 +164,7 @@ def test_the_control_variate_loss_is_unbiased_and_samples_only_the_remainder():
     assert np.std(by_control_variate) < np.std(plain) / 3
 
 
+@pytest.mark.slow
 def test_the_control_variate_loss_has_its_exact_gradient_and_the_second_order_losss_hessian():
     """The sampled remainder enters the gradient exactly (central differences) and the Hessian not at all, so the
     implicit methods' Newton matrix costs what the second-order loss's does."""
@@ -205,6 +206,7 @@ def test_the_folded_covariance_is_exact_on_the_kept_types_and_independent_elsewh
     assert np.abs(covariance - full.covariance).max() > 1e-4
 
 
+@pytest.mark.slow
 def test_the_folded_loss_is_the_second_order_loss_with_the_folded_covariance():
     """The folded route's products (diagonal plus rank one, and the kept block) give the loss and gradient of the
     full route fed the folded covariance as a d³ array; kept_types = d is the exact loss."""
@@ -230,6 +232,7 @@ def test_the_folded_loss_is_the_second_order_loss_with_the_folded_covariance():
 
 
 @pytest.mark.parametrize("start", ["stationary", "uniform"])
+@pytest.mark.slow
 def test_the_covariance_in_blocks_of_queries_is_the_whole_one_and_so_is_its_loss(start):
     """window_covariance_blocks yields every query's C_q once, equal to window_composition's; the loss and gradient
     summed over blocks (the reference for the fold at d = 1001) are population_loss_finite_second_order's."""
@@ -254,6 +257,7 @@ def test_the_covariance_in_blocks_of_queries_is_the_whole_one_and_so_is_its_loss
             np.testing.assert_allclose(gradient[name], exact_gradient[name], atol=1e-13)
 
 
+@pytest.mark.slow
 def test_the_folded_loss_leaves_its_traces_curvature_out_of_the_hessian():
     """The folded loss's Hessian-vector products are those of its mean-composition part Σ_q p_q ℓ_q(μ_q) alone (the
     JaxBDF Newton matrix, cheap at d = 1001), while its gradient is the whole loss's (checked above): the traces'

@@ -36,7 +36,7 @@ def paper_chain(d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return chain.pi, chain.P
 
 
-@pytest.mark.parametrize("d", [2, 3, 4])
+@pytest.mark.parametrize("d", [2, 3, pytest.param(4, marks=pytest.mark.slow)])
 def test_mu2_formula_is_the_sympy_coupling_at_the_condensed_point(d):
     """μ2 = ‖ℓ‖ |Σ π_i² (π·ℓ - (Pℓ)_i)| (Σπ³ - ‖π‖⁴)/‖π‖⁵ against h* = γ*^T G_Φ γ* with G_Φ from sympy's row loss."""
     pi, P = general_chain(d, seed=10 + d)
@@ -82,6 +82,7 @@ def test_condensation_formula_approaches_stage_one_orbit_as_eps_shrinks():
     assert relative[0] > relative[1] > relative[2] and relative[2] < 0.005
 
 
+@pytest.mark.slow
 def test_formulas_against_the_exact_flow_on_a_seeded_family():
     """Condensation within 6% and the first focus within 12% at ε = 1e-2, the bounds the formula tier states
     (docs/theory.md; measured on families of d = 4 to 64, RESULTS.md "The formula tier"), and σ1's restart within
@@ -132,6 +133,7 @@ def autodiff_curvature(pi: np.ndarray, P: np.ndarray, mu2: float) -> float:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.slow
 def test_attention_curvature_against_autodiff(seed):
     """The dense route (central differences of the closed-form gradient) against jax's Hessian of the loss."""
     pi, P = general_chain(4, seed=30 + seed) if seed else paper_chain(4, seed=30)

@@ -38,6 +38,7 @@ def offends(name: str, forbidden: tuple[str, ...]) -> bool:
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
+@pytest.mark.slow
 def test_a_layer_loads_nothing_above_it(package):
     modules = [module_name(path) for path in package_files(package)]
     script = ("import importlib, json, sys\n"

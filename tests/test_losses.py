@@ -41,6 +41,7 @@ def test_mean_field_gradient_matches_central_differences(paper_chain):
     {"residual": True, "logit_scale": "inv_sqrt_k"},
     {"value_matrix": True, "residual": True, "logit_scale": "inv_sqrt_k", "fused_products": True},
 ], ids=["paper", "value", "residual-scaled", "all-fused"])
+@pytest.mark.slow
 def test_the_written_out_mean_field_gradient_is_autodiffs(options):
     """The one-layer mean-field loss differentiates by its written-out gradient; autodiff of the loss's value
     is the independent route: the gradient, the Hessian (forward mode over the gradient) and the derivatives
@@ -182,6 +183,7 @@ def test_forward_pass_matches_a_direct_per_sequence_computation():
         np.testing.assert_allclose(logits[row], weights @ embeddings @ W1, atol=1e-13)
 
 
+@pytest.mark.slow
 def test_mean_field_loss_with_a_zero_frequency_token():
     """π_3 = 0: the token gets no attention, and the loss stays finite and differentiable."""
     chain = MarkovChain(pi=[0.7, 0.2, 0.1, 0.0], lam=0.5)
@@ -206,6 +208,7 @@ def test_mean_field_loss_with_a_zero_frequency_token():
     (TwoLayerTransformer(d=4, ffn="mlp"), "mean_field"),
     (TwoLayerTransformer(d=4, m=4, k=3, ffn="glu", ffn_width=5), "finite"),
 ], ids=["one_layer_mean_field", "one_layer_finite", "two_layer_mlp_mean_field", "two_layer_glu_finite"])
+@pytest.mark.slow
 def test_fused_products_give_the_same_loss_and_gradient(paper_chain, model, kind):
     """The fusible form of the small products (used inside JaxRadau) is the same function:
     loss and gradient equal the matrix-product form to rounding, and the form is really used."""
@@ -235,6 +238,7 @@ def test_fused_products_give_the_same_loss_and_gradient(paper_chain, model, kind
 
 @pytest.mark.parametrize("options", [{}, {"value_matrix": True, "residual": True, "logit_scale": "inv_sqrt_k"}],
                          ids=["paper", "value_residual_scaled"])
+@pytest.mark.slow
 def test_mean_field_loss_never_forms_M_and_equals_the_M_route(options):
     """The O(d² m) mean-field loss (attention W0, then W1) against Z = A M with M = W0 [W_V] W1 formed."""
     from jax.flatten_util import ravel_pytree

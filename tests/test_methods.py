@@ -3,6 +3,7 @@ methods flowsim.solve.solvers implements, and each runs at its default tolerance
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from flowsim.model.flow import GradientFlow
 from flowsim.methods import METHODS, default_rtol
@@ -10,6 +11,7 @@ from flowsim.solve.solvers import DIFFRAX_METHODS, SCIPY_METHODS, solve_flow
 from flowsim.solve.status import Status
 
 
+@pytest.mark.slow
 def test_every_registered_method_is_implemented():
     """flowsim.methods (what configs accept) and flowsim.solve.solvers (what runs) name the same methods."""
     assert set(METHODS) == set(SCIPY_METHODS) | set(DIFFRAX_METHODS) | {"JaxRadau", "JaxBDF", "gradient_descent"}
@@ -49,6 +51,7 @@ def test_the_run_layer_reads_a_methods_properties_from_its_table():
     assert [name for name, method in METHOD.items() if method.batches] == ["JaxRadau"]
 
 
+@pytest.mark.slow
 def test_the_default_method_is_jaxbdf_at_every_size():
     """solver.method = 'auto' (the default) is JaxBDF in solve_flow, at the paper's size
     and at a large vocabulary."""
@@ -66,6 +69,7 @@ def test_the_default_method_is_jaxbdf_at_every_size():
         assert result.success and result.method == "JaxBDF"
 
 
+@pytest.mark.slow
 def test_the_default_method_follows_a_general_chains_saturated_flow_in_fewer_steps_than_lsoda():
     """A general chain at d = 6 from ε = 1e-2 to t = 1e5: after a long plateau the attention saturates and a few
     dozen directions turn stiff, more than JaxRadau keeps (it took 15 495 steps here, against LSODA's 4645). The

@@ -65,6 +65,7 @@ def test_installed_package_runs_shipped_configs_from_any_directory(installed):
     assert bridge.returncode == 0, bridge.stderr
 
 
+@pytest.mark.slow
 def test_the_suite_collects_without_torch():
     """torch is an optional extra: with it absent every test module imports, and the bridge's are skipped
     with the reason (``tests/without_torch.py`` runs any part of the suite that way)."""

@@ -170,6 +170,7 @@ def test_paths_add_up_to_the_finite_difference_rate_of_the_logits():
         assert np.abs(factors.drift).max() > 1e-3 * np.abs(paths).max()  # both paths are active
 
 
+@pytest.mark.slow
 def test_ffn_write_orders_match_the_measured_slope_in_the_weight_scale():
     orders = {kind: ffn_write_expansion(kind).order for kind in ("mlp", "glu")}
     assert orders == {"mlp": 3, "glu": 5}  # the gated write is of higher order in ε
@@ -217,6 +218,7 @@ def induction_factors():
     return runs
 
 
+@pytest.mark.slow
 def test_positional_paths_add_up_to_the_finite_difference_rate_of_the_logits(induction_factors):
     for name, (_, prepared, trajectory, factors) in induction_factors.items():
         law, dt = sequence_law(prepared.chain), INDUCTION_DT
@@ -230,6 +232,7 @@ def test_positional_paths_add_up_to_the_finite_difference_rate_of_the_logits(ind
         assert np.abs(factors.drift).max() > 1e-3 * np.abs(paths).max(), name  # both paths are active
 
 
+@pytest.mark.slow
 def test_positional_own_path_from_the_logit_gradient_is_the_flows_direct_path(induction_factors):
     """own_nj is built from G = ∂L/∂Φ2 (a shift of the upper logits) and the formula; the direct path
     from the flow's own Q/K velocity. Without smoothing they are one path; smoothing adds a coupled part."""
@@ -240,6 +243,7 @@ def test_positional_own_path_from_the_logit_gradient_is_the_flows_direct_path(in
     assert np.abs(smoothed.coupled_direct).max() > 1e-3 * np.abs(smoothed.direct).max()
 
 
+@pytest.mark.slow
 def test_positional_bounds_hold_and_order(induction_factors):
     for name, (config, _, trajectory, factors) in induction_factors.items():
         own, total = np.abs(factors.own_direct), np.abs(factors.total)

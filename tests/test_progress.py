@@ -2,8 +2,9 @@
 
 import time
 
-from flowsim.common import progress
+import pytest
 
+from flowsim.common import progress
 from flowsim.runs import sweep
 
 
@@ -74,6 +75,7 @@ def test_progress_in_a_log_file_is_a_plain_line_every_five_percent(capsys):
     assert capsys.readouterr().err == "flow compiling 5 s\n"
 
 
+@pytest.mark.slow
 def test_a_run_logged_to_a_file_writes_plain_lines(tmp_path):
     """`flowsim run` with stderr redirected: the flow's progress is a few plain lines naming the solver and t, no bar."""
     import subprocess

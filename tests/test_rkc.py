@@ -60,6 +60,7 @@ def gradient_flow(y, target):
 
 
 @pytest.mark.parametrize("deflate", [True, False])
+@pytest.mark.slow
 def test_nonlinear_flow_and_dense_output_against_lsoda(deflate):
     target = np.random.default_rng(2).dirichlet(np.ones(30))
     y0 = np.random.default_rng(3).standard_normal(30)
@@ -113,6 +114,7 @@ def rkc_evaluations_matching(reference, flow, args, y0, times, deflate: bool) ->
     return run.nfev
 
 
+@pytest.mark.slow
 def test_deflation_takes_the_one_stiff_direction_out_of_the_stage_count():
     """With the outlying direction integrated exactly the path is LSODA's (saved and dense output), to the same
     accuracy as plain RKC's, for less than half of its field evaluations (s follows √ρ of the rest)."""
@@ -137,6 +139,7 @@ def flow_with_two_stiff_directions(y, target, a, b):
     return -jax.grad(loss_with_two_stiff_directions)(y, target, a, b)
 
 
+@pytest.mark.slow
 def test_deflation_takes_two_stiff_directions_out(monkeypatch):
     """Two outlying eigenvalues (4·10⁴ and 3.5·10³, the rest below 10²): with both taken out the path is LSODA's and
     the run needs fewer evaluations than with only the first taken out, and far fewer than plain RKC."""

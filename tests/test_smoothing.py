@@ -54,6 +54,7 @@ def test_zero_smoothing_is_the_plain_flow_exactly(two_layer_setup):
 
 
 @pytest.mark.parametrize("variant", ["standard", "norm_preserving"])
+@pytest.mark.slow
 def test_smoothed_field_mixes_same_role_gradients_and_descends(two_layer_setup, variant):
     chain, model, loss = two_layer_setup
     params = random_params(model, 0.4, seed=2)

@@ -49,7 +49,8 @@ def test_gradient_descent_approaches_the_flow_at_order_eta(default_flow):
         assert 1.8 < coarse / fine < 2.2
 
 
-@pytest.mark.parametrize("method", ["LSODA", "Tsit5", "JaxRadau", "JaxBDF", "gradient_descent"])
+@pytest.mark.parametrize("method", ["LSODA", pytest.param("Tsit5", marks=pytest.mark.slow), pytest.param("JaxRadau", marks=pytest.mark.slow), "JaxBDF",
+                                    "gradient_descent"])
 def test_step_limit_keeps_and_marks_what_was_computed(default_flow, method):
     flow, params0 = default_flow
     times = np.linspace(0.0, 100.0, 101)
@@ -155,7 +156,7 @@ def test_jaxradau_in_chunks_takes_the_uninterrupted_steps(default_flow, monkeypa
     assert _same_trajectory(chunked.trajectory, whole.trajectory) and chunked.stats.n_steps == whole.stats.n_steps
 
 
-@pytest.mark.parametrize("method", ["JaxRadau", "gradient_descent", "LSODA", "Tsit5", "JaxBDF"])
+@pytest.mark.parametrize("method", ["JaxRadau", "gradient_descent", "LSODA", pytest.param("Tsit5", marks=pytest.mark.slow), "JaxBDF"])
 def test_an_interrupted_solve_resumes_to_the_uninterrupted_result(default_flow, method, monkeypatch):
     import flowsim.solve.compiled_methods as compiled_methods
     from flowsim.solve.solvers import ResumePoint
@@ -223,6 +224,7 @@ def test_save_grids_of_different_lengths_share_one_compiled_loop(default_flow, m
     np.testing.assert_allclose(long.trajectory.loss[-1], short.trajectory.loss[-1], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_large_flow_newton_control_reaches_the_same_flow(default_flow):
     """The default flow run as a large one (lagged refreshes, the slow-solve Newton control) agrees
     with its usual run to the solver's tolerance, with its own steps."""

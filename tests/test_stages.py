@@ -259,6 +259,7 @@ def test_stages_json_schema(tmp_path, default_report):
 
 
 @pytest.mark.parametrize("block_entries", [None, 50])
+@pytest.mark.slow
 def test_running_median_minimises_the_weighted_absolute_deviation_of_each_window(monkeypatch, block_entries):
     """The vectorised weighted running median against its definition, window by window on a mixed log + linear grid:
     no value of the window has a smaller log-time-weighted absolute deviation Σ w |v - x| (the weighted median's
@@ -396,6 +397,7 @@ def test_the_noise_of_a_log_is_read_up_to_each_time_and_a_flows_series_has_none(
     assert np.all(raised[-1] >= noise[-1, 1:]) and np.mean(raised[-1] / noise[-1, 1:]) > 1.5
 
 
+@pytest.mark.slow
 def test_stage_times_do_not_move_with_the_save_grid(default_observables, default_report):
     """One flow saved on two grids of one horizon (the default's 301 linear + 200 log saves, and 1001 linear + 60 log):
     every event within 0.5% (a plain running median moved condensation's end and σ1's restart by 2%). On the shorter
@@ -496,6 +498,7 @@ def surrogate_observables():
 
 
 @pytest.mark.parametrize("cut", [1500.0, 2483.0])
+@pytest.mark.slow
 def test_a_longer_text_surrogate_flow_moves_no_event(surrogate_observables, cut):
     """The text surrogate's flow cut at 1500 and 2483 (the halfway rule moved 3 and 14 first foci, up to 5-fold: query
     53's from 216 on the cut at 2483 to 1112). Its slow two-step foci are described as such: some query's entropy is

@@ -47,7 +47,8 @@ def test_one_layer_matches_tight_reference(overrides, rtol):
 
 
 # the complex route's parts are checked alone below; the whole of it at tight tolerance is among the slow checks
-@pytest.mark.parametrize("config", ["baseline.toml", pytest.param("smoothing_0.2.toml", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["baseline.toml", "smoothing_0.2.toml"])
 def test_two_layer_matches_tight_reference(config):
     """baseline: J = -H, a real eigensystem; depth smoothing makes J non-symmetric (complex route)."""
     prepared = prepare(load_config(f"{CONFIGS}/{config}", [*SAVE_GRID, "time.t_end=12"]))  # through the Q/K ramp
@@ -57,6 +58,7 @@ def test_two_layer_matches_tight_reference(config):
     assert reference.trajectory.loss[-1] < reference.trajectory.loss[0] - 1e-3
 
 
+@pytest.mark.slow
 def test_batch_equals_runs_one_by_one():
     prepared = [prepare(load_config(None, [*SAVE_GRID, "time.t_end=200", f"chain.lam={lam}", f"init.seed={seed}"]))
                 for lam, seed in [(0.3, 0), (0.7, 1), (0.5, 2)]]
@@ -85,6 +87,7 @@ def test_dense_output_reproduces_the_step_end():
     np.testing.assert_allclose(stiff.T @ stiff.TI, np.eye(3), atol=1e-12)
 
 
+@pytest.mark.slow
 def test_compilation_cache_variable_keeps_compiled_code_on_disk(tmp_path):
     """FLOWSIM_COMPILATION_CACHE=DIR: the integrator compiled in one process is written under DIR."""
     import os

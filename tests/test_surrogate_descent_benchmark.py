@@ -19,6 +19,7 @@ def seeded_chain(d: int, seed: int) -> MarkovChain:
 
 
 @pytest.mark.parametrize("options", [{}, {"residual": True}, {"value_matrix": True}, {"logit_scale": "inv_sqrt_k"}])
+@pytest.mark.slow
 def test_the_pairs_losses_weighted_by_their_law_are_the_mean_field_loss(options):
     chain = seeded_chain(6, seed=3)
     model = OneLayerTransformer(d=6, m=3, k=2, **options)

@@ -19,6 +19,7 @@ from flowsim.observe.stages import EVENT_STAGES
 SHORT = ["time.t_end=150", "time.n_linear=31", "time.n_log=30", "time.t_log_min=0.5"]
 
 
+@pytest.mark.slow
 def test_rows_equal_independent_runs_and_resume_recomputes_only_missing_rows(tmp_path, monkeypatch):
     out = tmp_path / "sweep"
     arguments = ["sweep", "--grid", "chain.lam=[0.3, 0.7]", "--seeds", "2", "--out", str(out), "--batch", "4",
@@ -284,6 +285,7 @@ def test_a_refused_sweep_leaves_no_folder_behind_but_keeps_an_existing_one(tmp_p
     assert sorted(path.name for path in (kept / "rows").iterdir()) == before
 
 
+@pytest.mark.slow
 def test_sigint_stops_a_sweep_inside_a_long_solve_keeping_its_finished_rows(tmp_path):
     """SIGINT while the second row's long Tsit5 solve runs (in the sweep's own process): the sweep stops within
     seconds, exit 130, the first row kept and no row for the interrupted run; the same command would continue."""
@@ -313,6 +315,7 @@ def sigint_blocked(pid: int) -> bool | None:
     return bool(blocked >> (signal.SIGINT - 1) & 1)
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_sweep_with_worker_processes_stops_them_and_no_row_comes_after(tmp_path):
     """SIGTERM to a sweep with two worker processes, once its first row is written: exit 130, the workers are gone,
     no row file appears afterwards, and nothing but the sweep's own line is said. The workers hold SIGINT blocked

@@ -151,6 +151,7 @@ def task_config(overrides=()):
     return load_config(None, [*base, *overrides])
 
 
+@pytest.mark.slow
 def test_the_slow_window_and_depth_smoothing_act_on_the_intended_tensors():
     config = task_config(["flow.qk_rho=0.25", "flow.qk_t0=10.0", "flow.qk_tr=5.0"])
     prepared = prepare(config)
@@ -173,6 +174,7 @@ def test_the_slow_window_and_depth_smoothing_act_on_the_intended_tensors():
         np.testing.assert_allclose(-np.asarray(field[name]), np.asarray(gradient[name]), atol=1e-14)
 
 
+@pytest.mark.slow
 def test_the_task_runs_through_flowsim_run_with_its_probes(tmp_path, capsys):
     config = task_config()
     result = execute_run(config, tmp_path / "run", progress=False)
@@ -205,6 +207,7 @@ def test_bad_task_settings_are_named():
         InductionTask(d=5, s=9)
 
 
+@pytest.mark.slow
 def test_a_sweep_over_seeds_records_the_specialisation_probes(tmp_path):
     from flowsim.runs.sweep import run_sweep
 

@@ -32,6 +32,7 @@ from theory.symbolic import MeanFieldTwin, row_loss
 
 
 @pytest.mark.parametrize("d, m, k", [(2, 2, 3), (3, 3, 2), (4, 8, 8)])
+@pytest.mark.slow
 def test_symbolic_loss_gradient_and_jacobian_equal_autodiff(d, m, k):
     chain = random_chain(d, seed=d)
     model = flowsim.OneLayerTransformer(d=d, m=m, k=k)
@@ -187,6 +188,7 @@ def test_matched_focus_prediction_on_a_seeded_random_family():
 
 
 @pytest.mark.parametrize("pi, rank, t_end", [([0.7, 0.1, 0.1, 0.1], 1, 1000.0), (PAPER_PI, 1, 150.0), (PAPER_PI, 2, 1500.0)])
+@pytest.mark.slow
 def test_reduced_flow_equals_full_flow_started_on_the_manifold(pi, rank, t_end, paper_model):
     """On the rank-two manifold the paper chain focuses and dilutes: the reduced flow carries both."""
     chain = flowsim.MarkovChain(pi=pi, lam=0.5)

@@ -29,7 +29,7 @@ def random_state(d, k, rank, seed, scale=0.5):
     return ReducedState(*(scale * rng.standard_normal(shape) for shape in ((d, rank), (d, rank), (k, rank), (k, rank))))
 
 
-@pytest.mark.parametrize("d", [2, 3, 4])
+@pytest.mark.parametrize("d", [2, 3, pytest.param(4, marks=pytest.mark.slow)])
 def test_closed_forms_are_the_sympy_solutions(d):
     pi = np.sort(np.random.default_rng(d).dirichlet(np.ones(d)))[::-1]
     symbols, _, gamma, beta = condensed_point_expressions(d)
@@ -171,6 +171,7 @@ def test_the_rank_r_flow_is_the_exact_flow_of_the_model_with_m_equal_to_r():
     np.testing.assert_array_equal(flow.from_model({name: value[None] for name, value in params.items()})[0], y)
 
 
+@pytest.mark.slow
 def test_a_large_rank_flow_takes_the_exact_flows_solver_and_its_spline_follows_lsoda(monkeypatch):
     """Beyond EXACT_JACOBIAN_UP_TO equations (lowered here to take this small flow) every piece is "FLOW": the m = r
     model's exact flow by flowsim's stiff solver, no spectral radius; its saved points and its spline between them
@@ -246,6 +247,7 @@ def test_the_condensation_orbit_in_d_plus_one_coordinates_is_the_rank_one_flow()
     np.testing.assert_allclose(flow.field(0.0, y), -np.array(gradient), atol=1e-8)
 
 
+@pytest.mark.slow
 def test_the_focus_orbit_by_rkc_is_lsodas(monkeypatch):
     """Large chains integrate the focus orbit by RKC at RKC_RTOL: at d = 6 both methods give the same entropy, and
     the same halfway fall to well within the rows' 4 digits."""
@@ -311,6 +313,7 @@ def default_prediction_to_500():
     return predict_run(load_config(None, ["time.t_end=500"]))
 
 
+@pytest.mark.slow
 def test_the_chained_prediction_stops_once_its_events_are_confirmed(monkeypatch, default_prediction_to_500):
     """At t_end = 500 the default chain's prediction stops at the σ2 crossing (t = 980 >= 10^0.25 × 500), where
     the detectors place every event up to 980 / 10^0.25 the same on the trajectory and on its cut 0.1 decade
@@ -373,6 +376,7 @@ def test_a_crossing_rank_in_pieces_stops_sooner_with_the_same_restarts(monkeypat
     assert pieced.t_reach < whole.t_reach - 100, (pieced.t_reach, whole.t_reach)
 
 
+@pytest.mark.slow
 def test_a_prediction_reads_each_horizon_as_the_exact_flow_does():
     """At horizons 900, 1500 and 4000 every row timed before the horizon is the exact flow's as the detectors read
     it there: condensation to 0.1%, the first focus, σ1 and every later focus and dilution to 0.5%, later restarts to

@@ -40,6 +40,7 @@ def maps(state):
 
 
 @pytest.mark.parametrize("d, m, k, rank", [(3, 4, 2, 1), (4, 5, 3, 2)])
+@pytest.mark.slow
 def test_transverse_block_is_the_autodiff_hessian_off_the_manifold_and_the_sympy_derivation(d, m, k, rank):
     """At a random (not critical) rank-r point, the autodiff Hessian maps every transverse direction a ⊥ span(A)
     into itself by H_T = [[0, C], [C^T, 0]]: no coupling to the manifold or to the other directions."""
@@ -70,6 +71,7 @@ def test_transverse_block_is_the_autodiff_hessian_off_the_manifold_and_the_sympy
 
 
 @pytest.mark.parametrize("d, rank", [(3, 1), (4, 2)])
+@pytest.mark.slow
 def test_closed_form_gradients_equal_the_sympy_derivations(d, rank):
     chain = random_chain(d, seed=10 + d)
     twin, closed_form = MeanFieldTwin(chain.pi, chain.P), MeanFieldChain(chain.pi, chain.P)
@@ -91,6 +93,7 @@ def test_closed_form_gradients_equal_the_sympy_derivations(d, rank):
         np.testing.assert_allclose(got, np.asarray(gradients[name].subs(values), dtype=float), atol=1e-12)
 
 
+@pytest.mark.slow
 def test_transverse_rate_over_delta_against_the_full_hessian_and_its_derived_leading_coefficient():
     """μ(δ) at the end of each chain's focus orbit; at δ = 0 the point is degenerate (the whole transverse
     space in the Hessian's kernel); c1 = σ_max(dC/dδ) is the slope at 0 and the curve bends away from it;

@@ -21,6 +21,7 @@ def general_chain(d: int, seed: int) -> flowsim.MarkovChain:
 
 
 @pytest.mark.parametrize("ffn", ["none", "mlp", "glu"])
+@pytest.mark.slow
 def test_finite_s_count_programme_equals_enumeration(ffn):
     chain = general_chain(3, seed=1)
     model = TwoLayerTransformer(d=3, m=4, k=3, ffn=ffn, ffn_width=5)
@@ -99,6 +100,7 @@ def test_bad_options_are_named():
         TwoLayerTransformer(d=3, ffn_width=0)
 
 
+@pytest.mark.slow
 def test_two_layer_runs_through_the_command_line(tmp_path):
     from typer.testing import CliRunner
 
