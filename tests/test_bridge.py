@@ -558,6 +558,23 @@ def test_an_oversized_training_step_is_refused_before_any_data_or_folder(tmp_pat
     assert bridge_train.training_memory_bytes(big, 5) > bridge_train.training_memory_bytes(small, 5) > 0
 
 
+def test_a_resumed_runs_wall_time_sums_its_sessions_and_its_progress_line_names_what_it_trains_on(tmp_path):
+    """meta.json's wall_time_s was the last session's alone: a run resumed for its last steps said about 0 s. The
+    progress line said "sgd on tinystories" for a run trained on the corpus's bigram surrogate."""
+    settings = ["optim.steps=8", "log.n_checkpoints=4", "data.batch_size=16", "data.s=8", "log.probe_per_type=4"]
+    run = tmp_path / "run"
+    assert not train(load_bridge_config(None, settings), run, progress=False, stop_at_step=4).finished
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, "wall_time_s": 1000.0}))  # as if the first session took 1000 s
+    assert train(load_bridge_config(None, settings), run, progress=False).finished
+    assert 1000.0 < json.loads((run / "meta.json").read_text())["wall_time_s"] < 1000.0 + 600
+    import flowsim.bridge.train as bridge_train
+
+    assert bridge_train.training_data_name(load_bridge_config(None, settings)) == "markov"
+    text = load_bridge_config(None, ["data.kind='tinystories'", "data.train_on='surrogate'"])
+    assert bridge_train.training_data_name(text) == "the bigram surrogate of tinystories"
+
+
 def test_compare_on_an_unfinished_bridge_run_says_how_to_resume(tmp_path):
     from flowsim.bridge.compare import compare_bridge_run
 

@@ -333,6 +333,13 @@ def _saved_bridge_config(run_dir: Path) -> BridgeConfig:
                           "`flowsim bridge train`") from None
 
 
+def training_data_name(config: BridgeConfig) -> str:
+    """What the run trains on, as its progress line says it: the corpus, or the bigram chain it stands for."""
+    if config.data.kind != "markov" and config.data.train_on == "surrogate":
+        return f"the bigram surrogate of {config.data.kind}"
+    return config.data.kind
+
+
 def train(config: BridgeConfig, run_dir: Path, *, progress: bool = True, stop_at_step: int | None = None) -> TrainResult:
     """Train (or resume) the configured run in ``run_dir``; ``stop_at_step`` stops early
     with everything saved, as an interrupted run would be (resume by calling again)."""
@@ -370,10 +377,10 @@ def _train_locked(config: BridgeConfig, run_dir: Path, data: DataSource, device,
         trainer.save(Status.RUNNING)
     end = config.optim.steps if stop_at_step is None else min(stop_at_step, config.optim.steps)
     with progress_bar(total=config.optim.steps, initial=trainer.step, disable=not progress, unit="step",
-                      desc=f"{config.optim.name} on {config.data.kind}, lr = {config.optim.lr:g}") as bar:
+                      desc=f"{config.optim.name} on {training_data_name(config)}, lr = {config.optim.lr:g}") as bar:
         if trainer.step < end and not stop():
             run_in_chunks(lambda: trainer.advance(bar) < end, stop, lambda: trainer.save(Status.RUNNING), CHECKPOINT_EVERY_S)
-    trainer.meta["wall_time_s"] = time.perf_counter() - started
+    trainer.meta["wall_time_s"] = trainer.earlier_wall_s + time.perf_counter() - started  # every session's
     if stop():
         trainer.save(Status.INTERRUPTED)
         return TrainResult(run_dir, trainer.step, False, trainer.log, interrupted=True)
@@ -411,6 +418,7 @@ class Trainer:
         self.validation = [data.batch(i, "valid").to(device) for i in range(config.log.val_batches)]
         self.autocast = device.type == "cuda" and isinstance(self.model, GPT)
         self.step, self.log, self.rows, self.params = 0, [], [], []
+        self.earlier_wall_s = 0.0
         self.meta = {"status_name": Status.RUNNING.label, "started": _dt.datetime.now().isoformat(timespec="seconds"),
                      "seed": config.data.seed, "device": str(device),
                      "versions": {**library_versions(), "torch": torch.__version__}, **this_process()}
@@ -432,6 +440,8 @@ class Trainer:
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise DamagedFileError(path, f"not this run's state: {reason}", CHECKPOINT_REMEDY) from None
         self.step, self.rows, self.log, self.params = state["step"], state["rows"], state["log"], state["params"]
+        earlier = read_meta(self.run_dir).get("wall_time_s", 0.0)  # the sessions before this one
+        self.earlier_wall_s = float(earlier) if isinstance(earlier, (int, float)) and math.isfinite(earlier) else 0.0
 
     def advance(self, bar) -> int:
         """One optimiser step, logged and saved at the checkpoint steps; returns the steps done."""
