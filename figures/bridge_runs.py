@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 from typing import Sequence
 
@@ -45,3 +46,11 @@ def ode_run(run_dir: Path):
 
     ode_beside(run_dir)
     return read_observables(run_dir / ODE_DIR)
+
+
+def training_summary(run_dir: Path) -> str:
+    """The run's vocabulary and SGD as a title line: d, learning rate, steps and batch, from its config.toml."""
+    config = tomllib.loads((run_dir / "config.toml").read_text())
+    data, optim = config["data"], config["optim"]
+    d = data["vocab_size"] + 1  # the kept words and <unk>
+    return f"d = {d}, SGD lr {optim['lr']:g}, {optim['steps']} steps, batch {data['batch_size']} × {data['s']} tokens"

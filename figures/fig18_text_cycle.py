@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from figures.bridge_runs import training_summary
 from figures.runs import FigureInputError, observables_and_stages, read_observables
 from figures.style import T_LABEL, FigureResult, figure_style, save_figure
 
@@ -111,7 +112,7 @@ def build(cache: Path, out: Path, tiny: bool = False) -> FigureResult:
                 Patch(facecolor="none", edgecolor="0.3", hatch="\\\\", label="restart (SGD, σr's colour)")],
                 fontsize=6, loc="upper left", ncol=2)
             entropy_axis.set(xscale="log", ylabel="attention entropy (nats), probe set",
-                             title=f"{corpus}, d = {payload['d']}: SGD lr {payload['lr']:g} to t = {payload['t_end']:g}")
+                             title=f"{corpus} to t = {payload['t_end']:g}\n{training_summary(sgd_dir)}")
             sigma_axis.set(xscale="log", yscale="log", xlabel=T_LABEL, ylabel="singular values of W0")
             data.update({f"{key}:t": t, f"{key}:attention_entropy": sgd["attention_entropy"][keep],
                          f"{key}:sv_W0": sgd["sv_W0"][keep], f"{key}/ode:t": ode_t,
