@@ -50,7 +50,12 @@ def ode_run(run_dir: Path):
 
 def training_summary(run_dir: Path) -> str:
     """The run's vocabulary and SGD as a title line: d, learning rate, steps and batch, from its config.toml."""
-    config = tomllib.loads((run_dir / "config.toml").read_text())
-    data, optim = config["data"], config["optim"]
-    d = data["vocab_size"] + 1  # the kept words and <unk>
-    return f"d = {d}, SGD lr {optim['lr']:g}, {optim['steps']} steps, batch {data['batch_size']} × {data['s']} tokens"
+    path = Path(run_dir) / "config.toml"
+    try:
+        config = tomllib.loads(path.read_text())
+        data, optim = config["data"], config["optim"]
+        d = data["vocab_size"] + 1  # the kept words and <unk>
+        return f"d = {d}, SGD lr {optim['lr']:g}, {optim['steps']} steps, batch {data['batch_size']} × {data['s']} tokens"
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as error:
+        raise FigureInputError(f"{path}: not a bridge run's config ({type(error).__name__}: {error}); expected its "
+                               "[data] vocab_size, batch_size, s and [optim] lr, steps") from None

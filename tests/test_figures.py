@@ -269,3 +269,14 @@ def test_a_build_says_which_figure_it_is_building_and_every_band_and_line_is_nam
     assert "attention entropy of the query (nats)" in labels and "focus (detected)" in labels, labels
     for figure in shown:
         plt.close(figure)
+
+
+def test_a_text_figures_title_line_is_read_from_the_runs_config_and_a_foreign_config_is_named(tmp_path):
+    from figures.bridge_runs import training_summary
+
+    (tmp_path / "config.toml").write_text("[data]\nvocab_size = 255\nbatch_size = 256\ns = 64\n"
+                                          "[optim]\nlr = 0.125\nsteps = 3200\n")
+    assert training_summary(tmp_path) == "d = 256, SGD lr 0.125, 3200 steps, batch 256 × 64 tokens"
+    (tmp_path / "config.toml").write_text("[data]\nvocab_size = 'many'\n")
+    with pytest.raises(FigureInputError, match=r"config.toml: not a bridge run's config .*expected its \[data\]"):
+        training_summary(tmp_path)
